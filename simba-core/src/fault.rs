@@ -1,0 +1,175 @@
+//! A [`LeaseStore`] wrapper whose calls can be made to fail, stall or hang: for tests of the
+//! engine and of code built on it.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent};
+
+/// A store operation, to aim a fault at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// [`LeaseStore::acquire`].
+    Acquire,
+    /// [`LeaseStore::guard`].
+    Guard,
+    /// [`LeaseStore::release`].
+    Release,
+    /// [`LeaseStore::owner`].
+    Owner,
+    /// [`LeaseStore::subscribe`].
+    Subscribe,
+}
+
+const OPS: [Op; 5] = [
+    Op::Acquire,
+    Op::Guard,
+    Op::Release,
+    Op::Owner,
+    Op::Subscribe,
+];
+
+/// What a call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Behavior {
+    /// Passes through to the wrapped store.
+    #[default]
+    Pass,
+    /// Fails at once with a retryable backend error; the wrapped store is not called.
+    Fail,
+    /// Waits this long, then passes through.
+    Delay(Duration),
+    /// Never answers.
+    Hang,
+    /// Passes through, then never answers (the effect happened; the caller never hears).
+    ApplyThenHang,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    behavior: [Behavior; 5],
+    calls: [u64; 5],
+}
+
+/// Changes the behaviour of a [`FaultStore`] from the outside. Clones share the control.
+#[derive(Debug, Clone, Default)]
+pub struct FaultControl(Arc<Mutex<State>>);
+
+impl FaultControl {
+    fn idx(op: Op) -> usize {
+        OPS.iter().position(|o| *o == op).unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the behaviour of one operation.
+    pub fn set(&self, op: Op, behavior: Behavior) {
+        self.lock().behavior[Self::idx(op)] = behavior;
+    }
+
+    /// Sets the behaviour of every operation.
+    pub fn set_all(&self, behavior: Behavior) {
+        self.lock().behavior = [behavior; 5];
+    }
+
+    /// How many times `op` was called.
+    pub fn calls(&self, op: Op) -> u64 {
+        self.lock().calls[Self::idx(op)]
+    }
+
+    fn enter(&self, op: Op) -> Behavior {
+        let mut s = self.lock();
+        s.calls[Self::idx(op)] += 1;
+        s.behavior[Self::idx(op)]
+    }
+}
+
+/// Wraps a store; see [`FaultControl`].
+#[derive(Debug, Clone)]
+pub struct FaultStore<S> {
+    inner: S,
+    control: FaultControl,
+}
+
+impl<S: LeaseStore> FaultStore<S> {
+    /// Wraps `inner`; every call passes until told otherwise.
+    pub fn new(inner: S) -> Self {
+        FaultStore {
+            inner,
+            control: FaultControl::default(),
+        }
+    }
+
+    /// The control of this store.
+    pub fn control(&self) -> FaultControl {
+        self.control.clone()
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.control.enter(op) {
+            Behavior::Pass => call.await,
+            Behavior::Fail => Err(Error::backend(
+                self.inner.backend(),
+                format!("injected failure of {op:?}"),
+            )),
+            Behavior::Delay(d) => {
+                tokio::time::sleep(d).await;
+                call.await
+            }
+            Behavior::Hang => std::future::pending().await,
+            Behavior::ApplyThenHang => {
+                let _ = call.await;
+                std::future::pending().await
+            }
+        }
+    }
+}
+
+impl<S: LeaseStore> LeaseStore for FaultStore<S> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        self.run(Op::Acquire, self.inner.acquire(mutex, contender_id, lease))
+            .await
+    }
+
+    async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        self.run(Op::Guard, self.inner.guard(mutex, contender_id, lease))
+            .await
+    }
+
+    async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
+        self.run(Op::Release, self.inner.release(mutex, contender_id))
+            .await
+    }
+
+    async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
+        self.run(Op::Owner, self.inner.owner(mutex)).await
+    }
+
+    async fn subscribe(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        self.run(Op::Subscribe, self.inner.subscribe(mutex, contender_id))
+            .await
+    }
+
+    async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
+        self.inner.leave(mutex, contender_id).await
+    }
+}

@@ -1,0 +1,791 @@
+//! The lease contention engine shared by every lease backend (Redis, SQL, in-memory).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until, timeout};
+use tracing::{Instrument, debug, info, warn};
+
+use crate::error::{Error, LossReason, Result};
+use crate::id::{generate_contender_id, validate_contender_id, validate_mutex_name};
+use crate::owner::{
+    ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, MutexOwner, MutexState,
+};
+use crate::service::{
+    BoxFuture, ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss,
+    MutexRetriever, RetrievalService,
+};
+use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent};
+
+/// The longest duration any setting accepts (one year): longer values are mistakes.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Timing of a lease contender. Defaults are Simba's (ttl 10 s, transition 6 s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// Time to live of an ownership; the owner renews from here on.
+    pub ttl: Duration,
+    /// Transition period after the ttl in which only the owner may renew.
+    pub transition: Duration,
+    /// Safety margin subtracted from the local lease deadline for clock-rate drift between
+    /// this process and the backend.
+    pub drift_margin: Duration,
+    /// Upper bound for one backend call made while not owning (an owner's calls are bounded
+    /// by its lease deadline).
+    pub request_timeout: Duration,
+    /// Pause before retrying after a failed call.
+    pub retry_interval: Duration,
+    /// Jitter (ms) for non-owners when the owner has a transition period.
+    pub jitter: Range<i64>,
+    /// Jitter (ms) for non-owners when it has none.
+    pub jitter_no_transition: Range<i64>,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            ttl: Duration::from_secs(10),
+            transition: Duration::from_secs(6),
+            drift_margin: Duration::from_millis(100),
+            request_timeout: Duration::from_secs(5),
+            retry_interval: Duration::from_secs(1),
+            jitter: DEFAULT_JITTER,
+            jitter_no_transition: DEFAULT_JITTER_NO_TRANSITION,
+        }
+    }
+}
+
+impl LeaseConfig {
+    /// Default timing with the given ttl and transition.
+    pub fn with_lease(ttl: Duration, transition: Duration) -> Self {
+        LeaseConfig {
+            ttl,
+            transition,
+            ..LeaseConfig::default()
+        }
+    }
+
+    /// The lease this config asks for.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            ttl: self.ttl,
+            transition: self.transition,
+        }
+    }
+
+    /// Checks every setting.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first bad setting: zero or sub-millisecond ttl,
+    /// durations over a year, a drift margin that eats the whole lease, empty jitter ranges.
+    pub fn validate(&self) -> Result<()> {
+        let checks: [(&'static str, Duration); 5] = [
+            ("ttl", self.ttl),
+            ("transition", self.transition),
+            ("drift_margin", self.drift_margin),
+            ("request_timeout", self.request_timeout),
+            ("retry_interval", self.retry_interval),
+        ];
+        for (field, d) in checks {
+            if d > MAX_DURATION {
+                return Err(Error::config(
+                    field,
+                    format!("{d:?} is longer than one year"),
+                ));
+            }
+            if d.subsec_nanos() % 1_000_000 != 0 {
+                return Err(Error::config(
+                    field,
+                    format!("{d:?} is not a whole number of milliseconds (backends count in ms)"),
+                ));
+            }
+        }
+        if self.ttl.is_zero() {
+            return Err(Error::config("ttl", "must be at least 1 ms"));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(Error::config("request_timeout", "must be at least 1 ms"));
+        }
+        if self.drift_margin * 2 >= self.ttl + self.transition {
+            return Err(Error::config(
+                "drift_margin",
+                format!(
+                    "{:?} must be less than half of ttl + transition ({:?})",
+                    self.drift_margin,
+                    self.ttl + self.transition
+                ),
+            ));
+        }
+        if self.jitter.is_empty() || self.jitter_no_transition.is_empty() {
+            return Err(Error::config("jitter", "jitter ranges must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// Makes lease contend services over one store.
+pub struct LeaseServiceFactory<S> {
+    store: Arc<S>,
+    config: LeaseConfig,
+}
+
+impl<S: LeaseStore> fmt::Debug for LeaseServiceFactory<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseServiceFactory")
+            .field("backend", &self.store.backend())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S: LeaseStore> LeaseServiceFactory<S> {
+    /// A factory over `store` with `config`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the config does not validate.
+    pub fn new(store: S, config: LeaseConfig) -> Result<Self> {
+        Self::from_arc(Arc::new(store), config)
+    }
+
+    /// A factory over a shared store.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if the config does not validate.
+    pub fn from_arc(store: Arc<S>, config: LeaseConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(LeaseServiceFactory { store, config })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// The config.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// A concrete (not boxed) contend service.
+    ///
+    /// # Errors
+    /// As [`ContendServiceFactory::create_contend_service`].
+    pub fn contend_service(
+        &self,
+        mutex: &str,
+        contender: Arc<dyn Contender>,
+    ) -> Result<LeaseContendService<S>> {
+        validate_mutex_name(mutex)?;
+        let id = match contender.contender_id() {
+            Some(id) => {
+                validate_contender_id(&id)?;
+                id
+            }
+            None => generate_contender_id(),
+        };
+        Ok(LeaseContendService::new(
+            self.store.clone(),
+            mutex.to_owned(),
+            id,
+            self.config.clone(),
+            Mode::Contend(contender),
+        ))
+    }
+}
+
+impl<S: LeaseStore> ContendServiceFactory for LeaseServiceFactory<S> {
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
+    fn create_contend_service(
+        &self,
+        mutex: &str,
+        contender: Arc<dyn Contender>,
+    ) -> Result<Arc<dyn ContendService>> {
+        Ok(Arc::new(self.contend_service(mutex, contender)?))
+    }
+
+    fn create_retrieval_service(
+        &self,
+        mutex: &str,
+        retriever: Arc<dyn MutexRetriever>,
+    ) -> Result<Arc<dyn RetrievalService>> {
+        validate_mutex_name(mutex)?;
+        Ok(Arc::new(LeaseRetrievalService(LeaseContendService::new(
+            self.store.clone(),
+            mutex.to_owned(),
+            generate_contender_id(),
+            self.config.clone(),
+            Mode::Observe(retriever),
+        ))))
+    }
+}
+
+#[derive(Clone)]
+enum Mode {
+    Contend(Arc<dyn Contender>),
+    Observe(Arc<dyn MutexRetriever>),
+}
+
+struct Running {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+struct Shared<S> {
+    store: Arc<S>,
+    mutex: String,
+    contender_id: String,
+    config: LeaseConfig,
+    mode: Mode,
+    status: watch::Sender<ContenderStatus>,
+    owner_state: watch::Sender<MutexState>,
+}
+
+/// A contend service driven by the lease engine over a [`LeaseStore`].
+///
+/// What it guarantees (DESIGN §3):
+/// - it believes it owns the mutex only until the local lease deadline: the instant the
+///   last successful acquire/renew request was **sent**, plus `ttl + transition`, minus
+///   `drift_margin`. When no renewal has succeeded by then it reports
+///   [`LossReason::LeaseExpired`] at once, even while a renewal call still hangs;
+/// - a failed renewal before the deadline marks the ownership *suspect* and is retried; it
+///   does not end the ownership;
+/// - `stop` (and dropping the last handle) releases the mutex on the backend;
+/// - results that arrive after `stop` are ignored.
+pub struct LeaseContendService<S> {
+    shared: Arc<Shared<S>>,
+    running: StdMutex<Option<Running>>,
+}
+
+impl<S: LeaseStore> fmt::Debug for LeaseContendService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseContendService")
+            .field("backend", &self.shared.store.backend())
+            .field("mutex", &self.shared.mutex)
+            .field("contender_id", &self.shared.contender_id)
+            .field("status", &*self.shared.status.borrow())
+            .finish()
+    }
+}
+
+impl<S: LeaseStore> LeaseContendService<S> {
+    fn new(
+        store: Arc<S>,
+        mutex: String,
+        contender_id: String,
+        config: LeaseConfig,
+        mode: Mode,
+    ) -> Self {
+        LeaseContendService {
+            shared: Arc::new(Shared {
+                store,
+                mutex,
+                contender_id,
+                config,
+                mode,
+                status: watch::channel(ContenderStatus::default()).0,
+                owner_state: watch::channel(MutexState::default()).0,
+            }),
+            running: StdMutex::new(None),
+        }
+    }
+
+    fn start_inner(&self) -> Result<()> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidState("start() must be called inside a tokio runtime".into())
+        })?;
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if running.as_ref().is_some_and(|r| !r.task.is_finished()) {
+            return Err(Error::InvalidState(format!(
+                "contend service for mutex {:?} is already running",
+                self.shared.mutex
+            )));
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        self.shared.status.send_modify(|s| {
+            s.running = true;
+            s.held = None;
+            s.attempts = 0;
+            s.last_error = None;
+        });
+        let span = tracing::debug_span!(
+            "simba",
+            backend = self.shared.store.backend(),
+            mutex = %self.shared.mutex,
+            contender = %self.shared.contender_id
+        );
+        let task = handle.spawn(
+            Driver::new(self.shared.clone(), stop_rx)
+                .run()
+                .instrument(span),
+        );
+        *running = Some(Running { stop, task });
+        Ok(())
+    }
+
+    fn signal_stop(&self) -> Option<JoinHandle<()>> {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let _ = running.stop.send(true);
+        Some(running.task)
+    }
+
+    async fn stop_inner(&self) -> Result<()> {
+        if let Some(task) = self.signal_stop()
+            && let Err(e) = task.await
+        {
+            warn!(mutex = %self.shared.mutex, "contend task ended abnormally: {e}");
+        }
+        Ok(())
+    }
+}
+
+impl<S> Drop for LeaseContendService<S> {
+    fn drop(&mut self) {
+        // The driver notices and releases in the background.
+        if let Some(running) = self.running.get_mut().ok().and_then(Option::take) {
+            let _ = running.stop.send(true);
+        }
+    }
+}
+
+impl<S: LeaseStore> ContendService for LeaseContendService<S> {
+    fn mutex(&self) -> &str {
+        &self.shared.mutex
+    }
+
+    fn contender_id(&self) -> &str {
+        &self.shared.contender_id
+    }
+
+    fn start(&self) -> Result<()> {
+        self.start_inner()
+    }
+
+    fn stop(&self) -> BoxFuture<'_, Result<()>> {
+        // Signal synchronously so that dropping the returned future still stops.
+        let task = self.signal_stop();
+        let mutex = self.shared.mutex.clone();
+        Box::pin(async move {
+            if let Some(task) = task
+                && let Err(e) = task.await
+            {
+                warn!(%mutex, "contend task ended abnormally: {e}");
+            }
+            Ok(())
+        })
+    }
+
+    fn status(&self) -> watch::Receiver<ContenderStatus> {
+        self.shared.status.subscribe()
+    }
+}
+
+/// A retrieval service driven by the lease engine (reads the owner, never contends).
+pub struct LeaseRetrievalService<S>(LeaseContendService<S>);
+
+impl<S: LeaseStore> fmt::Debug for LeaseRetrievalService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LeaseRetrievalService")
+            .field(&self.0)
+            .finish()
+    }
+}
+
+impl<S: LeaseStore> RetrievalService for LeaseRetrievalService<S> {
+    fn mutex(&self) -> &str {
+        &self.0.shared.mutex
+    }
+    fn start(&self) -> Result<()> {
+        self.0.start_inner()
+    }
+    fn stop(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.0.stop_inner())
+    }
+    fn state(&self) -> watch::Receiver<MutexState> {
+        self.0.shared.owner_state.subscribe()
+    }
+}
+
+/// What one attempt (acquire, renew or read) came back with.
+enum Outcome {
+    Stop,
+    DeadlinePassed,
+    Reply(Instant, Result<LeaseReply>),
+}
+
+struct Owned {
+    fence: u64,
+    deadline: Instant,
+    suspect: bool,
+}
+
+struct Driver<S> {
+    shared: Arc<Shared<S>>,
+    stop: watch::Receiver<bool>,
+    period: ContendPeriod,
+    events: Option<mpsc::Receiver<StoreEvent>>,
+    subscribed: bool,
+    owned: Option<Owned>,
+    known: MutexOwner,
+    next: Instant,
+    failures: u32,
+}
+
+impl<S: LeaseStore> Driver<S> {
+    fn new(shared: Arc<Shared<S>>, stop: watch::Receiver<bool>) -> Self {
+        let period = ContendPeriod::new(shared.contender_id.clone())
+            .with_jitter(
+                shared.config.jitter.clone(),
+                shared.config.jitter_no_transition.clone(),
+            )
+            .unwrap_or_else(|_| ContendPeriod::new(shared.contender_id.clone()));
+        let known = shared.owner_state.borrow().after.clone();
+        Driver {
+            shared,
+            stop,
+            period,
+            events: None,
+            subscribed: false,
+            owned: None,
+            known,
+            next: Instant::now(),
+            failures: 0,
+        }
+    }
+
+    fn contending(&self) -> bool {
+        matches!(self.shared.mode, Mode::Contend(_))
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.owned.as_ref().map(|o| o.deadline)
+    }
+
+    async fn run(mut self) {
+        loop {
+            if *self.stop.borrow() {
+                break;
+            }
+            // Subscribing may take up to a request timeout, so it is tried only while not
+            // owning: an owner's lease deadline must never wait behind it.
+            if !self.subscribed
+                && self.owned.is_none()
+                && self.contending()
+                && !self.subscribe().await
+            {
+                break;
+            }
+            // Wait for the next attempt, an event, the lease deadline, or stop.
+            let deadline = self.deadline();
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => break,
+                _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+                    self.next = Instant::now();
+                    continue;
+                }
+                ev = recv_event(&mut self.events) => {
+                    self.on_event(ev);
+                    continue;
+                }
+                _ = sleep_until(self.next) => {}
+            }
+            match self.attempt().await {
+                Outcome::Stop => break,
+                Outcome::DeadlinePassed => {
+                    self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+                    self.next = Instant::now();
+                }
+                Outcome::Reply(sent, Ok(reply)) => self.on_reply(sent, reply),
+                Outcome::Reply(_, Err(e)) => self.on_failure(e),
+            }
+        }
+        self.shutdown().await;
+    }
+
+    /// Subscribes to store events; returns false if stop was requested meanwhile.
+    async fn subscribe(&mut self) -> bool {
+        let shared = self.shared.clone();
+        let call = shared.store.subscribe(&shared.mutex, &shared.contender_id);
+        let result = tokio::select! {
+            biased;
+            _ = self.stop.changed() => return false,
+            r = timeout(shared.config.request_timeout, call) => r,
+        };
+        match result {
+            Ok(Ok(rx)) => {
+                self.events = rx;
+                self.subscribed = true;
+            }
+            Ok(Err(e)) => debug!("subscribe failed, polling until it succeeds: {e}"),
+            Err(_) => debug!("subscribe timed out, polling until it succeeds"),
+        }
+        true
+    }
+
+    fn on_event(&mut self, ev: Option<StoreEvent>) {
+        match ev {
+            None => {
+                // The store dropped the channel: poll, and subscribe again.
+                self.events = None;
+                self.subscribed = false;
+                self.next = Instant::now();
+            }
+            Some(StoreEvent::Acquired { owner_id }) if self.owned.is_none() => {
+                debug!(%owner_id, "acquired elsewhere");
+                // Nothing to do now: the next attempt is due when that lease ends.
+            }
+            Some(ev) => {
+                debug!(?ev, "store event: contending now");
+                self.next = Instant::now();
+            }
+        }
+    }
+
+    async fn attempt(&mut self) -> Outcome {
+        let shared = self.shared.clone();
+        let lease = shared.config.lease();
+        let sent = Instant::now();
+        let owning = self.owned.is_some();
+        let call = async {
+            match (&shared.mode, owning) {
+                (Mode::Observe(_), _) => shared.store.owner(&shared.mutex).await,
+                (Mode::Contend(_), true) => {
+                    shared
+                        .store
+                        .guard(&shared.mutex, &shared.contender_id, lease)
+                        .await
+                }
+                (Mode::Contend(_), false) => {
+                    shared
+                        .store
+                        .acquire(&shared.mutex, &shared.contender_id, lease)
+                        .await
+                }
+            }
+        };
+        let bound = match self.deadline() {
+            Some(d) => d
+                .saturating_duration_since(sent)
+                .min(shared.config.request_timeout.max(lease.total())),
+            None => shared.config.request_timeout,
+        };
+        let deadline = self.deadline();
+        tokio::select! {
+            biased;
+            _ = self.stop.changed() => Outcome::Stop,
+            _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => Outcome::DeadlinePassed,
+            r = timeout(bound, call) => Outcome::Reply(sent, r.unwrap_or_else(|_| Err(Error::backend(
+                shared.store.backend(),
+                format!("call did not answer within {bound:?}"),
+            )))),
+        }
+    }
+
+    fn on_reply(&mut self, sent: Instant, reply: LeaseReply) {
+        self.failures = 0;
+        let now = Instant::now();
+        let me = self.shared.contender_id.clone();
+        let mine = reply.owner.is_owned_by_at(&me, reply.now);
+        if mine && self.contending() {
+            let lease = self.shared.config.lease().total();
+            let deadline = sent + lease.saturating_sub(self.shared.config.drift_margin);
+            let fence = reply.owner.fence;
+            if self.owned.as_ref().is_some_and(|o| o.fence != fence) {
+                // Our earlier ownership ended and a new one began in between.
+                self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+            }
+            let newly = self.owned.is_none();
+            if let Some(o) = &mut self.owned {
+                o.deadline = deadline;
+                if o.suspect {
+                    info!(
+                        fence,
+                        "renewal succeeded again; ownership no longer suspect"
+                    );
+                }
+                o.suspect = false;
+            } else {
+                self.owned = Some(Owned {
+                    fence,
+                    deadline,
+                    suspect: false,
+                });
+            }
+            let state = self.observe(reply.owner.clone());
+            if newly {
+                info!(fence, "acquired");
+                let state = if state.is_changed() {
+                    state
+                } else {
+                    MutexState::new(MutexOwner::NONE, reply.owner.clone())
+                };
+                self.publish_held(&state);
+                if let Mode::Contend(c) = &self.shared.mode {
+                    c.on_acquired(&state);
+                }
+            } else {
+                debug!(fence, "renewed");
+                self.publish_held(&state);
+            }
+            let period = self.period.next_delay(&reply.owner, reply.now);
+            let until_deadline = deadline.saturating_duration_since(now);
+            self.next = now + period.min(until_deadline * 2 / 3);
+        } else {
+            if self.owned.is_some() {
+                self.lose(LossReason::TakenOver, reply.owner.clone());
+            }
+            self.observe(reply.owner.clone());
+            self.next = now + self.period.next_delay(&reply.owner, reply.now);
+        }
+        self.count_attempt(None);
+    }
+
+    /// Counts a completed call; published after the call's effects so that a watcher that
+    /// sees the count also sees the outcome.
+    fn count_attempt(&self, error: Option<String>) {
+        self.shared.status.send_modify(|s| {
+            s.attempts += 1;
+            s.last_error = error;
+        });
+    }
+
+    fn on_failure(&mut self, e: Error) {
+        self.failures = self.failures.saturating_add(1);
+        let now = Instant::now();
+        let retry = self.shared.config.retry_interval;
+        match &mut self.owned {
+            Some(o) => {
+                if !o.suspect {
+                    warn!(
+                        fence = o.fence,
+                        "renewal failed, ownership suspect until a renewal succeeds: {e}"
+                    );
+                }
+                o.suspect = true;
+                let left = o.deadline.saturating_duration_since(now);
+                self.next = now + retry.min(left / 3);
+                let held = Held {
+                    fence: o.fence,
+                    suspect: true,
+                };
+                self.shared.status.send_modify(|s| s.held = Some(held));
+            }
+            None => {
+                if self.failures == 1 {
+                    warn!("backend call failed, retrying every {retry:?}: {e}");
+                } else {
+                    debug!("backend call failed again: {e}");
+                }
+                self.next = now + retry;
+            }
+        }
+        self.count_attempt(Some(e.to_string()));
+    }
+
+    /// Records the owner seen; tells retrievers about a change. Returns the change.
+    fn observe(&mut self, owner: MutexOwner) -> MutexState {
+        let state = MutexState::new(std::mem::replace(&mut self.known, owner.clone()), owner);
+        if state.is_changed() {
+            self.shared.owner_state.send_replace(state.clone());
+            if let Mode::Observe(r) = &self.shared.mode {
+                r.on_changed(&state);
+            }
+            self.shared.status.send_modify(|s| s.state = state.clone());
+        } else {
+            // Renewal: keep times fresh without signalling a change to retrievers.
+            self.shared.owner_state.send_if_modified(|s| {
+                s.after = state.after.clone();
+                false
+            });
+        }
+        state
+    }
+
+    fn publish_held(&self, state: &MutexState) {
+        let held = self.owned.as_ref().map(|o| Held {
+            fence: o.fence,
+            suspect: o.suspect,
+        });
+        let changed = state.is_changed();
+        self.shared.status.send_modify(|s| {
+            s.held = held;
+            if changed {
+                s.state = state.clone();
+            }
+        });
+    }
+
+    /// Ends this process's ownership for `reason`; `after` is the owner known afterwards.
+    fn lose(&mut self, reason: LossReason, after: MutexOwner) {
+        let Some(owned) = self.owned.take() else {
+            return;
+        };
+        match reason {
+            LossReason::Released => info!(fence = owned.fence, "released"),
+            _ => warn!(fence = owned.fence, %reason, "ownership lost"),
+        }
+        let state = MutexState::new(
+            std::mem::replace(&mut self.known, after),
+            self.known.clone(),
+        );
+        if state.is_changed() {
+            self.shared.owner_state.send_replace(state.clone());
+        }
+        let loss = Loss {
+            fence: owned.fence,
+            reason,
+        };
+        self.shared.status.send_modify(|s| {
+            s.held = None;
+            s.last_loss = Some(loss);
+            s.state = state.clone();
+        });
+        if let Mode::Contend(c) = &self.shared.mode {
+            c.on_released(&state, reason);
+        }
+    }
+
+    async fn shutdown(mut self) {
+        self.events = None;
+        if self.contending() {
+            let was_owner = self.owned.is_some();
+            // Stop acting as owner before the mutex is freed for others.
+            self.lose(LossReason::Released, MutexOwner::NONE);
+            let shared = self.shared.clone();
+            let (mutex, me) = (&shared.mutex, &shared.contender_id);
+            let bound = shared.config.request_timeout;
+            // Always release: a call dropped in flight may have made us owner unknowingly.
+            match timeout(bound, shared.store.release(mutex, me)).await {
+                Ok(Ok(done)) => debug!(released = done, "stop: release"),
+                Ok(Err(e)) => warn!("stop: release failed, the lease will free the mutex: {e}"),
+                Err(_) => warn!("stop: release timed out, the lease will free the mutex"),
+            }
+            if !was_owner {
+                let _ = timeout(bound, shared.store.leave(mutex, me)).await;
+            }
+        }
+        self.shared.status.send_modify(|s| {
+            s.running = false;
+            s.held = None;
+        });
+    }
+}
+
+async fn recv_event(events: &mut Option<mpsc::Receiver<StoreEvent>>) -> Option<StoreEvent> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,33 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod error;
+pub mod fault;
+mod id;
+mod lease;
+mod locker;
+mod memory;
+mod owner;
+mod scheduler;
+mod service;
+mod store;
+
+pub use error::{Error, LossReason, Result};
+pub use id::{
+    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, MESSAGE_SEPARATOR, generate_contender_id,
+    validate_contender_id, validate_mutex_name,
+};
+pub use lease::{
+    LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,
+};
+pub use locker::{LockGuard, Locker};
+pub use memory::MemoryStore;
+pub use owner::{
+    ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, MutexOwner, MutexState,
+};
+pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
+pub use service::{
+    BoxFuture, ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss,
+    MutexRetriever, RetrievalService, SilentContender, SilentRetriever,
+};
+pub use store::{Lease, LeaseReply, LeaseStore, StoreEvent};

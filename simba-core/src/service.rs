@@ -1,0 +1,183 @@
+//! Contenders, retrievers, and the object-safe service and factory traits every backend
+//! offers.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::{LossReason, Result};
+use crate::owner::MutexState;
+
+/// A boxed, `Send` future (the object-safe traits return these).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Receives ownership changes of one contend service.
+///
+/// Callbacks run on the service's driver task, one at a time, in order. They **must not
+/// block**: hand work to another task (or use [`ContendService::status`] instead).
+pub trait Contender: Send + Sync + 'static {
+    /// The id this contender contends with; `None` lets the factory generate one
+    /// (see [`generate_contender_id`](crate::generate_contender_id)).
+    fn contender_id(&self) -> Option<String> {
+        None
+    }
+
+    /// This contender became the owner. `state.after.fence` is its fencing token.
+    fn on_acquired(&self, state: &MutexState) {
+        let _ = state;
+    }
+
+    /// This contender stopped being the owner, for `reason`.
+    fn on_released(&self, state: &MutexState, reason: LossReason) {
+        let _ = (state, reason);
+    }
+}
+
+/// A contender that only reports through [`ContendService::status`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SilentContender;
+impl Contender for SilentContender {}
+
+/// Observes the owner of a mutex without contending.
+pub trait MutexRetriever: Send + Sync + 'static {
+    /// The owner changed (a renewal by the same owner is not a change).
+    fn on_changed(&self, state: &MutexState);
+}
+
+/// A retriever that only reports through [`RetrievalService::state`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SilentRetriever;
+impl MutexRetriever for SilentRetriever {
+    fn on_changed(&self, _state: &MutexState) {}
+}
+
+/// What this process holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// The fencing token of this ownership.
+    pub fence: u64,
+    /// True while renewals are failing: the lease still protects the ownership until its
+    /// local deadline, but the holder should avoid starting new work.
+    pub suspect: bool,
+}
+
+/// The most recent loss of ownership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loss {
+    /// The fence of the ownership that ended.
+    pub fence: u64,
+    /// Why it ended.
+    pub reason: LossReason,
+}
+
+/// Where a contend service stands, published through a `tokio::sync::watch` channel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContenderStatus {
+    /// Whether the service is running (started and not stopped).
+    pub running: bool,
+    /// The last owner change this service observed.
+    pub state: MutexState,
+    /// `Some` while this contender owns the mutex.
+    pub held: Option<Held>,
+    /// The most recent ownership of this contender that ended.
+    pub last_loss: Option<Loss>,
+    /// How many backend calls (acquire, renew, read) completed since the start, with an
+    /// answer or an error.
+    pub attempts: u64,
+    /// The error of the last failed call, cleared by the next success.
+    pub last_error: Option<String>,
+}
+
+/// One contender's participation in one mutex: start, stop, and observe.
+///
+/// A service is restartable: `start` after `stop` contends again.
+pub trait ContendService: Send + Sync + fmt::Debug {
+    /// The mutex contended for.
+    fn mutex(&self) -> &str;
+
+    /// This contender's id.
+    fn contender_id(&self) -> &str;
+
+    /// Starts contending in the background (spawns onto the current tokio runtime).
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`](crate::Error::InvalidState) if already running or called
+    /// outside a tokio runtime.
+    fn start(&self) -> Result<()>;
+
+    /// Stops contending: releases the mutex on the backend if owned, reports
+    /// `on_released(.., Released)`, and waits for the background task to end.
+    ///
+    /// # Errors
+    /// Never fails today; the remote release is best effort and bounded in time (the lease
+    /// frees the mutex anyway).
+    ///
+    /// # Cancel safety
+    /// Dropping the future after the first poll still stops the service; the release then
+    /// finishes in the background.
+    fn stop(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// A receiver of this service's status.
+    fn status(&self) -> watch::Receiver<ContenderStatus>;
+
+    /// Whether this contender owns the mutex now.
+    fn is_owner(&self) -> bool {
+        self.status().borrow().held.is_some()
+    }
+}
+
+/// Observes one mutex without contending.
+pub trait RetrievalService: Send + Sync + fmt::Debug {
+    /// The mutex observed.
+    fn mutex(&self) -> &str;
+
+    /// Starts observing in the background.
+    ///
+    /// # Errors
+    /// [`Error::InvalidState`](crate::Error::InvalidState) if already running.
+    fn start(&self) -> Result<()>;
+
+    /// Stops observing.
+    ///
+    /// # Errors
+    /// Never fails today.
+    ///
+    /// # Cancel safety
+    /// Dropping the future still stops the service.
+    fn stop(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// A receiver of the last observed owner change.
+    fn state(&self) -> watch::Receiver<MutexState>;
+}
+
+/// Makes contend and retrieval services for one backend. Object-safe, so a program can
+/// choose the backend at run time (`Arc<dyn ContendServiceFactory>`).
+pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
+    /// The backend's name.
+    fn backend(&self) -> &'static str;
+
+    /// A new contend service for `mutex`, reporting to `contender`. Not started.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) /
+    /// [`Error::InvalidContenderId`](crate::Error::InvalidContenderId) for bad input.
+    fn create_contend_service(
+        &self,
+        mutex: &str,
+        contender: Arc<dyn Contender>,
+    ) -> Result<Arc<dyn ContendService>>;
+
+    /// A new retrieval service for `mutex`, reporting to `retriever`. Not started.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name.
+    fn create_retrieval_service(
+        &self,
+        mutex: &str,
+        retriever: Arc<dyn MutexRetriever>,
+    ) -> Result<Arc<dyn RetrievalService>>;
+}

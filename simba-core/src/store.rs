@@ -1,0 +1,174 @@
+//! The small contract a lease backend implements: [`LeaseStore`].
+//!
+//! Redis and SQL backends implement only this; the [`LeaseContendService`](crate::LeaseContendService)
+//! engine owns scheduling, state, callbacks, the local lease deadline and reconnects.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::error::Result;
+use crate::owner::MutexOwner;
+
+/// The lease asked for by an acquisition or renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Time to live: the owner renews from here on.
+    pub ttl: Duration,
+    /// Transition period after `ttl` in which only the owner may renew.
+    pub transition: Duration,
+}
+
+impl Lease {
+    /// The whole lease, `ttl + transition`: how long the backend keeps the ownership.
+    pub fn total(&self) -> Duration {
+        self.ttl + self.transition
+    }
+
+    /// `ttl` in whole milliseconds.
+    pub fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// `transition` in whole milliseconds.
+    pub fn transition_ms(&self) -> i64 {
+        i64::try_from(self.transition.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// A store's answer: the owner after the operation, and the backend's clock when it was
+/// evaluated (milliseconds since the Unix epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseReply {
+    /// The owner after the operation ([`MutexOwner::NONE`] when there is none).
+    pub owner: MutexOwner,
+    /// The backend's time at which the operation was evaluated.
+    pub now: i64,
+}
+
+/// A push notification from a store that can push (Redis pub/sub, PostgreSQL NOTIFY).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreEvent {
+    /// The owner released the mutex; a waiter should try to acquire now.
+    Released,
+    /// A contender acquired the mutex.
+    Acquired {
+        /// The new owner's id.
+        owner_id: String,
+    },
+    /// Messages may have been lost (reconnect, lagging receiver): re-read the owner now.
+    Resync,
+}
+
+/// The wire protocol of a lease backend.
+///
+/// # Contract
+/// - `acquire(m, c, lease)` makes `c` the owner of `m` **if** `m` has no owner, its owner's
+///   `transition_at` has passed, or `c` already owns it within its lease. A new owner gets a
+///   fence strictly greater than every fence this mutex has had; an owner that renews keeps
+///   its fence and its `acquired_at`. Times are evaluated on the backend's clock:
+///   `ttl_at = now + ttl`, `transition_at = now + ttl + transition`, and the backend keeps the
+///   ownership for at most `ttl + transition` after `now`. Whatever happened, the reply names
+///   the owner after the call. The operation is atomic and safe to run twice (clients replay
+///   requests after a reconnect).
+/// - `guard` renews an ownership `c` holds; it must never take a mutex someone else holds
+///   within its lease. The default runs `acquire`.
+/// - `release(m, c)` frees `m` only if `c` owns it (owner-checked and atomic) and returns
+///   whether it did; a stale release never frees another owner's mutex.
+/// - `owner(m)` reads the owner without changing anything.
+/// - `subscribe(m, c)` may return a channel of [`StoreEvent`]s for `c`; `None` means the
+///   store cannot push and the engine polls on the contend period. Dropping the receiver
+///   unsubscribes. A store that may have lost messages sends [`StoreEvent::Resync`].
+/// - `leave(m, c)` tells the store that `c` no longer waits for `m` (wait queues).
+///
+/// Dropping a returned future halfway may leave its effect applied or not; the engine
+/// tolerates either (it always re-reads, and releases on stop).
+pub trait LeaseStore: Send + Sync + 'static {
+    /// The backend's name, for errors and traces (`"redis"`, `"postgres"`, …).
+    fn backend(&self) -> &'static str;
+
+    /// Acquires or renews (see the trait's contract).
+    fn acquire(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> impl Future<Output = Result<LeaseReply>> + Send;
+
+    /// Renews an ownership the contender holds (see the trait's contract).
+    fn guard(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> impl Future<Output = Result<LeaseReply>> + Send {
+        self.acquire(mutex, contender_id, lease)
+    }
+
+    /// Releases the mutex if `contender_id` owns it; returns whether it did.
+    fn release(&self, mutex: &str, contender_id: &str)
+    -> impl Future<Output = Result<bool>> + Send;
+
+    /// Reads the current owner.
+    fn owner(&self, mutex: &str) -> impl Future<Output = Result<LeaseReply>> + Send;
+
+    /// Subscribes `contender_id` to pushed events about `mutex`, if the store can push.
+    fn subscribe(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> impl Future<Output = Result<Option<mpsc::Receiver<StoreEvent>>>> + Send {
+        let _ = (mutex, contender_id);
+        async { Ok(None) }
+    }
+
+    /// Tells the store that `contender_id` stopped waiting for `mutex`.
+    fn leave(&self, mutex: &str, contender_id: &str) -> impl Future<Output = Result<()>> + Send {
+        let _ = (mutex, contender_id);
+        async { Ok(()) }
+    }
+}
+
+impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    fn acquire(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> impl Future<Output = Result<LeaseReply>> + Send {
+        (**self).acquire(mutex, contender_id, lease)
+    }
+    fn guard(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> impl Future<Output = Result<LeaseReply>> + Send {
+        (**self).guard(mutex, contender_id, lease)
+    }
+    fn release(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        (**self).release(mutex, contender_id)
+    }
+    fn owner(&self, mutex: &str) -> impl Future<Output = Result<LeaseReply>> + Send {
+        (**self).owner(mutex)
+    }
+    fn subscribe(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> impl Future<Output = Result<Option<mpsc::Receiver<StoreEvent>>>> + Send {
+        (**self).subscribe(mutex, contender_id)
+    }
+    fn leave(&self, mutex: &str, contender_id: &str) -> impl Future<Output = Result<()>> + Send {
+        (**self).leave(mutex, contender_id)
+    }
+}
