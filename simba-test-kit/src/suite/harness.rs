@@ -1,0 +1,69 @@
+//! What a backend gives the conformance suite: [`Harness`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::{BoxFuture, ContendServiceFactory};
+
+/// Errors of setting a backend up for a case (not case failures).
+pub type SetupError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The timing a case asks a factory for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Lease backends: the ttl. Session backends: ignored.
+    pub ttl: Duration,
+    /// Lease backends: the transition. Session backends: ignored.
+    pub transition: Duration,
+}
+
+impl Timing {
+    /// The suite's usual short timing: ttl 1 s, transition 500 ms.
+    pub const SHORT: Timing = Timing {
+        ttl: Duration::from_millis(1000),
+        transition: Duration::from_millis(500),
+    };
+}
+
+/// What a backend can do, so cases can hold it to the right promise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Waiters are told of a release by a push (pub/sub, NOTIFY, watches), so a handoff
+    /// must not wait for a poll period.
+    pub pushes_release: bool,
+    /// The longest time after an owner goes silent (crash, partition) that another
+    /// contender may need to take over, beyond which the failover case fails. Lease
+    /// backends: `ttl + transition` plus jitter; ZooKeeper: the session timeout plus a tick.
+    pub failover_bound: Duration,
+    /// How long an owner whose backend stops answering may keep believing it owns.
+    pub loss_bound: Duration,
+}
+
+/// Makes a backend's store hang, as a partition or a stopped server does.
+pub trait Fault: Send + Sync + std::fmt::Debug {
+    /// From now on, calls through this factory get no answer (connections stay open).
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>>;
+    /// Calls get answers again.
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>>;
+}
+
+/// One backend, as the conformance suite sees it.
+///
+/// Every `factory` call should return a factory with its **own connections**, as a separate
+/// process would have; all factories of one harness share the same backend data.
+pub trait Harness: Send + Sync {
+    /// A short name for messages (`"redis"`, `"memory"`, …).
+    fn name(&self) -> String;
+
+    /// What the backend can do, for the given timing.
+    fn capabilities(&self, timing: Timing) -> Capabilities;
+
+    /// A new factory with the given timing.
+    fn factory(&self, timing: Timing) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>>;
+
+    /// A new factory whose traffic goes through a fault point.
+    fn faulty_factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>>;
+}
