@@ -1,0 +1,279 @@
+//! Ownership histories and the safety checker.
+//!
+//! Contenders record every ownership interval they believed in (monotonic start and end,
+//! fence); [`check`] reports intervals of different ownerships that overlap in time and
+//! fences that do not increase.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use simba_core::{Contender, LossReason, MutexState};
+
+/// One ownership as its holder saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interval {
+    /// Who held it.
+    pub contender: String,
+    /// Its fencing token.
+    pub fence: u64,
+    /// When the holder learned it owned.
+    pub start: Instant,
+    /// When the holder stopped believing it owned (`None`: still holds).
+    pub end: Option<Instant>,
+    /// Why it ended.
+    pub reason: Option<LossReason>,
+}
+
+impl Interval {
+    fn end_or(&self, now: Instant) -> Instant {
+        self.end.unwrap_or(now)
+    }
+}
+
+/// A safety violation found by [`check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// Two ownerships overlapped in time.
+    Overlap {
+        /// The earlier-starting interval.
+        first: Interval,
+        /// The interval that started before `first` ended.
+        second: Interval,
+    },
+    /// An ownership that started later carried a fence not greater than an earlier one.
+    FenceRegression {
+        /// The earlier interval.
+        earlier: Interval,
+        /// The later interval with a fence not greater than `earlier`'s.
+        later: Interval,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Overlap { first, second } => write!(
+                f,
+                "two owners at once: {} (fence {}) and {} (fence {}) overlapped by {:?}",
+                first.contender,
+                first.fence,
+                second.contender,
+                second.fence,
+                first
+                    .end_or(Instant::now())
+                    .saturating_duration_since(second.start)
+            ),
+            Violation::FenceRegression { earlier, later } => write!(
+                f,
+                "fence did not increase: {} got {} after {} had {}",
+                later.contender, later.fence, earlier.contender, earlier.fence
+            ),
+        }
+    }
+}
+
+/// Checks a history: no two different ownerships overlap, and fences increase with time.
+///
+/// Two intervals are the same ownership when they share contender and fence (an owner that
+/// lost its lease locally and then heard that its renewal went through); those may touch
+/// but not overlap either.
+pub fn check(intervals: &[Interval]) -> Vec<Violation> {
+    let now = Instant::now();
+    let mut sorted: Vec<&Interval> = intervals.iter().collect();
+    sorted.sort_by_key(|i| i.start);
+    let mut out = Vec::new();
+    for (n, a) in sorted.iter().enumerate() {
+        for b in &sorted[n + 1..] {
+            if b.start >= a.end_or(now) {
+                continue;
+            }
+            out.push(Violation::Overlap {
+                first: (*a).clone(),
+                second: (*b).clone(),
+            });
+        }
+    }
+    for pair in sorted.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let same_ownership = a.contender == b.contender && a.fence == b.fence;
+        if b.fence <= a.fence && !same_ownership {
+            out.push(Violation::FenceRegression {
+                earlier: a.clone(),
+                later: b.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// A shared, append-only history.
+#[derive(Debug, Clone, Default)]
+pub struct History(Arc<Mutex<Vec<Interval>>>);
+
+impl History {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Interval>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that `contender` began owning with `fence`.
+    pub fn begin(&self, contender: &str, fence: u64) {
+        self.lock().push(Interval {
+            contender: contender.to_owned(),
+            fence,
+            start: Instant::now(),
+            end: None,
+            reason: None,
+        });
+    }
+
+    /// Records that `contender`'s open ownership ended.
+    pub fn end(&self, contender: &str, reason: LossReason) {
+        let mut h = self.lock();
+        if let Some(i) = h
+            .iter_mut()
+            .rev()
+            .find(|i| i.contender == contender && i.end.is_none())
+        {
+            i.end = Some(Instant::now());
+            i.reason = Some(reason);
+        }
+    }
+
+    /// A copy of the intervals so far.
+    pub fn intervals(&self) -> Vec<Interval> {
+        self.lock().clone()
+    }
+
+    /// How many ownerships began.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no ownership began yet.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Runs [`check`] over the history.
+    pub fn violations(&self) -> Vec<Violation> {
+        check(&self.intervals())
+    }
+
+    /// A contender that records into this history as `id`.
+    pub fn contender(&self, id: impl Into<String>) -> Arc<RecordingContender> {
+        Arc::new(RecordingContender {
+            id: id.into(),
+            history: self.clone(),
+        })
+    }
+}
+
+/// A [`Contender`] that records its ownership intervals into a [`History`].
+#[derive(Debug)]
+pub struct RecordingContender {
+    id: String,
+    history: History,
+}
+
+impl Contender for RecordingContender {
+    fn contender_id(&self) -> Option<String> {
+        Some(self.id.clone())
+    }
+
+    fn on_acquired(&self, state: &MutexState) {
+        self.history.begin(&self.id, state.after.fence);
+    }
+
+    fn on_released(&self, _state: &MutexState, reason: LossReason) {
+        self.history.end(&self.id, reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn iv(c: &str, fence: u64, start: u64, end: u64) -> Interval {
+        let base = Instant::now();
+        Interval {
+            contender: c.into(),
+            fence,
+            start: base + Duration::from_millis(start),
+            end: Some(base + Duration::from_millis(end)),
+            reason: Some(LossReason::Released),
+        }
+    }
+
+    #[test]
+    fn clean_history_passes() {
+        let base = Instant::now();
+        let mk = |c: &str, f: u64, s: u64, e: u64| Interval {
+            start: base + Duration::from_millis(s),
+            end: Some(base + Duration::from_millis(e)),
+            ..iv(c, f, 0, 0)
+        };
+        let h = vec![mk("a", 1, 0, 10), mk("b", 2, 10, 20), mk("a", 5, 30, 40)];
+        assert!(check(&h).is_empty(), "{:?}", check(&h));
+    }
+
+    #[test]
+    fn overlap_is_reported() {
+        let base = Instant::now();
+        let mk = |c: &str, f: u64, s: u64, e: u64| Interval {
+            start: base + Duration::from_millis(s),
+            end: Some(base + Duration::from_millis(e)),
+            ..iv(c, f, 0, 0)
+        };
+        let v = check(&[mk("a", 1, 0, 10), mk("b", 2, 9, 20)]);
+        assert_eq!(v.len(), 1);
+        assert!(matches!(v[0], Violation::Overlap { .. }));
+        assert!(v[0].to_string().contains("two owners at once"));
+    }
+
+    #[test]
+    fn open_interval_overlaps_everything_after() {
+        let base = Instant::now();
+        let mut a = iv("a", 1, 0, 0);
+        a.start = base;
+        a.end = None;
+        let mut b = iv("b", 2, 0, 0);
+        b.start = base + Duration::from_millis(5);
+        b.end = Some(base + Duration::from_millis(6));
+        assert_eq!(check(&[a, b]).len(), 1);
+    }
+
+    #[test]
+    fn fence_regression_is_reported() {
+        let base = Instant::now();
+        let mk = |c: &str, f: u64, s: u64, e: u64| Interval {
+            start: base + Duration::from_millis(s),
+            end: Some(base + Duration::from_millis(e)),
+            ..iv(c, f, 0, 0)
+        };
+        let v = check(&[mk("a", 3, 0, 10), mk("b", 3, 10, 20)]);
+        assert!(matches!(v.as_slice(), [Violation::FenceRegression { .. }]), "{v:?}");
+        // The same ownership seen twice by its holder is not a regression.
+        assert!(check(&[mk("a", 3, 0, 10), mk("a", 3, 10, 20)]).is_empty());
+    }
+
+    #[test]
+    fn recorder_records() {
+        let h = History::new();
+        let c = h.contender("x");
+        let mut st = MutexState::default();
+        st.after.fence = 7;
+        c.on_acquired(&st);
+        c.on_released(&st, LossReason::LeaseExpired);
+        let iv = h.intervals();
+        assert_eq!(iv.len(), 1);
+        assert_eq!((iv[0].fence, iv[0].reason), (7, Some(LossReason::LeaseExpired)));
+        assert!(iv[0].end.is_some());
+    }
+}

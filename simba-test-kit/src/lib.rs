@@ -1,0 +1,7 @@
+#![doc = include_str!("../README.md")]
+
+pub mod history;
+pub mod memory;
+pub mod proxy;
+pub mod servers;
+pub mod suite;

@@ -1,0 +1,105 @@
+//! The conformance [`Harness`] over simba-core's in-memory store.
+
+use std::sync::Arc;
+
+use simba_core::fault::{Behavior, FaultControl, FaultStore};
+use simba_core::{
+    BoxFuture, ContendServiceFactory, LeaseConfig, LeaseServiceFactory, LeaseStore, MemoryStore,
+};
+
+use crate::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+
+/// Runs the suite on any in-process [`LeaseStore`] that clones as a shared handle;
+/// "separate processes" are separate factories over it. Faults hang every call of a
+/// [`FaultStore`] wrapper.
+#[derive(Debug, Clone)]
+pub struct StoreHarness<S> {
+    name: String,
+    store: S,
+    pushes_release: bool,
+}
+
+impl<S: LeaseStore + Clone> StoreHarness<S> {
+    /// A harness over `store`; `pushes_release` says whether its waiters are pushed.
+    pub fn new(name: impl Into<String>, store: S, pushes_release: bool) -> Self {
+        StoreHarness {
+            name: name.into(),
+            store,
+            pushes_release,
+        }
+    }
+}
+
+/// The harness over a fresh [`MemoryStore`].
+pub type MemoryHarness = StoreHarness<MemoryStore>;
+
+impl MemoryHarness {
+    /// A harness over a fresh in-memory store.
+    pub fn memory() -> Self {
+        StoreHarness::new("memory", MemoryStore::new(), true)
+    }
+}
+
+/// The lease config the lease harnesses use for a timing.
+pub fn lease_config(timing: Timing) -> LeaseConfig {
+    LeaseConfig {
+        request_timeout: std::time::Duration::from_secs(2),
+        retry_interval: std::time::Duration::from_millis(100),
+        ..LeaseConfig::with_lease(timing.ttl, timing.transition)
+    }
+}
+
+/// Capabilities of a lease backend with the given timing.
+pub fn lease_capabilities(timing: Timing, pushes_release: bool) -> Capabilities {
+    let lease = timing.ttl + timing.transition;
+    Capabilities {
+        pushes_release,
+        // A waiter's poll comes at most a jitter period (1 s) after the lease ends.
+        failover_bound: lease + std::time::Duration::from_millis(1500),
+        loss_bound: lease + std::time::Duration::from_millis(500),
+    }
+}
+
+/// A [`Fault`] that hangs every call of a [`FaultStore`].
+#[derive(Debug, Clone)]
+pub struct HangFault(pub FaultControl);
+
+impl Fault for HangFault {
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.set_all(Behavior::Hang);
+        Box::pin(async { Ok(()) })
+    }
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.set_all(Behavior::Pass);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn capabilities(&self, timing: Timing) -> Capabilities {
+        lease_capabilities(timing, self.pushes_release)
+    }
+
+    fn factory(&self, timing: Timing) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+        Box::pin(async move {
+            let f = LeaseServiceFactory::new(self.store.clone(), lease_config(timing))?;
+            Ok(Arc::new(f) as Arc<dyn ContendServiceFactory>)
+        })
+    }
+
+    fn faulty_factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
+        Box::pin(async move {
+            let store = FaultStore::new(self.store.clone());
+            let fault = HangFault(store.control());
+            let f = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok((Arc::new(f) as Arc<dyn ContendServiceFactory>, Box::new(fault) as Box<dyn Fault>))
+        })
+    }
+}

@@ -1,0 +1,614 @@
+//! The conformance suite: one public async fn per behaviour every backend must show.
+//!
+//! Each case takes a [`Harness`] and returns `Ok(())` or a [`CaseError`] saying what the
+//! backend did wrong. [`conformance_tests!`](crate::conformance_tests) expands the whole
+//! suite into one named `#[tokio::test]` per case. Every case uses its own random mutex
+//! name, so cases can share one server and run in parallel.
+//!
+//! Where time is the subject (failover, loss on outage), bounds come from the harness's
+//! [`Capabilities`] and are generous on purpose: the machine may be loaded by other tests.
+
+mod harness;
+
+pub use harness::{Capabilities, Fault, Harness, SetupError, Timing};
+
+use std::fmt;
+use std::hash::BuildHasher;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use simba_core::{
+    ContendService, ContenderStatus, Error, LeaderScheduler, Locker,
+    LossReason, MutexState, Schedule, SilentRetriever, generate_contender_id,
+};
+use tokio::time::{Instant, timeout};
+
+use crate::history::History;
+
+/// Why a case failed.
+#[derive(Debug)]
+pub struct CaseError(pub String);
+
+impl fmt::Display for CaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CaseError {}
+
+impl From<SetupError> for CaseError {
+    fn from(e: SetupError) -> Self {
+        CaseError(format!("setting the backend up failed: {e}"))
+    }
+}
+
+impl From<Error> for CaseError {
+    fn from(e: Error) -> Self {
+        CaseError(format!("unexpected simba error: {e}"))
+    }
+}
+
+/// What a case returns.
+pub type CaseResult = Result<(), CaseError>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(CaseError(format!($($fmt)+)));
+        }
+    };
+}
+
+/// The names of every case, in the order [`conformance_tests!`](crate::conformance_tests)
+/// runs them.
+pub const CASES: &[&str] = &[
+    "start",
+    "restart",
+    "guard_past_ttl",
+    "multi_contend",
+    "schedule",
+    "locker_timeout",
+    "try_acquire",
+    "guard_drop_releases",
+    "lost_signal_on_outage",
+    "failover_after_crash",
+    "fences_increase",
+    "handoff_without_poll",
+    "reentrant_hold",
+    "retriever_sees_changes",
+    "bad_input",
+    "safety_under_partitions",
+];
+
+/// A longer timing for cases that must tell a release apart from a lease expiry.
+const LONG: Timing = Timing {
+    ttl: Duration::from_secs(5),
+    transition: Duration::from_secs(2),
+};
+
+/// A fresh mutex name for one case.
+pub fn mutex_name(case: &str) -> String {
+    let id = generate_contender_id();
+    let suffix = id.rsplit(':').next().unwrap_or("0");
+    format!("{case}-{suffix}")
+}
+
+async fn wait_status(
+    svc: &Arc<dyn ContendService>,
+    what: &str,
+    bound: Duration,
+    pred: impl FnMut(&ContenderStatus) -> bool,
+) -> Result<ContenderStatus, CaseError> {
+    let mut rx = svc.status();
+    match timeout(bound, rx.wait_for(pred)).await {
+        Ok(Ok(s)) => Ok(s.clone()),
+        Ok(Err(_)) => Err(CaseError(format!("{what}: the service's status channel closed"))),
+        Err(_) => Err(CaseError(format!(
+            "{what}: not within {bound:?}; status is {:?}",
+            *svc.status().borrow()
+        ))),
+    }
+}
+
+async fn within<T>(what: &str, bound: Duration, fut: impl Future<Output = T>) -> Result<T, CaseError> {
+    timeout(bound, fut)
+        .await
+        .map_err(|_| CaseError(format!("{what}: not within {bound:?}")))
+}
+
+fn acquire_bound(caps: &Capabilities) -> Duration {
+    caps.failover_bound + Duration::from_secs(2)
+}
+
+/// A single contender acquires a free mutex, gets a fence, and gives it up on stop.
+pub async fn start(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let f = h.factory(Timing::SHORT).await?;
+    let history = History::new();
+    let id = generate_contender_id();
+    let svc = f.create_contend_service(&mutex_name("start"), history.contender(&id))?;
+    ensure!(svc.contender_id() == id, "the service ignored the contender's id: {}", svc.contender_id());
+    ensure!(!svc.is_owner(), "owner before start");
+    svc.start()?;
+    let st = wait_status(&svc, "acquire a free mutex", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    ensure!(svc.is_owner(), "is_owner() is false while status says held");
+    ensure!(st.running, "status not running");
+    let fence = st.held.map_or(0, |h| h.fence);
+    ensure!(fence > 0, "fence of an acquisition must be positive, got {fence}");
+    ensure!(st.state.after.owner_id == id, "state.after names {:?}, not the owner", st.state.after.owner_id);
+    let iv = history.intervals();
+    ensure!(iv.len() == 1 && iv[0].fence == fence, "on_acquired not called once with the fence: {iv:?}");
+    ensure!(svc.start().is_err(), "a second start() while running must fail");
+    svc.stop().await?;
+    ensure!(!svc.is_owner(), "still owner after stop");
+    let iv = history.intervals();
+    ensure!(
+        iv[0].reason == Some(LossReason::Released),
+        "stop must report on_released(Released): {iv:?}"
+    );
+    ensure!(!svc.status().borrow().running, "status still running after stop");
+    Ok(())
+}
+
+/// A stopped service can start again and re-acquires with a larger fence; while it is
+/// stopped another contender can take the mutex.
+pub async fn restart(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let f = h.factory(Timing::SHORT).await?;
+    let g = h.factory(Timing::SHORT).await?;
+    let m = mutex_name("restart");
+    let history = History::new();
+    let a = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
+    let b = g.create_contend_service(&m, history.contender(generate_contender_id()))?;
+    let bound = acquire_bound(&caps);
+    a.start()?;
+    let first = wait_status(&a, "first acquisition", bound, |s| s.held.is_some()).await?;
+    a.stop().await?;
+    b.start()?;
+    let second = wait_status(&b, "another contender acquires after stop", bound, |s| s.held.is_some()).await?;
+    b.stop().await?;
+    a.start()?;
+    let third = wait_status(&a, "re-acquire after restart", bound, |s| s.held.is_some()).await?;
+    a.stop().await?;
+    let fences: Vec<u64> = [first, second, third]
+        .iter()
+        .map(|s| s.held.map_or(0, |h| h.fence))
+        .collect();
+    ensure!(fences.windows(2).all(|w| w[0] < w[1]), "fences must increase across restarts: {fences:?}");
+    ensure!(history.violations().is_empty(), "{:?}", history.violations());
+    Ok(())
+}
+
+/// The owner keeps its ownership, with the same fence, across many ttl periods.
+pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let f = h.factory(Timing::SHORT).await?;
+    let g = h.factory(Timing::SHORT).await?;
+    let m = mutex_name("guard");
+    let history = History::new();
+    let a = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
+    a.start()?;
+    let st = wait_status(&a, "acquire", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    let fence = st.held.map_or(0, |h| h.fence);
+    let b = g.create_contend_service(&m, history.contender(generate_contender_id()))?;
+    b.start()?;
+    // Time is the subject: hold through three whole leases while a rival contends.
+    let lease = Timing::SHORT.ttl + Timing::SHORT.transition;
+    let lost = wait_status(&a, "", lease * 3, |s| s.held.is_none()).await;
+    ensure!(lost.is_err(), "the owner lost the mutex while renewing: {:?}", *a.status().borrow());
+    let now = a.status().borrow().clone();
+    ensure!(
+        now.held.map(|h| h.fence) == Some(fence),
+        "renewals must keep the fence {fence}: {now:?}"
+    );
+    ensure!(!b.is_owner(), "the rival owns while the owner renews");
+    a.stop().await?;
+    b.stop().await?;
+    ensure!(history.violations().is_empty(), "{:?}", history.violations());
+    Ok(())
+}
+
+/// Ten contenders over two factories: exactly one owner at any instant while owners stop
+/// and come back.
+pub async fn multi_contend(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let factories = [h.factory(Timing::SHORT).await?, h.factory(Timing::SHORT).await?];
+    let m = mutex_name("multi");
+    let history = History::new();
+    let mut services = Vec::new();
+    for i in 0..10 {
+        let svc = factories[i % 2].create_contend_service(&m, history.contender(generate_contender_id()))?;
+        svc.start()?;
+        services.push(svc);
+    }
+    let rounds = 5;
+    for round in 0..rounds {
+        let deadline = Instant::now() + acquire_bound(&caps);
+        let owner = loop {
+            let owners: Vec<usize> = (0..services.len()).filter(|i| services[*i].is_owner()).collect();
+            ensure!(owners.len() <= 1, "round {round}: several owners at once: {owners:?}");
+            if let [o] = owners.as_slice() {
+                break *o;
+            }
+            ensure!(Instant::now() < deadline, "round {round}: no owner within {:?}", acquire_bound(&caps));
+            // Sampling the owner count is the point here (each sample checks exclusion).
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        services[owner].stop().await?;
+        services[owner].start()?;
+    }
+    for s in &services {
+        s.stop().await?;
+    }
+    let v = history.violations();
+    ensure!(v.is_empty(), "violations: {}", join(&v));
+    ensure!(history.len() >= rounds, "only {} ownerships in {rounds} rounds", history.len());
+    Ok(())
+}
+
+fn join<T: fmt::Display>(v: &[T]) -> String {
+    v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// Scheduled work runs only on the leader, is cancelled when it stops, and moves to the
+/// other scheduler.
+pub async fn schedule(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let m = mutex_name("schedule");
+    let runs: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
+    let mut schedulers = Vec::new();
+    for who in 0..2 {
+        let f = h.factory(Timing::SHORT).await?;
+        let runs = runs.clone();
+        let s = LeaderScheduler::new(
+            f.as_ref(),
+            &m,
+            Schedule::FixedRate {
+                initial_delay: Duration::ZERO,
+                period: Duration::from_millis(50),
+            },
+            move |ctx| {
+                let runs = runs.clone();
+                async move {
+                    runs.lock().unwrap_or_else(|p| p.into_inner()).push((who, ctx.fence));
+                }
+            },
+        )?;
+        s.start()?;
+        schedulers.push(s);
+    }
+    let count = |who: usize| {
+        runs.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|r| r.0 == who)
+            .count()
+    };
+    let bound = acquire_bound(&caps);
+    let t0 = Instant::now();
+    let leader = loop {
+        if let Some(w) = (0..2).find(|w| count(*w) >= 3) {
+            break w;
+        }
+        ensure!(t0.elapsed() < bound, "no scheduled work ran within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let other = 1 - leader;
+    ensure!(schedulers[leader].is_leader(), "work ran on a scheduler that is not leader");
+    ensure!(count(other) == 0, "work ran on both schedulers before any handover");
+    schedulers[leader].stop().await?;
+    let after_stop = count(leader);
+    let t1 = Instant::now();
+    while count(other) < 3 {
+        ensure!(t1.elapsed() < bound, "work did not move to the other scheduler within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(count(leader) == after_stop, "the stopped leader kept running work");
+    schedulers[other].stop().await?;
+    let fences: Vec<u64> = runs.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|r| r.1).collect();
+    ensure!(fences.windows(2).all(|w| w[0] <= w[1]), "work saw fences go back: {fences:?}");
+    Ok(())
+}
+
+/// `acquire_timeout` on a held mutex gives up with [`Error::Timeout`] after about the wait.
+pub async fn locker_timeout(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let m = mutex_name("timeout");
+    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let ga = within("acquire a free mutex", acquire_bound(&caps), a.acquire()).await??;
+    let wait = Duration::from_millis(400);
+    let t0 = Instant::now();
+    let r = b.acquire_timeout(wait).await;
+    let took = t0.elapsed();
+    ensure!(matches!(r, Err(Error::Timeout { .. })), "expected Error::Timeout, got {r:?}");
+    ensure!(took >= wait, "gave up after {took:?}, before the wait of {wait:?}");
+    ensure!(took < wait + Duration::from_secs(2), "gave up only after {took:?}");
+    ensure!(ga.is_held(), "the holder lost the mutex while another timed out");
+    ga.release().await?;
+    Ok(())
+}
+
+/// `try_acquire` succeeds on a free mutex and says [`Error::WouldBlock`] on a held one.
+pub async fn try_acquire(h: &dyn Harness) -> CaseResult {
+    let m = mutex_name("try");
+    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let bound = Duration::from_secs(10);
+    let ga = within("try_acquire", bound, a.try_acquire()).await??;
+    let r = within("try_acquire of a held mutex", bound, b.try_acquire()).await?;
+    ensure!(matches!(r, Err(Error::WouldBlock { .. })), "expected WouldBlock, got {r:?}");
+    ga.release().await?;
+    let gb = within("try_acquire after release", bound, b.try_acquire()).await?;
+    ensure!(gb.is_ok(), "try_acquire after the release failed: {gb:?}");
+    if let Ok(g) = gb {
+        ensure!(g.fence() > 0, "fence 0");
+        g.release().await?;
+    }
+    Ok(())
+}
+
+/// Dropping a guard releases the mutex: another contender gets it long before the lease
+/// would have expired.
+pub async fn guard_drop_releases(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(LONG);
+    let m = mutex_name("drop");
+    let a = Locker::new(h.factory(LONG).await?, &m)?;
+    let b = Locker::new(h.factory(LONG).await?, &m)?;
+    let ga = within("acquire", acquire_bound(&caps), a.acquire()).await??;
+    drop(ga);
+    // Polling is the point: b is a separate process that cannot await a's drop. The bound
+    // is the ttl, well below the 7 s lease that an unreleased mutex would hold for.
+    let t0 = Instant::now();
+    loop {
+        match b.try_acquire().await {
+            Ok(g) => {
+                g.release().await?;
+                return Ok(());
+            }
+            Err(Error::WouldBlock { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        ensure!(t0.elapsed() < LONG.ttl, "the dropped guard's mutex was still held after {:?}", LONG.ttl);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// When the backend stops answering, the owner's loss signal fires within the lease,
+/// without waiting for an answer.
+pub async fn lost_signal_on_outage(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let (f, fault) = h.faulty_factory(Timing::SHORT).await?;
+    let a = Locker::new(f, &mutex_name("outage"))?;
+    let guard = within("acquire", acquire_bound(&caps), a.acquire()).await??;
+    fault.partition().await?;
+    let t0 = Instant::now();
+    let reason = within("loss signal after the backend went silent", caps.loss_bound + Duration::from_secs(2), guard.lost()).await;
+    let took = t0.elapsed();
+    fault.heal().await?;
+    let reason = reason?;
+    ensure!(
+        matches!(reason, LossReason::LeaseExpired | LossReason::SessionLost),
+        "loss reported as {reason:?}"
+    );
+    ensure!(took <= caps.loss_bound, "loss reported after {took:?}, beyond {:?}", caps.loss_bound);
+    ensure!(!guard.is_held(), "guard still held after its loss signal");
+    Ok(())
+}
+
+/// The owner goes silent (crash, partition): a waiter owns within the failover bound, and
+/// never before the old owner stopped believing it owned.
+pub async fn failover_after_crash(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let (fa, fault) = h.faulty_factory(Timing::SHORT).await?;
+    let fb = h.factory(Timing::SHORT).await?;
+    let m = mutex_name("failover");
+    let history = History::new();
+    let a = fa.create_contend_service(&m, history.contender(generate_contender_id()))?;
+    let b = fb.create_contend_service(&m, history.contender(generate_contender_id()))?;
+    a.start()?;
+    wait_status(&a, "first owner", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    b.start()?;
+    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| s.attempts > 0).await?;
+    fault.partition().await?;
+    let t0 = Instant::now();
+    let r = wait_status(&b, "failover", caps.failover_bound, |s| s.held.is_some()).await;
+    let took = t0.elapsed();
+    fault.heal().await?;
+    r?;
+    ensure!(!a.is_owner(), "the silent owner still believes it owns after the failover");
+    b.stop().await?;
+    a.stop().await?;
+    let v = history.violations();
+    ensure!(v.is_empty(), "failover after {took:?} broke safety: {}", join(&v));
+    Ok(())
+}
+
+/// Fences strictly increase across acquisitions by different contenders.
+pub async fn fences_increase(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let m = mutex_name("fence");
+    let lockers = [
+        Locker::new(h.factory(Timing::SHORT).await?, &m)?,
+        Locker::new(h.factory(Timing::SHORT).await?, &m)?,
+    ];
+    let mut fences = Vec::new();
+    for i in 0..6 {
+        let g = within("acquire", acquire_bound(&caps), lockers[i % 2].acquire()).await??;
+        fences.push(g.fence());
+        g.release().await?;
+    }
+    ensure!(fences.windows(2).all(|w| w[0] < w[1]), "fences must strictly increase: {fences:?}");
+    Ok(())
+}
+
+/// A waiter takes over right after a release: at once where the backend pushes releases,
+/// else within a poll period.
+pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(LONG);
+    let m = mutex_name("handoff");
+    let a = h.factory(LONG).await?.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
+    let b = h.factory(LONG).await?.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
+    a.start()?;
+    wait_status(&a, "first owner", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    b.start()?;
+    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| s.attempts > 0).await?;
+    ensure!(!b.is_owner(), "two owners");
+    a.stop().await?;
+    let t0 = Instant::now();
+    // A poll would come only at the end of a's lease (~7 s after it acquired).
+    let bound = if caps.pushes_release {
+        Duration::from_millis(1500)
+    } else {
+        LONG.ttl + LONG.transition + Duration::from_secs(2)
+    };
+    wait_status(&b, "handoff to the waiter", bound, |s| s.held.is_some()).await?;
+    let took = t0.elapsed();
+    b.stop().await?;
+    tracing::info!(backend = %h.name(), ?took, "handoff");
+    Ok(())
+}
+
+/// Acquiring again through the same locker adds a hold; the mutex is released with the
+/// last hold.
+pub async fn reentrant_hold(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let m = mutex_name("reentrant");
+    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let g1 = within("acquire", acquire_bound(&caps), a.acquire()).await??;
+    let g2 = within("re-acquire through the same handle", Duration::from_secs(1), a.clone().acquire()).await??;
+    ensure!(g1.fence() == g2.fence(), "a reentrant hold must share the fence");
+    ensure!(a.hold_count() == 2, "hold_count {} != 2", a.hold_count());
+    g1.release().await?;
+    ensure!(g2.is_held(), "releasing one hold released the mutex");
+    ensure!(a.hold_count() == 1, "hold_count {} != 1", a.hold_count());
+    let r = other.try_acquire().await;
+    ensure!(matches!(r, Err(Error::WouldBlock { .. })), "another locker got a mutex with a live hold: {r:?}");
+    g2.release().await?;
+    ensure!(a.hold_count() == 0, "hold_count {} after the last release", a.hold_count());
+    let g = within("acquire after the last hold", Duration::from_secs(10), other.try_acquire()).await??;
+    g.release().await?;
+    Ok(())
+}
+
+/// A retrieval service sees each new owner.
+pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let m = mutex_name("retriever");
+    let r = h.factory(Timing::SHORT).await?.create_retrieval_service(&m, Arc::new(SilentRetriever))?;
+    r.start()?;
+    let mut rx = r.state();
+    let bound = acquire_bound(&caps) + Timing::SHORT.ttl + Timing::SHORT.transition;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let f = h.factory(Timing::SHORT).await?;
+        let svc = f.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
+        let id = svc.contender_id().to_owned();
+        svc.start()?;
+        let got = within("the retriever sees the new owner", bound, rx.wait_for(|s: &MutexState| s.after.owner_id == id)).await?;
+        ensure!(got.is_ok(), "retriever channel closed");
+        seen.push(id);
+        svc.stop().await?;
+    }
+    r.stop().await?;
+    ensure!(seen[0] != seen[1], "contender ids repeat");
+    Ok(())
+}
+
+/// Bad names and ids are refused with typed errors, before anything reaches the backend.
+pub async fn bad_input(h: &dyn Harness) -> CaseResult {
+    let f = h.factory(Timing::SHORT).await?;
+    let long = "x".repeat(simba_core::MAX_MUTEX_NAME_LEN + 1);
+    for bad in ["", "line\nbreak", " padded", long.as_str(), "tag{x}"] {
+        let r = f.create_contend_service(bad, Arc::new(simba_core::SilentContender));
+        ensure!(matches!(r, Err(Error::InvalidName { .. })), "name {bad:?} accepted: {r:?}");
+        let r = f.create_retrieval_service(bad, Arc::new(SilentRetriever));
+        ensure!(matches!(r, Err(Error::InvalidName { .. })), "retriever name {bad:?} accepted");
+        let r = Locker::new(f.clone(), bad);
+        ensure!(matches!(r, Err(Error::InvalidName { .. })), "locker name {bad:?} accepted");
+    }
+    let r = Locker::with_contender_id(f.clone(), "fine", "owner@@evil");
+    ensure!(matches!(r, Err(Error::InvalidContenderId { .. })), "id with @@ accepted: {r:?}");
+    let history = History::new();
+    let r = f.create_contend_service("fine", history.contender("has space"));
+    ensure!(matches!(r, Err(Error::InvalidContenderId { .. })), "id with a space accepted: {r:?}");
+    Ok(())
+}
+
+/// Three contenders, each behind its own fault point, partitioned and healed at random
+/// for a few seconds: no two ownerships overlap and fences increase.
+pub async fn safety_under_partitions(h: &dyn Harness) -> CaseResult {
+    let m = mutex_name("safety");
+    let history = History::new();
+    let mut parts = Vec::new();
+    for _ in 0..3 {
+        let (f, fault) = h.faulty_factory(Timing::SHORT).await?;
+        let svc = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
+        svc.start()?;
+        parts.push((svc, fault, AtomicBool::new(false)));
+    }
+    let t0 = Instant::now();
+    let mut n: u64 = 0;
+    while t0.elapsed() < Duration::from_secs(6) {
+        n += 1;
+        let pick = std::collections::hash_map::RandomState::new().hash_one(n) % 3;
+        let (_, fault, cut) = &parts[pick as usize];
+        if cut.load(Ordering::Relaxed) {
+            fault.heal().await?;
+            cut.store(false, Ordering::Relaxed);
+        } else {
+            fault.partition().await?;
+            cut.store(true, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(150 + (n % 5) * 90)).await;
+    }
+    for (_, fault, _) in &parts {
+        fault.heal().await?;
+    }
+    for (svc, _, _) in &parts {
+        within("stop", Duration::from_secs(10), svc.stop()).await??;
+    }
+    let v = history.violations();
+    ensure!(v.is_empty(), "violations under partitions: {}", join(&v));
+    ensure!(!history.is_empty(), "nobody owned during the run");
+    Ok(())
+}
+
+/// Expands the whole suite into one `#[tokio::test]` per case.
+///
+/// The argument is an expression evaluated inside each (async) test that yields a value
+/// implementing [`Harness`]; it may `.await`.
+///
+/// ```ignore
+/// simba_test_kit::conformance_tests!(MyHarness::start().await);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@cases $harness;
+            start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
+            try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
+            fences_increase, handoff_without_poll, reentrant_hold, retriever_sees_changes,
+            bad_input, safety_under_partitions);
+    };
+    (@cases $harness:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness;
+                if let Err(e) = $crate::suite::$case(&harness).await {
+                    panic!(
+                        "conformance case `{}` failed on {}: {}",
+                        stringify!($case),
+                        $crate::suite::Harness::name(&harness),
+                        e
+                    );
+                }
+            }
+        )+
+    };
+}
