@@ -264,8 +264,12 @@ async fn watch_hold(
     let _ = service.stop().await;
 }
 
+/// Whether the ownership with `fence` stands. Once it was reported lost it stays lost for
+/// the guard, even if the engine re-acquires with the same fence right after.
 fn held_with(s: &ContenderStatus, fence: u64) -> bool {
-    s.running && s.held.is_some_and(|h| h.fence == fence)
+    s.running
+        && s.held.is_some_and(|h| h.fence == fence)
+        && s.last_loss.is_none_or(|l| l.fence != fence)
 }
 
 fn is_held(h: &Hold) -> bool {

@@ -1,0 +1,490 @@
+//! The lease engine under a store whose calls succeed, fail, stall or hang, in paused tokio
+//! time: every instant below is exact, not a wall-clock guess.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use simba_core::fault::{Behavior, FaultStore, Op};
+use simba_core::{
+    ContendService, ContendServiceFactory, Contender, ContenderStatus, LeaderScheduler,
+    LeaseConfig, LeaseServiceFactory, LeaseStore, Locker, LossReason, MemoryStore, MutexState,
+    Schedule,
+};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_millis(1000);
+const TRANSITION: Duration = Duration::from_millis(500);
+const DRIFT: Duration = Duration::from_millis(100);
+
+fn config() -> LeaseConfig {
+    LeaseConfig {
+        drift_margin: DRIFT,
+        request_timeout: Duration::from_secs(3),
+        retry_interval: Duration::from_millis(100),
+        ..LeaseConfig::with_lease(TTL, TRANSITION)
+    }
+}
+
+/// When, what ("acquired" / "released"), fence, and the loss reason.
+type Entry = (Instant, &'static str, u64, Option<LossReason>);
+
+#[derive(Default)]
+struct Events {
+    log: Mutex<Vec<Entry>>,
+}
+
+impl Events {
+    fn entries(&self) -> Vec<Entry> {
+        self.log.lock().expect("log").clone()
+    }
+}
+
+struct Recorder(Arc<Events>);
+impl Contender for Recorder {
+    fn on_acquired(&self, s: &MutexState) {
+        self.0
+            .log
+            .lock()
+            .expect("log")
+            .push((Instant::now(), "acquired", s.after.fence, None));
+    }
+    fn on_released(&self, s: &MutexState, reason: LossReason) {
+        let fence = s.before.fence;
+        self.0
+            .log
+            .lock()
+            .expect("log")
+            .push((Instant::now(), "released", fence, Some(reason)));
+    }
+}
+
+struct Setup {
+    memory: MemoryStore,
+    store: FaultStore<MemoryStore>,
+    factory: LeaseServiceFactory<FaultStore<MemoryStore>>,
+}
+
+fn setup() -> Setup {
+    let memory = MemoryStore::new();
+    let store = FaultStore::new(memory.clone());
+    let factory = LeaseServiceFactory::new(store.clone(), config()).expect("config");
+    Setup {
+        memory,
+        store,
+        factory,
+    }
+}
+
+fn contender(setup: &Setup, m: &str) -> (Arc<dyn ContendService>, Arc<Events>) {
+    let events = Arc::new(Events::default());
+    let svc = setup
+        .factory
+        .create_contend_service(m, Arc::new(Recorder(events.clone())))
+        .expect("service");
+    (svc, events)
+}
+
+async fn wait(
+    svc: &Arc<dyn ContendService>,
+    pred: impl FnMut(&ContenderStatus) -> bool,
+) -> ContenderStatus {
+    let mut rx = svc.status();
+    let s = tokio::time::timeout(Duration::from_secs(60), rx.wait_for(pred))
+        .await
+        .expect("condition within 60 s of paused time")
+        .expect("status channel open");
+    s.clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn hanging_renewal_is_a_loss_at_the_local_deadline() {
+    let s = setup();
+    let (svc, events) = contender(&s, "m");
+    let t0 = Instant::now();
+    svc.start().expect("start");
+    wait(&svc, |st| st.held.is_some()).await;
+    s.store.control().set_all(Behavior::Hang);
+    let st = wait(&svc, |st| st.held.is_none()).await;
+    let lost_at = Instant::now();
+    assert_eq!(
+        st.last_loss.map(|l| l.reason),
+        Some(LossReason::LeaseExpired)
+    );
+    // The acquire request was sent at t0: the deadline is t0 + ttl + transition - drift,
+    // although the renewal never answered.
+    assert_eq!(lost_at - t0, TTL + TRANSITION - DRIFT);
+    assert_eq!(
+        s.store.control().calls(Op::Guard),
+        1,
+        "one renewal, hanging"
+    );
+    let log = events.entries();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[1].3, Some(LossReason::LeaseExpired));
+    // The backend's lease outlives the local belief: nobody else could own before.
+    let backend_expiry = s
+        .memory
+        .owner("m")
+        .await
+        .expect("owner")
+        .owner
+        .transition_at;
+    assert!(
+        backend_expiry >= s.memory.now() + 100 - 1,
+        "local loss comes before the backend lease ends"
+    );
+    svc.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_make_the_owner_suspect_and_a_success_recovers() {
+    let s = setup();
+    let (svc, events) = contender(&s, "m");
+    svc.start().expect("start");
+    let fence = wait(&svc, |st| st.held.is_some())
+        .await
+        .held
+        .map(|h| h.fence);
+    s.store.control().set(Op::Guard, Behavior::Fail);
+    wait(&svc, |st| st.held.is_some_and(|h| h.suspect)).await;
+    assert!(
+        svc.is_owner(),
+        "a failed renewal alone does not end ownership"
+    );
+    let failures_seen = s.store.control().calls(Op::Guard);
+    s.store.control().set(Op::Guard, Behavior::Pass);
+    let st = wait(&svc, |st| st.held.is_some_and(|h| !h.suspect)).await;
+    assert_eq!(
+        st.held.map(|h| h.fence),
+        fence,
+        "same ownership after recovery"
+    );
+    assert!(
+        s.store.control().calls(Op::Guard) > failures_seen,
+        "it retried"
+    );
+    assert_eq!(
+        events.entries().len(),
+        1,
+        "no loss was reported: {:?}",
+        events.entries()
+    );
+    svc.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_failing_until_the_deadline_end_ownership_there() {
+    let s = setup();
+    let (svc, _events) = contender(&s, "m");
+    let t0 = Instant::now();
+    svc.start().expect("start");
+    wait(&svc, |st| st.held.is_some()).await;
+    s.store.control().set(Op::Guard, Behavior::Fail);
+    s.store.control().set(Op::Acquire, Behavior::Fail);
+    let st = wait(&svc, |st| st.held.is_none()).await;
+    assert_eq!(Instant::now() - t0, TTL + TRANSITION - DRIFT);
+    assert_eq!(
+        st.last_loss.map(|l| l.reason),
+        Some(LossReason::LeaseExpired)
+    );
+    assert!(
+        s.store.control().calls(Op::Guard) >= 3,
+        "retried before giving up"
+    );
+    svc.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_releases_on_the_backend_and_restart_contends_again() {
+    let s = setup();
+    let (svc, events) = contender(&s, "m");
+    svc.start().expect("start");
+    let first = wait(&svc, |st| st.held.is_some())
+        .await
+        .held
+        .map_or(0, |h| h.fence);
+    svc.stop().await.expect("stop");
+    assert_eq!(s.store.control().calls(Op::Release), 1);
+    assert!(
+        !s.memory.owner("m").await.expect("owner").owner.has_owner(),
+        "released remotely"
+    );
+    assert_eq!(events.entries()[1].3, Some(LossReason::Released));
+    svc.start().expect("restart");
+    let second = wait(&svc, |st| st.held.is_some())
+        .await
+        .held
+        .map_or(0, |h| h.fence);
+    assert!(second > first);
+    svc.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn results_arriving_after_stop_are_ignored() {
+    let s = setup();
+    let (svc, events) = contender(&s, "m");
+    s.store.control().set(Op::Acquire, Behavior::ApplyThenHang);
+    svc.start().expect("start");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.store.control().calls(Op::Acquire), 1);
+    // The backend applied the acquisition, but the answer never came.
+    assert!(s.memory.owner("m").await.expect("owner").owner.has_owner());
+    svc.stop().await.expect("stop");
+    assert!(
+        events.entries().is_empty(),
+        "no callback for an answer that never came"
+    );
+    assert!(!svc.is_owner());
+    assert!(
+        !s.memory.owner("m").await.expect("owner").owner.has_owner(),
+        "stop released what the unanswered call took"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_acquire_leaves_no_ownership_behind() {
+    let s = setup();
+    let factory: Arc<dyn ContendServiceFactory> =
+        Arc::new(LeaseServiceFactory::new(s.store.clone(), config()).expect("config"));
+    let locker = Locker::new(factory, "m").expect("locker");
+    s.store.control().set(Op::Acquire, Behavior::ApplyThenHang);
+    let attempt = tokio::time::timeout(Duration::from_millis(50), locker.acquire()).await;
+    assert!(attempt.is_err(), "the acquire hung and was dropped");
+    assert!(
+        s.memory.owner("m").await.expect("owner").owner.has_owner(),
+        "the backend applied it"
+    );
+    // The contention stops in the background; let it run.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        !s.memory.owner("m").await.expect("owner").owner.has_owner(),
+        "the dropped acquire was released"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_takes_over_on_the_release_push_without_polling() {
+    let s = setup();
+    let (a, _) = contender(&s, "m");
+    let (b, _) = contender(&s, "m");
+    a.start().expect("a");
+    wait(&a, |st| st.held.is_some()).await;
+    b.start().expect("b");
+    wait(&b, |st| st.attempts > 0).await;
+    let t = Instant::now();
+    a.stop().await.expect("stop a");
+    wait(&b, |st| st.held.is_some()).await;
+    assert_eq!(
+        Instant::now() - t,
+        Duration::ZERO,
+        "handoff needed no timer"
+    );
+    b.stop().await.expect("stop b");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_non_owner_polls_at_the_end_of_the_lease_plus_jitter() {
+    let s = setup();
+    let (a, _) = contender(&s, "m");
+    a.start().expect("a");
+    wait(&a, |st| st.held.is_some()).await;
+    // b is another process on the same backend, without a push channel: it must poll on
+    // the contend period.
+    let b_store = FaultStore::new(s.memory.clone());
+    b_store.control().set(Op::Subscribe, Behavior::Fail);
+    let b_factory = LeaseServiceFactory::new(b_store.clone(), config()).expect("config");
+    let b = b_factory
+        .create_contend_service("m", Arc::new(simba_core::SilentContender))
+        .expect("b");
+    b.start().expect("b");
+    wait(&b, |st| st.attempts > 0).await;
+    let seen = b_store.control().calls(Op::Acquire);
+    // a dies silently: every call it makes hangs from now on.
+    s.store.control().set_all(Behavior::Hang);
+    let t = Instant::now();
+    wait(&b, |st| st.held.is_some()).await;
+    let took = Instant::now() - t;
+    // It takes over after a's lease (1.5 s after a's last renewal) plus at most 1 s jitter.
+    assert!(
+        took <= TTL + TRANSITION + Duration::from_millis(1000),
+        "{took:?}"
+    );
+    assert!(!a.is_owner(), "a gave up by its deadline");
+    // b did not spin: a handful of polls, not hundreds.
+    assert!(b_store.control().calls(Op::Acquire) - seen < 10);
+    b.stop().await.expect("stop");
+    s.store.control().set_all(Behavior::Pass);
+    a.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_naming_another_owner_is_a_takeover() {
+    let s = setup();
+    let (a, events) = contender(&s, "m");
+    a.start().expect("a");
+    wait(&a, |st| st.held.is_some()).await;
+    // An operator frees the mutex behind the owner's back and someone else takes it.
+    assert!(
+        s.memory
+            .release("m", a.contender_id())
+            .await
+            .expect("release")
+    );
+    let lease = simba_core::Lease {
+        ttl: TTL,
+        transition: TRANSITION,
+    };
+    s.memory
+        .acquire("m", "intruder", lease)
+        .await
+        .expect("intruder");
+    let t = Instant::now();
+    let st = wait(&a, |st| st.held.is_none()).await;
+    assert_eq!(st.last_loss.map(|l| l.reason), Some(LossReason::TakenOver));
+    assert_eq!(st.state.after.owner_id, "intruder");
+    assert_eq!(
+        Instant::now() - t,
+        Duration::ZERO,
+        "the acquisition push made it look at once"
+    );
+    assert_eq!(
+        events.entries().last().and_then(|e| e.3),
+        Some(LossReason::TakenOver)
+    );
+    a.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn scheduled_work_is_cancelled_when_ownership_is_lost() {
+    let s = setup();
+    let started = Arc::new(AtomicUsize::new(0));
+    let cancelled = Arc::new(AtomicBool::new(false));
+    struct OnDrop(Arc<AtomicBool>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let (st, ca) = (started.clone(), cancelled.clone());
+    let scheduler = LeaderScheduler::new(
+        &s.factory,
+        "m",
+        Schedule::FixedDelay {
+            initial_delay: Duration::ZERO,
+            delay: Duration::from_millis(10),
+        },
+        move |_ctx| {
+            let (st, ca) = (st.clone(), ca.clone());
+            async move {
+                st.fetch_add(1, Ordering::SeqCst);
+                let _guard = OnDrop(ca);
+                // Long work, still running when the lease is lost.
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+        },
+    )
+    .expect("scheduler");
+    scheduler.start().expect("start");
+    wait(scheduler.service(), |st| st.held.is_some()).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    assert!(!cancelled.load(Ordering::SeqCst));
+    s.store.control().set_all(Behavior::Hang);
+    wait(scheduler.service(), |st| st.held.is_none()).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(
+        cancelled.load(Ordering::SeqCst),
+        "running work was cancelled on loss"
+    );
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "no new run while not owner"
+    );
+    s.store.control().set_all(Behavior::Pass);
+    scheduler.stop().await.expect("stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_reports_suspect_and_loss_reason() {
+    let s = setup();
+    let factory: Arc<dyn ContendServiceFactory> =
+        Arc::new(LeaseServiceFactory::new(s.store.clone(), config()).expect("config"));
+    let locker = Locker::new(factory, "m").expect("locker");
+    let guard = locker.acquire().await.expect("acquire");
+    assert!(guard.is_held() && !guard.is_suspect());
+    s.store.control().set(Op::Guard, Behavior::Fail);
+    s.store.control().set(Op::Acquire, Behavior::Fail);
+    let mut status = guard_status_probe(&guard).await;
+    let reason = guard.lost().await;
+    status.retain(|suspect| *suspect);
+    assert!(
+        !status.is_empty(),
+        "the guard was seen suspect before the loss"
+    );
+    assert_eq!(reason, LossReason::LeaseExpired);
+    assert!(!guard.is_held());
+    s.store.control().set_all(Behavior::Pass);
+    guard.release().await.expect("release");
+}
+
+/// Samples `is_suspect` until the guard is lost.
+async fn guard_status_probe(guard: &simba_core::LockGuard) -> Vec<bool> {
+    let mut seen = Vec::new();
+    while guard.is_held() {
+        seen.push(guard.is_suspect());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+#[test]
+fn bad_configs_are_refused_with_the_field_named() {
+    let cases = [
+        (
+            LeaseConfig {
+                ttl: Duration::ZERO,
+                ..config()
+            },
+            "ttl",
+        ),
+        (
+            LeaseConfig {
+                ttl: Duration::from_micros(1500),
+                ..config()
+            },
+            "ttl",
+        ),
+        (
+            LeaseConfig {
+                transition: Duration::from_secs(400 * 24 * 3600),
+                ..config()
+            },
+            "transition",
+        ),
+        (
+            LeaseConfig {
+                drift_margin: Duration::from_millis(800),
+                ..config()
+            },
+            "drift_margin",
+        ),
+        (
+            LeaseConfig {
+                jitter: 5..5,
+                ..config()
+            },
+            "jitter",
+        ),
+    ];
+    for (cfg, field) in cases {
+        match LeaseServiceFactory::new(MemoryStore::new(), cfg) {
+            Err(simba_core::Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+}
