@@ -258,7 +258,10 @@ mod tests {
             ..iv(c, f, 0, 0)
         };
         let v = check(&[mk("a", 3, 0, 10), mk("b", 3, 10, 20)]);
-        assert!(matches!(v.as_slice(), [Violation::FenceRegression { .. }]), "{v:?}");
+        assert!(
+            matches!(v.as_slice(), [Violation::FenceRegression { .. }]),
+            "{v:?}"
+        );
         // The same ownership seen twice by its holder is not a regression.
         assert!(check(&[mk("a", 3, 0, 10), mk("a", 3, 10, 20)]).is_empty());
     }
@@ -273,7 +276,10 @@ mod tests {
         c.on_released(&st, LossReason::LeaseExpired);
         let iv = h.intervals();
         assert_eq!(iv.len(), 1);
-        assert_eq!((iv[0].fence, iv[0].reason), (7, Some(LossReason::LeaseExpired)));
+        assert_eq!(
+            (iv[0].fence, iv[0].reason),
+            (7, Some(LossReason::LeaseExpired))
+        );
         assert!(iv[0].end.is_some());
     }
 }

@@ -7,7 +7,7 @@ use simba_core::{
     BoxFuture, ContendServiceFactory, LeaseConfig, LeaseServiceFactory, LeaseStore, MemoryStore,
 };
 
-use crate::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use crate::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
 
 /// Runs the suite on any in-process [`LeaseStore`] that clones as a shared handle;
 /// "separate processes" are separate factories over it. Faults hang every call of a
@@ -84,22 +84,25 @@ impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
         lease_capabilities(timing, self.pushes_release)
     }
 
-    fn factory(&self, timing: Timing) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+    fn factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
             let f = LeaseServiceFactory::new(self.store.clone(), lease_config(timing))?;
             Ok(Arc::new(f) as Arc<dyn ContendServiceFactory>)
         })
     }
 
-    fn faulty_factory(
-        &self,
-        timing: Timing,
-    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
+    fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
         Box::pin(async move {
             let store = FaultStore::new(self.store.clone());
             let fault = HangFault(store.control());
             let f = LeaseServiceFactory::new(store, lease_config(timing))?;
-            Ok((Arc::new(f) as Arc<dyn ContendServiceFactory>, Box::new(fault) as Box<dyn Fault>))
+            Ok((
+                Arc::new(f) as Arc<dyn ContendServiceFactory>,
+                Box::new(fault) as Box<dyn Fault>,
+            ))
         })
     }
 }

@@ -47,6 +47,9 @@ pub trait Fault: Send + Sync + std::fmt::Debug {
     fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>>;
 }
 
+/// A factory whose traffic goes through a fault point, and that fault point.
+pub type FaultyFactory = (Arc<dyn ContendServiceFactory>, Box<dyn Fault>);
+
 /// One backend, as the conformance suite sees it.
 ///
 /// Every `factory` call should return a factory with its **own connections**, as a separate
@@ -59,11 +62,11 @@ pub trait Harness: Send + Sync {
     fn capabilities(&self, timing: Timing) -> Capabilities;
 
     /// A new factory with the given timing.
-    fn factory(&self, timing: Timing) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>>;
-
-    /// A new factory whose traffic goes through a fault point.
-    fn faulty_factory(
+    fn factory(
         &self,
         timing: Timing,
-    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>>;
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>>;
+
+    /// A new factory whose traffic goes through a fault point.
+    fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>>;
 }

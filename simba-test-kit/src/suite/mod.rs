@@ -10,18 +10,18 @@
 
 mod harness;
 
-pub use harness::{Capabilities, Fault, Harness, SetupError, Timing};
+pub use harness::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
 
 use std::fmt;
-use std::hash::BuildHasher;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use simba_core::{
-    ContendService, ContenderStatus, Error, LeaderScheduler, Locker,
-    LossReason, MutexState, Schedule, SilentRetriever, generate_contender_id,
+    ContendService, ContenderStatus, Error, LeaderScheduler, Locker, LossReason, MutexState,
+    Schedule, SilentRetriever, generate_contender_id,
 };
 use tokio::time::{Instant, timeout};
 
@@ -105,7 +105,9 @@ async fn wait_status(
     let mut rx = svc.status();
     match timeout(bound, rx.wait_for(pred)).await {
         Ok(Ok(s)) => Ok(s.clone()),
-        Ok(Err(_)) => Err(CaseError(format!("{what}: the service's status channel closed"))),
+        Ok(Err(_)) => Err(CaseError(format!(
+            "{what}: the service's status channel closed"
+        ))),
         Err(_) => Err(CaseError(format!(
             "{what}: not within {bound:?}; status is {:?}",
             *svc.status().borrow()
@@ -113,7 +115,11 @@ async fn wait_status(
     }
 }
 
-async fn within<T>(what: &str, bound: Duration, fut: impl Future<Output = T>) -> Result<T, CaseError> {
+async fn within<T>(
+    what: &str,
+    bound: Duration,
+    fut: impl Future<Output = T>,
+) -> Result<T, CaseError> {
     timeout(bound, fut)
         .await
         .map_err(|_| CaseError(format!("{what}: not within {bound:?}")))
@@ -130,18 +136,38 @@ pub async fn start(h: &dyn Harness) -> CaseResult {
     let history = History::new();
     let id = generate_contender_id();
     let svc = f.create_contend_service(&mutex_name("start"), history.contender(&id))?;
-    ensure!(svc.contender_id() == id, "the service ignored the contender's id: {}", svc.contender_id());
+    ensure!(
+        svc.contender_id() == id,
+        "the service ignored the contender's id: {}",
+        svc.contender_id()
+    );
     ensure!(!svc.is_owner(), "owner before start");
     svc.start()?;
-    let st = wait_status(&svc, "acquire a free mutex", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    let st = wait_status(&svc, "acquire a free mutex", acquire_bound(&caps), |s| {
+        s.held.is_some()
+    })
+    .await?;
     ensure!(svc.is_owner(), "is_owner() is false while status says held");
     ensure!(st.running, "status not running");
     let fence = st.held.map_or(0, |h| h.fence);
-    ensure!(fence > 0, "fence of an acquisition must be positive, got {fence}");
-    ensure!(st.state.after.owner_id == id, "state.after names {:?}, not the owner", st.state.after.owner_id);
+    ensure!(
+        fence > 0,
+        "fence of an acquisition must be positive, got {fence}"
+    );
+    ensure!(
+        st.state.after.owner_id == id,
+        "state.after names {:?}, not the owner",
+        st.state.after.owner_id
+    );
     let iv = history.intervals();
-    ensure!(iv.len() == 1 && iv[0].fence == fence, "on_acquired not called once with the fence: {iv:?}");
-    ensure!(svc.start().is_err(), "a second start() while running must fail");
+    ensure!(
+        iv.len() == 1 && iv[0].fence == fence,
+        "on_acquired not called once with the fence: {iv:?}"
+    );
+    ensure!(
+        svc.start().is_err(),
+        "a second start() while running must fail"
+    );
     svc.stop().await?;
     ensure!(!svc.is_owner(), "still owner after stop");
     let iv = history.intervals();
@@ -149,7 +175,10 @@ pub async fn start(h: &dyn Harness) -> CaseResult {
         iv[0].reason == Some(LossReason::Released),
         "stop must report on_released(Released): {iv:?}"
     );
-    ensure!(!svc.status().borrow().running, "status still running after stop");
+    ensure!(
+        !svc.status().borrow().running,
+        "status still running after stop"
+    );
     Ok(())
 }
 
@@ -168,7 +197,10 @@ pub async fn restart(h: &dyn Harness) -> CaseResult {
     let first = wait_status(&a, "first acquisition", bound, |s| s.held.is_some()).await?;
     a.stop().await?;
     b.start()?;
-    let second = wait_status(&b, "another contender acquires after stop", bound, |s| s.held.is_some()).await?;
+    let second = wait_status(&b, "another contender acquires after stop", bound, |s| {
+        s.held.is_some()
+    })
+    .await?;
     b.stop().await?;
     a.start()?;
     let third = wait_status(&a, "re-acquire after restart", bound, |s| s.held.is_some()).await?;
@@ -177,8 +209,15 @@ pub async fn restart(h: &dyn Harness) -> CaseResult {
         .iter()
         .map(|s| s.held.map_or(0, |h| h.fence))
         .collect();
-    ensure!(fences.windows(2).all(|w| w[0] < w[1]), "fences must increase across restarts: {fences:?}");
-    ensure!(history.violations().is_empty(), "{:?}", history.violations());
+    ensure!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must increase across restarts: {fences:?}"
+    );
+    ensure!(
+        history.violations().is_empty(),
+        "{:?}",
+        history.violations()
+    );
     Ok(())
 }
 
@@ -198,7 +237,11 @@ pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
     // Time is the subject: hold through three whole leases while a rival contends.
     let lease = Timing::SHORT.ttl + Timing::SHORT.transition;
     let lost = wait_status(&a, "", lease * 3, |s| s.held.is_none()).await;
-    ensure!(lost.is_err(), "the owner lost the mutex while renewing: {:?}", *a.status().borrow());
+    ensure!(
+        lost.is_err(),
+        "the owner lost the mutex while renewing: {:?}",
+        *a.status().borrow()
+    );
     let now = a.status().borrow().clone();
     ensure!(
         now.held.map(|h| h.fence) == Some(fence),
@@ -207,7 +250,11 @@ pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
     ensure!(!b.is_owner(), "the rival owns while the owner renews");
     a.stop().await?;
     b.stop().await?;
-    ensure!(history.violations().is_empty(), "{:?}", history.violations());
+    ensure!(
+        history.violations().is_empty(),
+        "{:?}",
+        history.violations()
+    );
     Ok(())
 }
 
@@ -215,12 +262,16 @@ pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
 /// and come back.
 pub async fn multi_contend(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let factories = [h.factory(Timing::SHORT).await?, h.factory(Timing::SHORT).await?];
+    let factories = [
+        h.factory(Timing::SHORT).await?,
+        h.factory(Timing::SHORT).await?,
+    ];
     let m = mutex_name("multi");
     let history = History::new();
     let mut services = Vec::new();
     for i in 0..10 {
-        let svc = factories[i % 2].create_contend_service(&m, history.contender(generate_contender_id()))?;
+        let svc = factories[i % 2]
+            .create_contend_service(&m, history.contender(generate_contender_id()))?;
         svc.start()?;
         services.push(svc);
     }
@@ -228,12 +279,21 @@ pub async fn multi_contend(h: &dyn Harness) -> CaseResult {
     for round in 0..rounds {
         let deadline = Instant::now() + acquire_bound(&caps);
         let owner = loop {
-            let owners: Vec<usize> = (0..services.len()).filter(|i| services[*i].is_owner()).collect();
-            ensure!(owners.len() <= 1, "round {round}: several owners at once: {owners:?}");
+            let owners: Vec<usize> = (0..services.len())
+                .filter(|i| services[*i].is_owner())
+                .collect();
+            ensure!(
+                owners.len() <= 1,
+                "round {round}: several owners at once: {owners:?}"
+            );
             if let [o] = owners.as_slice() {
                 break *o;
             }
-            ensure!(Instant::now() < deadline, "round {round}: no owner within {:?}", acquire_bound(&caps));
+            ensure!(
+                Instant::now() < deadline,
+                "round {round}: no owner within {:?}",
+                acquire_bound(&caps)
+            );
             // Sampling the owner count is the point here (each sample checks exclusion).
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
@@ -245,12 +305,19 @@ pub async fn multi_contend(h: &dyn Harness) -> CaseResult {
     }
     let v = history.violations();
     ensure!(v.is_empty(), "violations: {}", join(&v));
-    ensure!(history.len() >= rounds, "only {} ownerships in {rounds} rounds", history.len());
+    ensure!(
+        history.len() >= rounds,
+        "only {} ownerships in {rounds} rounds",
+        history.len()
+    );
     Ok(())
 }
 
 fn join<T: fmt::Display>(v: &[T]) -> String {
-    v.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Scheduled work runs only on the leader, is cancelled when it stops, and moves to the
@@ -273,7 +340,9 @@ pub async fn schedule(h: &dyn Harness) -> CaseResult {
             move |ctx| {
                 let runs = runs.clone();
                 async move {
-                    runs.lock().unwrap_or_else(|p| p.into_inner()).push((who, ctx.fence));
+                    runs.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((who, ctx.fence));
                 }
             },
         )?;
@@ -293,23 +362,46 @@ pub async fn schedule(h: &dyn Harness) -> CaseResult {
         if let Some(w) = (0..2).find(|w| count(*w) >= 3) {
             break w;
         }
-        ensure!(t0.elapsed() < bound, "no scheduled work ran within {bound:?}");
+        ensure!(
+            t0.elapsed() < bound,
+            "no scheduled work ran within {bound:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let other = 1 - leader;
-    ensure!(schedulers[leader].is_leader(), "work ran on a scheduler that is not leader");
-    ensure!(count(other) == 0, "work ran on both schedulers before any handover");
+    ensure!(
+        schedulers[leader].is_leader(),
+        "work ran on a scheduler that is not leader"
+    );
+    ensure!(
+        count(other) == 0,
+        "work ran on both schedulers before any handover"
+    );
     schedulers[leader].stop().await?;
     let after_stop = count(leader);
     let t1 = Instant::now();
     while count(other) < 3 {
-        ensure!(t1.elapsed() < bound, "work did not move to the other scheduler within {bound:?}");
+        ensure!(
+            t1.elapsed() < bound,
+            "work did not move to the other scheduler within {bound:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    ensure!(count(leader) == after_stop, "the stopped leader kept running work");
+    ensure!(
+        count(leader) == after_stop,
+        "the stopped leader kept running work"
+    );
     schedulers[other].stop().await?;
-    let fences: Vec<u64> = runs.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|r| r.1).collect();
-    ensure!(fences.windows(2).all(|w| w[0] <= w[1]), "work saw fences go back: {fences:?}");
+    let fences: Vec<u64> = runs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|r| r.1)
+        .collect();
+    ensure!(
+        fences.windows(2).all(|w| w[0] <= w[1]),
+        "work saw fences go back: {fences:?}"
+    );
     Ok(())
 }
 
@@ -324,10 +416,22 @@ pub async fn locker_timeout(h: &dyn Harness) -> CaseResult {
     let t0 = Instant::now();
     let r = b.acquire_timeout(wait).await;
     let took = t0.elapsed();
-    ensure!(matches!(r, Err(Error::Timeout { .. })), "expected Error::Timeout, got {r:?}");
-    ensure!(took >= wait, "gave up after {took:?}, before the wait of {wait:?}");
-    ensure!(took < wait + Duration::from_secs(2), "gave up only after {took:?}");
-    ensure!(ga.is_held(), "the holder lost the mutex while another timed out");
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "expected Error::Timeout, got {r:?}"
+    );
+    ensure!(
+        took >= wait,
+        "gave up after {took:?}, before the wait of {wait:?}"
+    );
+    ensure!(
+        took < wait + Duration::from_secs(2),
+        "gave up only after {took:?}"
+    );
+    ensure!(
+        ga.is_held(),
+        "the holder lost the mutex while another timed out"
+    );
     ga.release().await?;
     Ok(())
 }
@@ -340,7 +444,10 @@ pub async fn try_acquire(h: &dyn Harness) -> CaseResult {
     let bound = Duration::from_secs(10);
     let ga = within("try_acquire", bound, a.try_acquire()).await??;
     let r = within("try_acquire of a held mutex", bound, b.try_acquire()).await?;
-    ensure!(matches!(r, Err(Error::WouldBlock { .. })), "expected WouldBlock, got {r:?}");
+    ensure!(
+        matches!(r, Err(Error::WouldBlock { .. })),
+        "expected WouldBlock, got {r:?}"
+    );
     ga.release().await?;
     let gb = within("try_acquire after release", bound, b.try_acquire()).await?;
     ensure!(gb.is_ok(), "try_acquire after the release failed: {gb:?}");
@@ -372,7 +479,11 @@ pub async fn guard_drop_releases(h: &dyn Harness) -> CaseResult {
             Err(Error::WouldBlock { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        ensure!(t0.elapsed() < LONG.ttl, "the dropped guard's mutex was still held after {:?}", LONG.ttl);
+        ensure!(
+            t0.elapsed() < LONG.ttl,
+            "the dropped guard's mutex was still held after {:?}",
+            LONG.ttl
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -386,7 +497,12 @@ pub async fn lost_signal_on_outage(h: &dyn Harness) -> CaseResult {
     let guard = within("acquire", acquire_bound(&caps), a.acquire()).await??;
     fault.partition().await?;
     let t0 = Instant::now();
-    let reason = within("loss signal after the backend went silent", caps.loss_bound + Duration::from_secs(2), guard.lost()).await;
+    let reason = within(
+        "loss signal after the backend went silent",
+        caps.loss_bound + Duration::from_secs(2),
+        guard.lost(),
+    )
+    .await;
     let took = t0.elapsed();
     fault.heal().await?;
     let reason = reason?;
@@ -394,7 +510,11 @@ pub async fn lost_signal_on_outage(h: &dyn Harness) -> CaseResult {
         matches!(reason, LossReason::LeaseExpired | LossReason::SessionLost),
         "loss reported as {reason:?}"
     );
-    ensure!(took <= caps.loss_bound, "loss reported after {took:?}, beyond {:?}", caps.loss_bound);
+    ensure!(
+        took <= caps.loss_bound,
+        "loss reported after {took:?}, beyond {:?}",
+        caps.loss_bound
+    );
     ensure!(!guard.is_held(), "guard still held after its loss signal");
     Ok(())
 }
@@ -410,20 +530,33 @@ pub async fn failover_after_crash(h: &dyn Harness) -> CaseResult {
     let a = fa.create_contend_service(&m, history.contender(generate_contender_id()))?;
     let b = fb.create_contend_service(&m, history.contender(generate_contender_id()))?;
     a.start()?;
-    wait_status(&a, "first owner", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    wait_status(&a, "first owner", acquire_bound(&caps), |s| {
+        s.held.is_some()
+    })
+    .await?;
     b.start()?;
-    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| s.attempts > 0).await?;
+    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| {
+        s.attempts > 0
+    })
+    .await?;
     fault.partition().await?;
     let t0 = Instant::now();
     let r = wait_status(&b, "failover", caps.failover_bound, |s| s.held.is_some()).await;
     let took = t0.elapsed();
     fault.heal().await?;
     r?;
-    ensure!(!a.is_owner(), "the silent owner still believes it owns after the failover");
+    ensure!(
+        !a.is_owner(),
+        "the silent owner still believes it owns after the failover"
+    );
     b.stop().await?;
     a.stop().await?;
     let v = history.violations();
-    ensure!(v.is_empty(), "failover after {took:?} broke safety: {}", join(&v));
+    ensure!(
+        v.is_empty(),
+        "failover after {took:?} broke safety: {}",
+        join(&v)
+    );
     Ok(())
 }
 
@@ -441,7 +574,10 @@ pub async fn fences_increase(h: &dyn Harness) -> CaseResult {
         fences.push(g.fence());
         g.release().await?;
     }
-    ensure!(fences.windows(2).all(|w| w[0] < w[1]), "fences must strictly increase: {fences:?}");
+    ensure!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase: {fences:?}"
+    );
     Ok(())
 }
 
@@ -450,12 +586,24 @@ pub async fn fences_increase(h: &dyn Harness) -> CaseResult {
 pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(LONG);
     let m = mutex_name("handoff");
-    let a = h.factory(LONG).await?.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
-    let b = h.factory(LONG).await?.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
+    let a = h
+        .factory(LONG)
+        .await?
+        .create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
+    let b = h
+        .factory(LONG)
+        .await?
+        .create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
     a.start()?;
-    wait_status(&a, "first owner", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    wait_status(&a, "first owner", acquire_bound(&caps), |s| {
+        s.held.is_some()
+    })
+    .await?;
     b.start()?;
-    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| s.attempts > 0).await?;
+    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| {
+        s.attempts > 0
+    })
+    .await?;
     ensure!(!b.is_owner(), "two owners");
     a.stop().await?;
     let t0 = Instant::now();
@@ -480,17 +628,37 @@ pub async fn reentrant_hold(h: &dyn Harness) -> CaseResult {
     let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let g1 = within("acquire", acquire_bound(&caps), a.acquire()).await??;
-    let g2 = within("re-acquire through the same handle", Duration::from_secs(1), a.clone().acquire()).await??;
-    ensure!(g1.fence() == g2.fence(), "a reentrant hold must share the fence");
+    let g2 = within(
+        "re-acquire through the same handle",
+        Duration::from_secs(1),
+        a.clone().acquire(),
+    )
+    .await??;
+    ensure!(
+        g1.fence() == g2.fence(),
+        "a reentrant hold must share the fence"
+    );
     ensure!(a.hold_count() == 2, "hold_count {} != 2", a.hold_count());
     g1.release().await?;
     ensure!(g2.is_held(), "releasing one hold released the mutex");
     ensure!(a.hold_count() == 1, "hold_count {} != 1", a.hold_count());
     let r = other.try_acquire().await;
-    ensure!(matches!(r, Err(Error::WouldBlock { .. })), "another locker got a mutex with a live hold: {r:?}");
+    ensure!(
+        matches!(r, Err(Error::WouldBlock { .. })),
+        "another locker got a mutex with a live hold: {r:?}"
+    );
     g2.release().await?;
-    ensure!(a.hold_count() == 0, "hold_count {} after the last release", a.hold_count());
-    let g = within("acquire after the last hold", Duration::from_secs(10), other.try_acquire()).await??;
+    ensure!(
+        a.hold_count() == 0,
+        "hold_count {} after the last release",
+        a.hold_count()
+    );
+    let g = within(
+        "acquire after the last hold",
+        Duration::from_secs(10),
+        other.try_acquire(),
+    )
+    .await??;
     g.release().await?;
     Ok(())
 }
@@ -499,7 +667,10 @@ pub async fn reentrant_hold(h: &dyn Harness) -> CaseResult {
 pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let m = mutex_name("retriever");
-    let r = h.factory(Timing::SHORT).await?.create_retrieval_service(&m, Arc::new(SilentRetriever))?;
+    let r = h
+        .factory(Timing::SHORT)
+        .await?
+        .create_retrieval_service(&m, Arc::new(SilentRetriever))?;
     r.start()?;
     let mut rx = r.state();
     let bound = acquire_bound(&caps) + Timing::SHORT.ttl + Timing::SHORT.transition;
@@ -509,8 +680,13 @@ pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
         let svc = f.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
         let id = svc.contender_id().to_owned();
         svc.start()?;
-        let got = within("the retriever sees the new owner", bound, rx.wait_for(|s: &MutexState| s.after.owner_id == id)).await?;
-        ensure!(got.is_ok(), "retriever channel closed");
+        let got = within("the retriever sees the new owner", bound, async {
+            rx.wait_for(|s: &MutexState| s.after.owner_id == id)
+                .await
+                .is_ok()
+        })
+        .await?;
+        ensure!(got, "retriever channel closed");
         seen.push(id);
         svc.stop().await?;
     }
@@ -525,17 +701,32 @@ pub async fn bad_input(h: &dyn Harness) -> CaseResult {
     let long = "x".repeat(simba_core::MAX_MUTEX_NAME_LEN + 1);
     for bad in ["", "line\nbreak", " padded", long.as_str(), "tag{x}"] {
         let r = f.create_contend_service(bad, Arc::new(simba_core::SilentContender));
-        ensure!(matches!(r, Err(Error::InvalidName { .. })), "name {bad:?} accepted: {r:?}");
+        ensure!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "name {bad:?} accepted: {r:?}"
+        );
         let r = f.create_retrieval_service(bad, Arc::new(SilentRetriever));
-        ensure!(matches!(r, Err(Error::InvalidName { .. })), "retriever name {bad:?} accepted");
+        ensure!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "retriever name {bad:?} accepted"
+        );
         let r = Locker::new(f.clone(), bad);
-        ensure!(matches!(r, Err(Error::InvalidName { .. })), "locker name {bad:?} accepted");
+        ensure!(
+            matches!(r, Err(Error::InvalidName { .. })),
+            "locker name {bad:?} accepted"
+        );
     }
     let r = Locker::with_contender_id(f.clone(), "fine", "owner@@evil");
-    ensure!(matches!(r, Err(Error::InvalidContenderId { .. })), "id with @@ accepted: {r:?}");
+    ensure!(
+        matches!(r, Err(Error::InvalidContenderId { .. })),
+        "id with @@ accepted: {r:?}"
+    );
     let history = History::new();
     let r = f.create_contend_service("fine", history.contender("has space"));
-    ensure!(matches!(r, Err(Error::InvalidContenderId { .. })), "id with a space accepted: {r:?}");
+    ensure!(
+        matches!(r, Err(Error::InvalidContenderId { .. })),
+        "id with a space accepted: {r:?}"
+    );
     Ok(())
 }
 

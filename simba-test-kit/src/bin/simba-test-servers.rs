@@ -1,0 +1,73 @@
+//! Starts one private Redis, MariaDB, PostgreSQL and ZooKeeper from the locally installed
+//! binaries, writes their `SIMBA_TEST_*` variables to a file (or stdout), then a `READY`
+//! line, and keeps them until SIGTERM / SIGINT. `scripts/test.sh` shares them among all
+//! test processes this way.
+//!
+//! ```text
+//! simba-test-servers [--env-file PATH]
+//! ```
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use simba_test_kit::servers::{self, ServerKind};
+use tokio::signal::unix::{SignalKind, signal};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut env_file = None;
+    while let Some(a) = args.next() {
+        match (a.as_str(), args.next()) {
+            ("--env-file", Some(p)) => env_file = Some(p),
+            _ => {
+                eprintln!("usage: simba-test-servers [--env-file PATH]");
+                return ExitCode::from(64);
+            }
+        }
+    }
+    let kinds = [
+        ServerKind::Redis,
+        ServerKind::Mysql,
+        ServerKind::Postgres,
+        ServerKind::Zookeeper,
+    ];
+    let started = futures_util::future::join_all(kinds.iter().map(|k| servers::private(*k))).await;
+    let mut held = Vec::new();
+    let mut lines = String::new();
+    for (kind, r) in kinds.iter().zip(started) {
+        match r {
+            Ok(s) => {
+                lines.push_str(&format!("{}={}\n", kind.env_var(), s.url()));
+                held.push(s);
+            }
+            Err(e) => {
+                eprintln!("simba-test-servers: {kind}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    lines.push_str("READY\n");
+    let written = match &env_file {
+        Some(p) => std::fs::write(p, &lines),
+        None => std::io::stdout().write_all(lines.as_bytes()),
+    };
+    if let Err(e) = written {
+        eprintln!("simba-test-servers: cannot write the variables: {e}");
+        return ExitCode::FAILURE;
+    }
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("simba-test-servers: cannot install signal handlers");
+        return ExitCode::FAILURE;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    // Dropping the servers stops them (by PID).
+    drop(held);
+    ExitCode::SUCCESS
+}

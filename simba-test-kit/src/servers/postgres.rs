@@ -1,0 +1,192 @@
+//! Private PostgreSQL instances.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::OnceCell;
+
+use super::process::{
+    binary_key, chown_tree, copy_tree, is_executable, is_root, lookup_user, opt, template, which,
+};
+use super::{DATABASE, ServerError, ServerKind};
+
+const KIND: ServerKind = ServerKind::Postgres;
+
+/// A local PostgreSQL installation.
+#[derive(Debug, Clone)]
+pub(crate) struct Postgres {
+    bin: PathBuf,
+    /// `(uid, gid)` to run as when this process is root (PostgreSQL refuses root).
+    run_as: Option<(u32, u32)>,
+}
+
+static TEMPLATE: OnceCell<PathBuf> = OnceCell::const_new();
+
+/// The `bin` directory of the newest `/usr/lib/postgresql/<version>`.
+fn debian_bin_dir() -> Option<PathBuf> {
+    let mut best: Option<(Vec<u32>, PathBuf)> = None;
+    for entry in std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(version) = name
+            .split('.')
+            .map(str::parse::<u32>)
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            continue;
+        };
+        let bin = entry.path().join("bin");
+        if !(is_executable(&bin.join("postgres")) && is_executable(&bin.join("initdb"))) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(v, _)| version > *v) {
+            best = Some((version, bin));
+        }
+    }
+    best.map(|(_, bin)| bin)
+}
+
+impl Postgres {
+    pub(crate) fn detect() -> Result<Self, ServerError> {
+        let bin = debian_bin_dir()
+            .or_else(|| {
+                let postgres = which("postgres")?;
+                which("initdb")?;
+                postgres.parent().map(Path::to_path_buf)
+            })
+            .ok_or_else(|| {
+                ServerError::missing_binary(
+                    KIND,
+                    "no PostgreSQL server found (looked for /usr/lib/postgresql/*/bin/postgres \
+                     and for postgres + initdb on PATH)",
+                )
+            })?;
+        let run_as = if is_root() {
+            Some(lookup_user("postgres").ok_or_else(|| {
+                ServerError::Unavailable {
+                    kind: KIND,
+                    hint: "this process runs as root, which PostgreSQL refuses, and there is \
+                       no `postgres` user to run it as (create one with `useradd -r postgres`, \
+                       or run the tests as another user)"
+                        .to_owned(),
+                }
+            })?)
+        } else {
+            None
+        };
+        Ok(Self { bin, run_as })
+    }
+
+    fn tool(&self, name: &str) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(self.bin.join(name));
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.env("LC_ALL", "C");
+        cmd
+    }
+
+    /// `initdb` plus `CREATE DATABASE simba`, once per machine and binary version.
+    async fn template(&self) -> Result<&'static PathBuf, ServerError> {
+        TEMPLATE
+            .get_or_try_init(|| {
+                let name = format!("postgres-{}", binary_key(&self.bin.join("postgres")));
+                template(KIND, name, |dir| async move {
+                    if let Some(owner) = self.run_as {
+                        chown_tree(KIND, &dir, owner).await?;
+                    }
+                    let data = dir.join("data");
+                    super::process::run(
+                        KIND,
+                        "initdb",
+                        self.tool("initdb")
+                            .arg("-D")
+                            .arg(&data)
+                            .args(["--auth=trust", "--username=postgres", "--no-sync"])
+                            .args(["--encoding=UTF8", "--locale=C"])
+                            .current_dir(&dir),
+                    )
+                    .await?;
+                    self.create_database(&dir, &data).await
+                })
+            })
+            .await
+    }
+
+    /// Runs `CREATE DATABASE` in single-user mode.
+    async fn create_database(&self, dir: &Path, data: &Path) -> Result<(), ServerError> {
+        let mut child = self
+            .tool("postgres")
+            .arg("--single")
+            .arg("-D")
+            .arg(data)
+            .args(["-F", "-c", "exit_on_error=true", "postgres"])
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| ServerError::io(KIND, "starting postgres --single", e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(format!("CREATE DATABASE {DATABASE};\n").as_bytes())
+                .await
+                .map_err(|e| ServerError::io(KIND, "writing to postgres --single", e))?;
+        }
+        let output = child
+            .wait_with_output()
+            .await
+            .map_err(|e| ServerError::io(KIND, "running postgres --single", e))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(ServerError::Start {
+            kind: KIND,
+            message: format!(
+                "postgres --single (CREATE DATABASE) failed with {}",
+                output.status
+            ),
+            log_tail: format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
+    }
+
+    pub(crate) async fn prepare(&self, dir: &Path) -> Result<(), ServerError> {
+        let template = self.template().await?;
+        copy_tree(KIND, &template.join("data"), &dir.join("data")).await?;
+        if let Some(owner) = self.run_as {
+            chown_tree(KIND, dir, owner).await?;
+        }
+        Ok(())
+    }
+
+    /// The postmaster in the foreground, on 127.0.0.1 and a socket in `dir`; no fsync
+    /// (commits still reach the OS, so they survive a killed server).
+    pub(crate) fn command(&self, dir: &Path, port: u16) -> Command {
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.env("LC_ALL", "C")
+            .arg("-D")
+            .arg(dir.join("data"))
+            .arg("-p")
+            .arg(port.to_string())
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(opt("unix_socket_directories", dir))
+            .args(["-c", "fsync=off"])
+            .args(["-c", "full_page_writes=off"])
+            .args(["-c", "max_connections=200"])
+            .args(["-c", "logging_collector=off"])
+            // After a killed backend, exit instead of reinitialising: the kit's kill()
+            // kills the backends first and lets the postmaster reap them.
+            .args(["-c", "restart_after_crash=off"]);
+        cmd
+    }
+}

@@ -1,0 +1,71 @@
+//! Private `redis-server` instances.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::process::which;
+use super::{ServerError, ServerKind};
+
+/// A local `redis-server` (or `valkey-server`).
+#[derive(Debug, Clone)]
+pub(crate) struct Redis {
+    server: PathBuf,
+    /// Set for a cluster node: the cluster bus port.
+    cluster_bus_port: Option<u16>,
+}
+
+impl Redis {
+    pub(crate) fn detect() -> Result<Self, ServerError> {
+        let server = which("redis-server")
+            .or_else(|| which("valkey-server"))
+            .ok_or_else(|| {
+                ServerError::missing_binary(
+                    ServerKind::Redis,
+                    "redis-server was not found on PATH or in /usr/bin, /usr/sbin, /usr/local/bin",
+                )
+            })?;
+        Ok(Self {
+            server,
+            cluster_bus_port: None,
+        })
+    }
+
+    /// The same server as a cluster node with its bus on `bus_port`.
+    pub(crate) fn cluster_node(&self, bus_port: u16) -> Self {
+        Self {
+            server: self.server.clone(),
+            cluster_bus_port: Some(bus_port),
+        }
+    }
+
+    pub(crate) async fn prepare(&self, dir: &Path) -> Result<(), ServerError> {
+        tokio::fs::create_dir_all(dir.join("data"))
+            .await
+            .map_err(|e| ServerError::io(ServerKind::Redis, "creating the data directory", e))
+    }
+
+    /// Foreground server on 127.0.0.1, persistence by an append-only file (written to the
+    /// OS before each reply, so it survives a kill), no RDB snapshots.
+    pub(crate) fn command(&self, dir: &Path, port: u16) -> Command {
+        let mut cmd = Command::new(&self.server);
+        cmd.arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir.join("data"))
+            .args(["--daemonize", "no"])
+            .args(["--save", ""])
+            .args(["--appendonly", "yes"])
+            .args(["--appendfsync", "no"])
+            .args(["--logfile", ""])
+            .args(["--maxclients", "4000"]);
+        if let Some(bus) = self.cluster_bus_port {
+            cmd.args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .arg("--cluster-port")
+                .arg(bus.to_string())
+                .args(["--cluster-node-timeout", "5000"]);
+        }
+        cmd
+    }
+}
