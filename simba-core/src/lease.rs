@@ -681,6 +681,7 @@ impl<S: LeaseStore> Driver<S> {
                     suspect: true,
                 };
                 self.shared.status.send_modify(|s| s.held = Some(held));
+                // The deadline stays where the last success put it.
             }
             None => {
                 if self.failures == 1 {
@@ -718,9 +719,11 @@ impl<S: LeaseStore> Driver<S> {
             fence: o.fence,
             suspect: o.suspect,
         });
+        let deadline = self.deadline();
         let changed = state.is_changed();
         self.shared.status.send_modify(|s| {
             s.held = held;
+            s.deadline = deadline;
             if changed {
                 s.state = state.clone();
             }
@@ -749,6 +752,7 @@ impl<S: LeaseStore> Driver<S> {
         };
         self.shared.status.send_modify(|s| {
             s.held = None;
+            s.deadline = None;
             s.last_loss = Some(loss);
             s.state = state.clone();
         });
@@ -779,6 +783,7 @@ impl<S: LeaseStore> Driver<S> {
         self.shared.status.send_modify(|s| {
             s.running = false;
             s.held = None;
+            s.deadline = None;
         });
     }
 }

@@ -268,6 +268,7 @@ async fn watch_hold(
 /// the guard, even if the engine re-acquires with the same fence right after.
 fn held_with(s: &ContenderStatus, fence: u64) -> bool {
     s.running
+        && s.owns_now()
         && s.held.is_some_and(|h| h.fence == fence)
         && s.last_loss.is_none_or(|l| l.fence != fence)
 }
@@ -292,7 +293,10 @@ impl LockGuard {
         &self.mutex
     }
 
-    /// Whether the ownership still stands.
+    /// Whether the ownership still stands. Checks the local lease deadline itself, so a
+    /// process that was paused past its lease sees `false` at once on waking, before its
+    /// background task has run. Check it right before each write to a shared resource,
+    /// and send the [fence](LockGuard::fence) along.
     pub fn is_held(&self) -> bool {
         self.hold().is_some_and(|h| is_held(h))
     }
@@ -319,9 +323,11 @@ impl LockGuard {
         let mut status = h.status.clone();
         let fence = h.fence;
         match status.wait_for(|s| !held_with(s, fence)).await {
-            Ok(s) => match s.last_loss {
-                Some(loss) if loss.fence == fence => loss.reason,
-                _ if s.held.is_some() => LossReason::TakenOver,
+            Ok(s) => match (s.last_loss, s.held) {
+                (Some(loss), _) if loss.fence == fence => loss.reason,
+                // The deadline passed before the background task said so.
+                (_, Some(h)) if h.fence == fence && s.running => LossReason::LeaseExpired,
+                (_, Some(_)) => LossReason::TakenOver,
                 _ => LossReason::Released,
             },
             Err(_) => LossReason::Released,

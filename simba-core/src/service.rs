@@ -90,6 +90,21 @@ pub struct ContenderStatus {
     pub attempts: u64,
     /// The error of the last failed call, cleared by the next success.
     pub last_error: Option<String>,
+    /// While held: the local deadline after which this process must not believe it owns,
+    /// even if the service's task has not run yet to say so (a paused process that wakes
+    /// up checks this first).
+    pub deadline: Option<tokio::time::Instant>,
+}
+
+impl ContenderStatus {
+    /// Whether this contender owns the mutex at this instant: held, and before the local
+    /// deadline.
+    pub fn owns_now(&self) -> bool {
+        self.held.is_some()
+            && self
+                .deadline
+                .is_none_or(|d| tokio::time::Instant::now() < d)
+    }
 }
 
 /// One contender's participation in one mutex: start, stop, and observe.
@@ -124,9 +139,9 @@ pub trait ContendService: Send + Sync + fmt::Debug {
     /// A receiver of this service's status.
     fn status(&self) -> watch::Receiver<ContenderStatus>;
 
-    /// Whether this contender owns the mutex now.
+    /// Whether this contender owns the mutex now (see [`ContenderStatus::owns_now`]).
     fn is_owner(&self) -> bool {
-        self.status().borrow().held.is_some()
+        self.status().borrow().owns_now()
     }
 }
 
