@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod chaos;
 pub mod history;
 pub mod memory;
 pub mod proxy;

@@ -1,0 +1,123 @@
+//! `simba-chaos`: contender processes, a fenced resource, and faults; prints a summary
+//! whose last line is `handoffs=N overlaps=X stale_writes_accepted=Y faults=Z` and exits
+//! non-zero when X or Y is not 0 or N is too small.
+//!
+//! ```text
+//! simba-chaos --backend redis|mysql|postgres|sqlite|zookeeper [--url URL] [--duration 60s]
+//!             [--faults kill,pause,restart,cut,delay,partition] [--contenders 3]
+//!             [--min-handoffs N] [--simba PATH] [--unsafe]
+//! ```
+//!
+//! Contenders are `simba chaos-contender` processes; `--simba` defaults to the `simba`
+//! binary next to this one.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use simba_test_kit::chaos::{ChaosBackend, ChaosConfig, FaultKind, run};
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = num.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n * 60)),
+        _ => None,
+    }
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("simba-chaos: {msg}");
+    eprintln!(
+        "usage: simba-chaos --backend redis|mysql|postgres|sqlite|zookeeper [--url URL] [--duration 60s] \
+         [--faults kill,pause,restart,cut,delay,partition] [--contenders N] [--min-handoffs N] [--simba PATH] [--unsafe]"
+    );
+    ExitCode::from(64)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let mut backend = None;
+    let mut url = None;
+    let mut duration = Duration::from_secs(60);
+    let mut faults = None;
+    let mut contenders = 3;
+    let mut min_handoffs = None;
+    let mut unsafe_contenders = false;
+    let mut simba = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("simba")));
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next();
+        match a.as_str() {
+            "--backend" => match value().map(|v| v.parse::<ChaosBackend>()) {
+                Some(Ok(b)) => backend = Some(b),
+                Some(Err(e)) => return usage(&e.to_string()),
+                None => return usage("--backend needs a value"),
+            },
+            "--url" => url = value(),
+            "--duration" => match value().as_deref().and_then(parse_duration) {
+                Some(d) => duration = d,
+                None => return usage("--duration takes e.g. 30s, 500ms, 10m"),
+            },
+            "--faults" => {
+                let Some(v) = value() else {
+                    return usage("--faults needs a value");
+                };
+                let parsed: Result<Vec<FaultKind>, _> = v.split(',').map(str::parse).collect();
+                match parsed {
+                    Ok(f) => faults = Some(f),
+                    Err(e) => return usage(&e.to_string()),
+                }
+            }
+            "--contenders" => match value().and_then(|v| v.parse().ok()) {
+                Some(n) => contenders = n,
+                None => return usage("--contenders takes a number"),
+            },
+            "--min-handoffs" => match value().and_then(|v| v.parse().ok()) {
+                Some(n) => min_handoffs = Some(n),
+                None => return usage("--min-handoffs takes a number"),
+            },
+            "--simba" => simba = value().map(Into::into),
+            "--unsafe" => unsafe_contenders = true,
+            other => return usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    let Some(backend) = backend else {
+        return usage("--backend is required");
+    };
+    let Some(simba) = simba.filter(|p| p.exists()) else {
+        return usage(
+            "the simba binary was not found next to simba-chaos; build it (cargo build -p simba-cli) or pass --simba PATH",
+        );
+    };
+    let mut cfg = ChaosConfig::new(backend, simba, vec!["chaos-contender".into()]);
+    cfg.url = url;
+    cfg.duration = duration;
+    if let Some(f) = faults {
+        cfg.faults = f;
+    }
+    cfg.contenders = contenders;
+    cfg.unsafe_contenders = unsafe_contenders;
+    // About one handoff every two seconds is the least that means anything.
+    cfg.min_handoffs = min_handoffs.unwrap_or((duration.as_secs() / 2).max(3) as usize);
+    match run(&cfg).await {
+        Ok(summary) => {
+            for tail in &summary.log_tails {
+                eprintln!("{tail}");
+            }
+            println!("{summary}");
+            if summary.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("simba-chaos: {e}");
+            ExitCode::from(69)
+        }
+    }
+}

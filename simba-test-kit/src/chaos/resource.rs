@@ -1,0 +1,384 @@
+//! The fenced resource: a loopback TCP service that contender processes write to.
+//!
+//! Line protocol, one request per line, each answered with one line:
+//!
+//! | request | meaning | answer |
+//! |---|---|---|
+//! | `HELLO <id>` | who is on this connection | `OK` |
+//! | `BEGIN <fence> <valid_ms>` | I own the mutex with `fence`, for at most `valid_ms` more | `OK` |
+//! | `WRITE <fence> <valid_ms>` | a write under `fence`; I still own for `valid_ms` | `OK` or `REJECT` |
+//! | `END <fence> <reason>` | I stopped owning | `OK` |
+//!
+//! The resource **rejects a write whose fence is lower than one it already accepted** (and
+//! one that says its lease already ran out). It records, per ownership, when it began and
+//! the latest instant its holder could still believe it owned: the end is the earlier of
+//! the `END` and the last message's arrival plus its `valid_ms`. A holder that was killed or
+//! paused sends nothing, so its belief ends where its last message said.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use crate::history::{self, Interval, Violation};
+use simba_core::LossReason;
+
+#[derive(Debug, Clone)]
+struct Open {
+    contender: String,
+    fence: u64,
+    start: Instant,
+    bound: Instant,
+    end: Option<Instant>,
+    reason: Option<LossReason>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    ownerships: Vec<Open>,
+    /// Index into `ownerships` of each contender's current one.
+    current: HashMap<String, usize>,
+    max_accepted: u64,
+    max_begun: u64,
+    writes_accepted: u64,
+    writes_rejected: u64,
+    stale_writes_accepted: u64,
+    protocol_errors: u64,
+}
+
+/// What the resource saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceReport {
+    /// Ownerships begun.
+    pub ownerships: usize,
+    /// Ownerships that passed to a different contender than the one before.
+    pub handoffs: usize,
+    /// Writes accepted.
+    pub writes_accepted: u64,
+    /// Writes refused for a stale fence or an expired lease (the fence doing its job).
+    pub writes_rejected: u64,
+    /// Writes accepted although an ownership with a higher fence had already begun.
+    pub stale_writes_accepted: u64,
+    /// Malformed requests.
+    pub protocol_errors: u64,
+}
+
+/// The running resource; dropping it stops it.
+#[derive(Debug)]
+pub struct FencedResource {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FencedResource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FencedResource {
+    /// Starts listening on a free loopback port.
+    ///
+    /// # Errors
+    /// The bind error.
+    pub async fn start() -> std::io::Result<FencedResource> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State::default()));
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                tokio::spawn(serve(sock, st.clone()));
+            }
+        });
+        Ok(FencedResource { addr, state, task })
+    }
+
+    /// Where contenders connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The contender that holds an open ownership now, if any (the most recent begun).
+    pub fn current_owner(&self) -> Option<String> {
+        let s = self.lock();
+        let now = Instant::now();
+        s.ownerships
+            .iter()
+            .rev()
+            .find(|o| o.end.is_none() && o.bound > now)
+            .map(|o| o.contender.clone())
+    }
+
+    /// The ownerships as intervals of belief, for [`history::check`].
+    pub fn intervals(&self) -> Vec<Interval> {
+        self.lock()
+            .ownerships
+            .iter()
+            .map(|o| Interval {
+                contender: o.contender.clone(),
+                fence: o.fence,
+                start: o.start,
+                end: Some(o.end.map_or(o.bound, |e| e.min(o.bound))),
+                reason: o.reason,
+            })
+            .collect()
+    }
+
+    /// Safety violations in what was recorded.
+    pub fn violations(&self) -> Vec<Violation> {
+        history::check(&self.intervals())
+    }
+
+    /// Counts so far.
+    pub fn report(&self) -> ResourceReport {
+        let s = self.lock();
+        let handoffs = s
+            .ownerships
+            .windows(2)
+            .filter(|w| w[0].contender != w[1].contender)
+            .count();
+        ResourceReport {
+            ownerships: s.ownerships.len(),
+            handoffs,
+            writes_accepted: s.writes_accepted,
+            writes_rejected: s.writes_rejected,
+            stale_writes_accepted: s.stale_writes_accepted,
+            protocol_errors: s.protocol_errors,
+        }
+    }
+}
+
+fn parse_reason(s: &str) -> LossReason {
+    match s {
+        "lease_expired" => LossReason::LeaseExpired,
+        "taken_over" => LossReason::TakenOver,
+        "session_lost" => LossReason::SessionLost,
+        _ => LossReason::Released,
+    }
+}
+
+/// Applies one request; returns the answer.
+fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static str {
+    let now = Instant::now();
+    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let num = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
+    match (words.first().copied(), who.clone()) {
+        (Some("HELLO"), _) if words.len() == 2 => {
+            *who = Some(words[1].to_owned());
+            "OK"
+        }
+        (Some("BEGIN"), Some(id)) => {
+            let (Some(fence), Some(valid)) = (num(1), num(2)) else {
+                s.protocol_errors += 1;
+                return "ERR";
+            };
+            s.max_begun = s.max_begun.max(fence);
+            let n = s.ownerships.len();
+            s.ownerships.push(Open {
+                contender: id.clone(),
+                fence,
+                start: now,
+                bound: now + Duration::from_millis(valid),
+                end: None,
+                reason: None,
+            });
+            s.current.insert(id, n);
+            "OK"
+        }
+        (Some("WRITE"), Some(id)) => {
+            let (Some(fence), Some(valid)) = (num(1), num(2)) else {
+                s.protocol_errors += 1;
+                return "ERR";
+            };
+            if fence < s.max_accepted || valid == 0 {
+                s.writes_rejected += 1;
+                return "REJECT";
+            }
+            s.max_accepted = fence;
+            s.writes_accepted += 1;
+            if fence < s.max_begun {
+                s.stale_writes_accepted += 1;
+            }
+            if let Some(&i) = s.current.get(&id)
+                && s.ownerships[i].fence == fence
+            {
+                let b = now + Duration::from_millis(valid);
+                let o = &mut s.ownerships[i];
+                o.bound = o.bound.max(b);
+            }
+            "OK"
+        }
+        (Some("END"), Some(id)) => {
+            let Some(fence) = num(1) else {
+                s.protocol_errors += 1;
+                return "ERR";
+            };
+            let reason = parse_reason(words.get(2).copied().unwrap_or(""));
+            if let Some(&i) = s.current.get(&id)
+                && s.ownerships[i].fence == fence
+                && s.ownerships[i].end.is_none()
+            {
+                s.ownerships[i].end = Some(now);
+                s.ownerships[i].reason = Some(reason);
+            }
+            "OK"
+        }
+        _ => {
+            s.protocol_errors += 1;
+            "ERR"
+        }
+    }
+}
+
+async fn serve(sock: TcpStream, state: Arc<Mutex<State>>) {
+    let _ = sock.set_nodelay(true);
+    let (r, mut w) = sock.into_split();
+    let mut lines = BufReader::new(r).lines();
+    let mut who = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let answer = apply(&state, &mut who, &line);
+        if w.write_all(format!("{answer}\n").as_bytes()).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// A client of the resource, for contender processes written in Rust.
+#[derive(Debug)]
+pub struct ResourceClient {
+    lines: tokio::io::Lines<BufReader<tokio::net::tcp::OwnedReadHalf>>,
+    w: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl ResourceClient {
+    /// Connects and introduces itself as `id`.
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn connect(addr: SocketAddr, id: &str) -> std::io::Result<Self> {
+        let sock = TcpStream::connect(addr).await?;
+        sock.set_nodelay(true)?;
+        let (r, w) = sock.into_split();
+        let mut c = ResourceClient {
+            lines: BufReader::new(r).lines(),
+            w,
+        };
+        c.call(&format!("HELLO {id}")).await?;
+        Ok(c)
+    }
+
+    async fn call(&mut self, line: &str) -> std::io::Result<bool> {
+        self.w.write_all(format!("{line}\n").as_bytes()).await?;
+        match self.lines.next_line().await? {
+            Some(a) if a == "OK" => Ok(true),
+            Some(a) if a == "REJECT" => Ok(false),
+            Some(a) => Err(std::io::Error::other(format!(
+                "resource answered {a:?} to {line:?}"
+            ))),
+            None => Err(std::io::Error::other("resource closed the connection")),
+        }
+    }
+
+    /// Reports a new ownership.
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn begin(&mut self, fence: u64, valid: Duration) -> std::io::Result<()> {
+        self.call(&format!("BEGIN {fence} {}", valid.as_millis()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Writes under `fence`; `Ok(false)` when the resource refused it.
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn write(&mut self, fence: u64, valid: Duration) -> std::io::Result<bool> {
+        self.call(&format!("WRITE {fence} {}", valid.as_millis()))
+            .await
+    }
+
+    /// Reports the end of an ownership.
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn end(&mut self, fence: u64, reason: LossReason) -> std::io::Result<()> {
+        let r = match reason {
+            LossReason::LeaseExpired => "lease_expired",
+            LossReason::TakenOver => "taken_over",
+            LossReason::SessionLost => "session_lost",
+            _ => "released",
+        };
+        self.call(&format!("END {fence} {r}")).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fences_and_intervals() {
+        let r = FencedResource::start().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.begin(1, Duration::from_secs(5)).await.expect("begin");
+        assert!(a.write(1, Duration::from_secs(5)).await.expect("w"));
+        a.end(1, LossReason::Released).await.expect("end");
+        b.begin(2, Duration::from_secs(5)).await.expect("begin");
+        // A paused ex-owner writes late with its old fence, before b wrote: accepted,
+        // but counted stale because b's higher fence had begun.
+        assert!(a.write(1, Duration::from_secs(5)).await.expect("w"));
+        assert!(b.write(2, Duration::from_secs(5)).await.expect("w"));
+        assert!(
+            !a.write(1, Duration::from_secs(5)).await.expect("w"),
+            "fenced off"
+        );
+        assert!(
+            !b.write(2, Duration::ZERO).await.expect("w"),
+            "an expired lease is refused"
+        );
+        b.end(2, LossReason::Released).await.expect("end");
+        let rep = r.report();
+        assert_eq!((rep.ownerships, rep.handoffs), (2, 1));
+        assert_eq!(
+            (
+                rep.writes_accepted,
+                rep.writes_rejected,
+                rep.stale_writes_accepted
+            ),
+            (3, 2, 1)
+        );
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_believes_too_long_is_an_overlap() {
+        let r = FencedResource::start().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.begin(1, Duration::from_secs(60)).await.expect("begin");
+        b.begin(2, Duration::from_secs(60)).await.expect("begin");
+        let v = r.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        // A killed holder's belief ends with its lease: no overlap when the next begins later.
+        let r = FencedResource::start().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.begin(1, Duration::from_millis(30)).await.expect("begin");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        b.begin(2, Duration::from_secs(1)).await.expect("begin");
+        assert!(r.violations().is_empty());
+    }
+}
