@@ -301,6 +301,20 @@ impl LockGuard {
         self.hold().is_some_and(|h| is_held(h))
     }
 
+    /// How much longer this process may act as owner without another successful renewal:
+    /// the time left until the local lease deadline. `Some(ZERO)` once lost; `None` when
+    /// the backend gives no deadline.
+    pub fn valid_for(&self) -> Option<Duration> {
+        let h = self.hold()?;
+        let status = h.status.borrow();
+        if !held_with(&status, h.fence) {
+            return Some(Duration::ZERO);
+        }
+        status
+            .deadline
+            .map(|d| d.saturating_duration_since(tokio::time::Instant::now()))
+    }
+
     /// Whether renewals are failing (the ownership stands until its local deadline, but
     /// the holder should not start new work).
     pub fn is_suspect(&self) -> bool {
