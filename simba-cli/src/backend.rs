@@ -1,0 +1,463 @@
+//! From a backend URL to a contend-service factory (`Arc<dyn ContendServiceFactory>`).
+//!
+//! | URL | backend | cargo feature |
+//! |---|---|---|
+//! | `sqlite://PATH` | SQLite file (the default lives in the user's state directory) | `sqlite` |
+//! | `redis://HOST[:PORT][/DB]` | Redis / Valkey | `redis` |
+//! | `rediss://…` | Redis over TLS | `tls` |
+//! | `mysql://USER:PASS@HOST[:PORT]/DB` | MySQL / MariaDB | `mysql` |
+//! | `postgres://USER:PASS@HOST[:PORT]/DB` | PostgreSQL | `postgres` |
+//! | `zk://HOST:PORT[,HOST:PORT…][/CHROOT]` | ZooKeeper | `zookeeper` |
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::{BoxFuture, ContendServiceFactory, LeaseConfig, LeaseReply};
+
+use crate::status::{Failure, Status};
+
+/// How long opening a SQLite file is retried when it fails (see `connect`).
+#[allow(dead_code)] // unused without the sqlite feature
+const SQLITE_OPEN_RETRY: Duration = Duration::from_secs(3);
+
+/// Every scheme `simba` knows, with the feature that compiles it in.
+const SCHEMES: &[(&str, &str, bool)] = &[
+    ("sqlite://PATH", "sqlite", cfg!(feature = "sqlite")),
+    ("redis://", "redis", cfg!(feature = "redis")),
+    ("rediss://", "tls", cfg!(feature = "tls")),
+    ("mysql://", "mysql", cfg!(feature = "mysql")),
+    ("postgres://", "postgres", cfg!(feature = "postgres")),
+    (
+        "zk://host:port[,host:port]/chroot",
+        "zookeeper",
+        cfg!(feature = "zookeeper"),
+    ),
+];
+
+/// The schemes compiled into this binary, for messages.
+pub(crate) fn supported() -> String {
+    let on: Vec<&str> = SCHEMES
+        .iter()
+        .filter(|(_, _, on)| *on)
+        .map(|(s, _, _)| *s)
+        .collect();
+    if on.is_empty() {
+        "none (this simba was built without any backend feature)".to_owned()
+    } else {
+        on.join(", ")
+    }
+}
+
+/// Where to connect, parsed from a URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A SQLite file.
+    Sqlite(PathBuf),
+    /// A Redis URL (`redis://`, `rediss://`, `redis-cluster://`, `redis-sentinel://`, `valkey…`).
+    Redis(String),
+    /// A MySQL / MariaDB URL.
+    Mysql(String),
+    /// A PostgreSQL URL.
+    Postgres(String),
+    /// A ZooKeeper connect string (without `zk://`).
+    Zookeeper(String),
+}
+
+impl Target {
+    /// Parses `url`; a bad or unsupported URL is a usage error that lists what works.
+    pub(crate) fn parse(url: &str) -> Result<Target, Failure> {
+        let url = url.trim();
+        let shown = redact(url);
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(Failure::usage(format!(
+                "backend `{shown}` is not a URL; use one of: {}",
+                supported()
+            )));
+        };
+        let scheme = scheme.to_ascii_lowercase();
+        let (target, feature) = match scheme.as_str() {
+            "sqlite" => {
+                if rest.is_empty() || rest == ":memory:" {
+                    return Err(Failure::usage(format!(
+                        "backend `{shown}` names no file: write sqlite://PATH, e.g. \
+                         sqlite:///var/lib/app/simba.db (an in-memory database cannot be \
+                         shared by processes)"
+                    )));
+                }
+                (Target::Sqlite(PathBuf::from(rest)), "sqlite")
+            }
+            "redis" | "valkey" | "redis-cluster" | "valkey-cluster" | "redis-sentinel"
+            | "valkey-sentinel" => (Target::Redis(url.to_owned()), "redis"),
+            "rediss" | "valkeys" | "rediss-cluster" | "valkeys-cluster" | "rediss-sentinel"
+            | "valkeys-sentinel" => (Target::Redis(url.to_owned()), "tls"),
+            "mysql" | "mariadb" => (Target::Mysql(url.to_owned()), "mysql"),
+            "postgres" | "postgresql" => (Target::Postgres(url.to_owned()), "postgres"),
+            "zk" | "zookeeper" => {
+                if rest.is_empty() || rest.starts_with('/') {
+                    return Err(Failure::usage(format!(
+                        "backend `{shown}` names no server: write zk://HOST:PORT[,HOST:PORT]/CHROOT"
+                    )));
+                }
+                (Target::Zookeeper(rest.to_owned()), "zookeeper")
+            }
+            other => {
+                return Err(Failure::usage(format!(
+                    "backend `{shown}`: unknown scheme `{other}://`; use one of: {}",
+                    supported()
+                )));
+            }
+        };
+        let compiled = SCHEMES.iter().any(|(_, f, on)| *f == feature && *on);
+        if !compiled {
+            return Err(Failure::usage(format!(
+                "backend `{shown}` needs the cargo feature `{feature}`, which this simba was \
+                 built without; rebuild with `cargo install simba-cli --features {feature}` \
+                 (compiled in: {})",
+                supported()
+            )));
+        }
+        Ok(target)
+    }
+}
+
+/// Reads a mutex's owner with one backend call (lease backends).
+pub(crate) trait OwnerReader: Send + Sync {
+    /// The owner of `mutex` and the backend's clock.
+    fn read<'a>(&'a self, mutex: &'a str) -> BoxFuture<'a, simba_core::Result<LeaseReply>>;
+}
+
+#[allow(dead_code)] // unused when no lease backend is compiled in
+struct StoreReader<S>(Arc<S>);
+
+impl<S: simba_core::LeaseStore> OwnerReader for StoreReader<S> {
+    fn read<'a>(&'a self, mutex: &'a str) -> BoxFuture<'a, simba_core::Result<LeaseReply>> {
+        Box::pin(self.0.owner(mutex))
+    }
+}
+
+/// A connected backend.
+pub(crate) struct Backend {
+    /// The URL, password redacted.
+    pub(crate) shown: String,
+    /// The factory of contend and retrieval services.
+    pub(crate) factory: Arc<dyn ContendServiceFactory>,
+    /// A one-call owner read, where the backend has one (lease backends); ZooKeeper is
+    /// observed through a retrieval service instead.
+    pub(crate) reader: Option<Arc<dyn OwnerReader>>,
+    /// Whether the backend cannot push a release to waiters (SQLite, MySQL): a waiting
+    /// `exec` then polls, instead of sleeping until the owner's lease would end.
+    pub(crate) polls: bool,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("url", &self.shown)
+            .field("factory", &self.factory)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lease timing asked for on the command line.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Timing {
+    /// `--ttl`.
+    pub(crate) ttl: Option<Duration>,
+    /// `--transition`.
+    pub(crate) transition: Option<Duration>,
+}
+
+impl Timing {
+    fn lease(self) -> LeaseConfig {
+        let d = LeaseConfig::default();
+        LeaseConfig::with_lease(
+            self.ttl.unwrap_or(d.ttl),
+            self.transition.unwrap_or(d.transition),
+        )
+    }
+}
+
+/// The URL to use: `--backend` / `SIMBA_BACKEND`, else the default SQLite file.
+pub(crate) fn resolve_url(given: Option<&str>) -> Result<String, Failure> {
+    match given.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(url) => Ok(url.to_owned()),
+        None => default_url(),
+    }
+}
+
+/// `sqlite://$XDG_STATE_HOME/simba/simba.db` (or `~/.local/state/simba/simba.db`), with the
+/// directory created.
+fn default_url() -> Result<String, Failure> {
+    if !cfg!(feature = "sqlite") {
+        return Err(Failure::usage(format!(
+            "no backend given and this simba was built without the `sqlite` feature that \
+             the default needs; pass --backend URL or set SIMBA_BACKEND (compiled in: {})",
+            supported()
+        )));
+    }
+    let dir = state_dir()?;
+    create_private_dir(&dir)?;
+    let file = dir.join("simba.db");
+    let Some(path) = file.to_str() else {
+        return Err(Failure::new(
+            Status::CantCreate,
+            format!(
+                "the state directory {} is not valid UTF-8; pass --backend sqlite://PATH",
+                dir.display()
+            ),
+        ));
+    };
+    Ok(format!("sqlite://{path}"))
+}
+
+fn state_dir() -> Result<PathBuf, Failure> {
+    let absolute = |v: std::ffi::OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+    if let Some(base) = std::env::var_os("XDG_STATE_HOME").and_then(absolute) {
+        return Ok(base.join("simba"));
+    }
+    if let Some(home) = std::env::var_os("HOME").and_then(absolute) {
+        return Ok(home.join(".local").join("state").join("simba"));
+    }
+    Err(Failure::new(
+        Status::CantCreate,
+        "cannot find a state directory for the default SQLite backend: neither \
+         XDG_STATE_HOME nor HOME is set to an absolute path; set one of them, or pass \
+         --backend URL / set SIMBA_BACKEND",
+    ))
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::DirBuilderExt;
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir);
+    match made {
+        Ok(()) if dir.is_dir() => Ok(()),
+        Ok(()) => Err(Failure::new(
+            Status::CantCreate,
+            format!("the state directory {} is not a directory", dir.display()),
+        )),
+        Err(e) => Err(Failure::with(
+            Status::CantCreate,
+            e,
+            format!(
+                "cannot create the state directory {} for the default SQLite backend; fix its \
+                 permissions, set XDG_STATE_HOME to a writable directory, or pass \
+                 --backend URL",
+                dir.display()
+            ),
+        )),
+    }
+}
+
+/// Connects to the backend of `url` with `timing`.
+pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failure> {
+    let target = Target::parse(url)?;
+    let shown = redact(url);
+    let lease = timing.lease();
+    lease
+        .validate()
+        .map_err(|e| Failure::simba(e, "bad --ttl / --transition"))?;
+    #[allow(unused_variables)] // unused when no backend is compiled in
+    let connect_failed =
+        |e: simba_core::Error| Failure::simba(e, format!("cannot use backend {shown}"));
+    match target {
+        #[cfg(feature = "sqlite")]
+        Target::Sqlite(path) => {
+            check_sqlite_dir(&path)?;
+            let url = format!("sqlite://{}", path.display());
+            // Processes that open a new SQLite file at the same instant can get "database
+            // is locked" at once (switching the file to WAL does not wait on the busy
+            // timeout): that contention is over within milliseconds, so try again, briefly.
+            let give_up = tokio::time::Instant::now() + SQLITE_OPEN_RETRY;
+            let f = loop {
+                match simba_jdbc::factory(&url, lease.clone()).await {
+                    Ok(f) => break f,
+                    Err(e @ simba_core::Error::Backend { .. })
+                        if tokio::time::Instant::now() < give_up =>
+                    {
+                        tracing::debug!("opening the SQLite file failed, retrying: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(connect_failed(e)),
+                }
+            };
+            Ok(lease_backend(shown, f, true))
+        }
+        #[cfg(feature = "redis")]
+        Target::Redis(url) => {
+            let f = simba_redis::factory(&url, lease)
+                .await
+                .map_err(connect_failed)?;
+            Ok(lease_backend(shown, f, false))
+        }
+        #[cfg(feature = "mysql")]
+        Target::Mysql(url) => {
+            let f = simba_jdbc::factory(&url, lease)
+                .await
+                .map_err(connect_failed)?;
+            Ok(lease_backend(shown, f, true))
+        }
+        #[cfg(feature = "postgres")]
+        Target::Postgres(url) => {
+            // LISTEN/NOTIFY tells waiters of a release.
+            let f = simba_jdbc::factory(&url, lease)
+                .await
+                .map_err(connect_failed)?;
+            Ok(lease_backend(shown, f, false))
+        }
+        #[cfg(feature = "zookeeper")]
+        Target::Zookeeper(connect) => {
+            let mut config = simba_zookeeper::ZkConfig::new(connect);
+            if timing.ttl.is_some() || timing.transition.is_some() {
+                // ZooKeeper has sessions, not leases: the session timeout plays the part
+                // of ttl + transition (how long a silent owner keeps the mutex).
+                config = config.with_session_timeout(lease.ttl + lease.transition);
+            }
+            let f = simba_zookeeper::ZkFactory::connect(config)
+                .await
+                .map_err(connect_failed)?;
+            Ok(Backend {
+                shown,
+                factory: Arc::new(f),
+                reader: None,
+                polls: false,
+            })
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(Failure::new(
+            Status::Internal,
+            format!("backend {other:?} is not compiled in (parse should have said so)"),
+        )),
+    }
+}
+
+#[allow(dead_code)] // unused when no lease backend is compiled in
+fn lease_backend<S: simba_core::LeaseStore>(
+    shown: String,
+    f: simba_core::LeaseServiceFactory<S>,
+    polls: bool,
+) -> Backend {
+    let store = f.store().clone();
+    Backend {
+        shown,
+        factory: Arc::new(f),
+        reader: Some(Arc::new(StoreReader(store))),
+        polls,
+    }
+}
+
+/// A SQLite file's directory must exist: SQLite's own error ("unable to open database
+/// file") does not say so.
+#[allow(dead_code)] // unused without the sqlite feature
+fn check_sqlite_dir(path: &Path) -> Result<(), Failure> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            Status::CantCreate,
+            format!(
+                "the directory {} of the SQLite file {} does not exist; create it or choose \
+                 another path",
+                dir.display(),
+                path.display()
+            ),
+        ))
+    }
+}
+
+/// `url` with the password of `scheme://user:password@host` replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some(start) = out.find("://").map(|i| i + 3) {
+        let end = out[start..]
+            .find(['/', '?', '#'])
+            .map_or(out.len(), |i| start + i);
+        if let Some(at) = out[start..end].rfind('@').map(|i| start + i)
+            && let Some(colon) = out[start..at].find(':').map(|i| start + i)
+        {
+            out.replace_range(colon + 1..at, "***");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage_message(url: &str) -> String {
+        let e = Target::parse(url).expect_err(url);
+        assert_eq!(e.status, Status::Usage, "{url}");
+        format!("{:#}", e.error)
+    }
+
+    #[test]
+    fn parses_each_scheme() {
+        assert_eq!(
+            Target::parse("sqlite:///tmp/x.db").ok(),
+            Some(Target::Sqlite(PathBuf::from("/tmp/x.db")))
+        );
+        assert_eq!(
+            Target::parse("sqlite://rel/x.db").ok(),
+            Some(Target::Sqlite(PathBuf::from("rel/x.db")))
+        );
+        assert!(matches!(
+            Target::parse("redis://127.0.0.1:6379"),
+            Ok(Target::Redis(_))
+        ));
+        assert!(matches!(
+            Target::parse("mysql://root@h/db"),
+            Ok(Target::Mysql(_))
+        ));
+        assert!(matches!(
+            Target::parse("postgres://u@h/db"),
+            Ok(Target::Postgres(_))
+        ));
+        assert_eq!(
+            Target::parse("zk://a:2181,b:2181/apps").ok(),
+            Some(Target::Zookeeper("a:2181,b:2181/apps".into()))
+        );
+    }
+
+    #[test]
+    fn bad_urls_name_the_supported_schemes() {
+        let m = usage_message("ftp://x");
+        assert!(
+            m.contains("unknown scheme `ftp://`") && m.contains("redis://"),
+            "{m}"
+        );
+        let m = usage_message("just-a-name");
+        assert!(
+            m.contains("not a URL") && m.contains("sqlite://PATH"),
+            "{m}"
+        );
+        assert!(usage_message("sqlite://").contains("names no file"));
+        assert!(usage_message("zk:///chroot").contains("names no server"));
+    }
+
+    #[test]
+    fn tls_needs_its_feature() {
+        if !cfg!(feature = "tls") {
+            let m = usage_message("rediss://h:6380");
+            assert!(m.contains("feature `tls`"), "{m}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://app:secret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        let m = usage_message("bogus://u:secret@h");
+        assert!(!m.contains("secret"), "{m}");
+    }
+}

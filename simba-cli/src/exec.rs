@@ -1,0 +1,179 @@
+//! `simba exec`: run a command while holding a mutex.
+
+use std::time::Duration;
+
+use simba_core::{LockGuard, Locker};
+use tracing::{debug, info, warn};
+
+use crate::backend::Backend;
+use crate::child;
+use crate::cli::ExecArgs;
+use crate::duration::show;
+use crate::signals::{self, Signals};
+use crate::status::{Failure, Outcome, Status};
+
+/// Upper bound for the release after ownership was lost (there is nothing left to free;
+/// it only tidies up, and the backend may be the thing that is down).
+const RELEASE_AFTER_LOSS: Duration = Duration::from_millis(500);
+
+/// Runs `simba exec`.
+pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
+    // Installed first: a signal while waiting for the mutex must not kill simba before it
+    // has stopped contending.
+    let mut signals = Signals::new()?;
+    let mutex = args.mutex.as_str();
+    let locker = Locker::new(backend.factory.clone(), mutex)
+        .map_err(|e| Failure::simba(e, "bad mutex name"))?;
+
+    let acquire = acquire(&locker, &args, backend.polls);
+    debug!(mutex, backend = %backend.shown, "waiting for the mutex");
+    let guard = tokio::select! {
+        r = acquire => r.map_err(|e| not_acquired(e, mutex, &backend))?,
+        sig = signals.recv() => {
+            info!(%sig, "signal while waiting for the mutex: giving up");
+            return Ok(signals::status_for(sig));
+        }
+    };
+    let fence = guard.fence();
+    info!(mutex, fence, owner = locker.contender_id(), "acquired");
+
+    if !guard.is_held() {
+        return Err(Failure::new(
+            Status::Lost,
+            format!(
+                "ownership of mutex {mutex:?} (fence {fence}) was lost before the command \
+                 started; it was not run"
+            ),
+        ));
+    }
+    let env = [
+        ("SIMBA_MUTEX", mutex.to_owned()),
+        ("SIMBA_FENCE", fence.to_string()),
+        ("SIMBA_OWNER_ID", locker.contender_id().to_owned()),
+    ];
+    let mut group = match child::spawn(&args.command, &env) {
+        Ok(g) => g,
+        Err(f) => {
+            release(guard, None).await;
+            return Err(f);
+        }
+    };
+
+    let lost = loop {
+        tokio::select! {
+            biased;
+            r = group.wait() => match r {
+                Ok(status) => {
+                    group.restore_terminal();
+                    debug!(?status, "command ended");
+                    release(guard, None).await;
+                    return Ok(child::exit_code(status));
+                }
+                Err(e) => {
+                    group.stop(args.grace).await;
+                    group.restore_terminal();
+                    release(guard, None).await;
+                    return Err(Failure::with(Status::Internal, e, "waiting for the command failed"));
+                }
+            },
+            sig = signals.recv() => {
+                debug!(%sig, "passing the signal on to the command");
+                group.signal(sig);
+            }
+            reason = guard.lost() => break reason,
+        }
+    };
+
+    eprintln!(
+        "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; stopping the \
+         command (SIGTERM to its process group {}, SIGKILL after {})",
+        group.pgid(),
+        show(args.grace)
+    );
+    let status = group.stop(args.grace).await;
+    group.restore_terminal();
+    if let Some(status) = status {
+        info!(?status, "command stopped");
+    }
+    release(guard, Some(RELEASE_AFTER_LOSS)).await;
+    Ok(Status::Lost.code())
+}
+
+/// How often a waiter polls a backend that cannot push releases (plus a per-process
+/// offset, so that waiters do not poll in lockstep).
+const POLL: Duration = Duration::from_millis(200);
+
+/// Acquires as the options say.
+///
+/// The library's `acquire` sleeps until the owner's lease would end when the backend
+/// cannot push a release (SQLite, MySQL): with the default lease a waiter would start up
+/// to 16 s after the owner is done. On those backends simba polls with one-shot tries
+/// instead, so the next command starts within [`POLL`] of the release.
+async fn acquire(locker: &Locker, args: &ExecArgs, polls: bool) -> simba_core::Result<LockGuard> {
+    if args.no_wait {
+        return locker.try_acquire().await;
+    }
+    let wait = async {
+        if !polls {
+            return locker.acquire().await;
+        }
+        let every = POLL + Duration::from_millis(u64::from(std::process::id() % 97));
+        let mut failing = false;
+        loop {
+            match locker.try_acquire().await {
+                Ok(guard) => return Ok(guard),
+                Err(simba_core::Error::WouldBlock { .. }) => failing = false,
+                Err(e) if e.is_retryable() => {
+                    if !failing {
+                        warn!("backend call failed, retrying every {}: {e}", show(every));
+                    }
+                    failing = true;
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(every).await;
+        }
+    };
+    match args.timeout {
+        None => wait.await,
+        Some(limit) => match tokio::time::timeout(limit, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(simba_core::Error::Timeout {
+                mutex: locker.mutex().to_owned(),
+                waited: limit,
+            }),
+        },
+    }
+}
+
+/// Why the mutex was not acquired, with the status that says so.
+fn not_acquired(e: simba_core::Error, mutex: &str, backend: &Backend) -> Failure {
+    match Status::of(&e) {
+        // The library's message says it all: `mutex "m" is held by another contender`.
+        Status::NotAcquired => Failure {
+            status: Status::NotAcquired,
+            error: anyhow::Error::new(e),
+        },
+        Status::Unavailable => Failure::simba(
+            e,
+            format!(
+                "mutex {mutex:?} not acquired: backend {} unavailable",
+                backend.shown
+            ),
+        ),
+        _ => Failure::simba(e, format!("mutex {mutex:?} not acquired")),
+    }
+}
+
+/// Releases the mutex, waiting at most `bound` when given (the core bounds it otherwise).
+async fn release(guard: LockGuard, bound: Option<Duration>) {
+    let done = match bound {
+        Some(b) => tokio::time::timeout(b, guard.release()).await.ok(),
+        None => Some(guard.release().await),
+    };
+    match done {
+        Some(Ok(())) => debug!("released"),
+        Some(Err(e)) => warn!("release failed (the lease frees the mutex): {e}"),
+        None => debug!("release did not finish in time (the lease frees the mutex)"),
+    }
+}

@@ -1,0 +1,97 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod child;
+mod cli;
+mod duration;
+mod exec;
+mod show;
+mod signals;
+mod status;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::status::{Failure, Outcome, Status};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help / --version go to stdout with 0; real usage errors get 64.
+            let code = if e.use_stderr() {
+                Status::Usage.code()
+            } else {
+                0
+            };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_logging(cli.verbose);
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("simba: {:#}", f.error);
+            f.status.code()
+        }
+    };
+    ExitCode::from(code)
+}
+
+fn run(cli: Cli) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::with(Status::Internal, e, "cannot start the async runtime"))?;
+    let outcome = runtime.block_on(dispatch(cli));
+    // Background tasks (a release in flight, blocking SQLite calls) get a moment, no more.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    outcome
+}
+
+async fn dispatch(cli: Cli) -> Outcome {
+    let url = backend::resolve_url(cli.backend.as_deref())?;
+    let timing = match &cli.command {
+        Command::Exec(a) => backend::Timing {
+            ttl: a.lease.ttl,
+            transition: a.lease.transition,
+        },
+        _ => backend::Timing::default(),
+    };
+    let backend = backend::connect(&url, timing).await?;
+    tracing::debug!(?backend, "connected");
+    match cli.command {
+        Command::Exec(args) => exec::run(backend, args).await,
+        Command::Owner(args) => show::owner(backend, args).await,
+        Command::Watch(args) => show::watch(backend, args).await,
+    }
+}
+
+/// Tracing on stderr: warnings by default, `-v` info, `-vv` debug for simba, `-vvv` trace;
+/// `SIMBA_LOG` (an env-filter directive such as `simba_core=debug`) overrides.
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let directives = match std::env::var("SIMBA_LOG") {
+        Ok(s) if !s.trim().is_empty() => s,
+        _ => match verbose {
+            0 => "warn".to_owned(),
+            1 => "info".to_owned(),
+            2 => "info,simba=debug,simba_core=debug,simba_redis=debug,simba_jdbc=debug,\
+                  simba_zookeeper=debug"
+                .to_owned(),
+            _ => "trace".to_owned(),
+        },
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(directives))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(verbose >= 2)
+        .init();
+}

@@ -1,0 +1,374 @@
+//! `simba owner` and `simba watch`.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+use simba_core::{MutexOwner, RetrievalService, SilentRetriever, validate_mutex_name};
+use tokio::sync::watch;
+
+use crate::backend::Backend;
+use crate::cli::{ShowArgs, WatchArgs};
+use crate::signals::Signals;
+use crate::status::{Failure, Outcome, Status};
+
+/// How long a retrieval service (ZooKeeper) is given to report a first owner before
+/// "no owner" is concluded.
+const FIRST_READ: Duration = Duration::from_millis(1500);
+
+/// Upper bound for one owner read while watching (the stores bound their calls too).
+const READ_BOUND: Duration = Duration::from_secs(10);
+
+/// What is known about a mutex's owner at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Snapshot {
+    /// The owner within its lease, if any.
+    owner: Option<MutexOwner>,
+    /// The backend's clock at the read (ms since the epoch), or the local clock.
+    now: i64,
+}
+
+impl Snapshot {
+    fn key(&self) -> Option<(&str, u64)> {
+        self.owner.as_ref().map(|o| (o.owner_id.as_str(), o.fence))
+    }
+}
+
+/// Where snapshots come from: one read per call (lease backends), or a retrieval
+/// service's state (ZooKeeper).
+enum Source {
+    Read(Arc<dyn crate::backend::OwnerReader>),
+    Observe {
+        service: Arc<dyn RetrievalService>,
+        state: watch::Receiver<simba_core::MutexState>,
+    },
+}
+
+impl Source {
+    async fn open(backend: &Backend, mutex: &str) -> Result<Source, Failure> {
+        validate_mutex_name(mutex).map_err(|e| Failure::simba(e, "bad mutex name"))?;
+        if let Some(reader) = &backend.reader {
+            return Ok(Source::Read(reader.clone()));
+        }
+        let service = backend
+            .factory
+            .create_retrieval_service(mutex, Arc::new(SilentRetriever))
+            .map_err(|e| Failure::simba(e, "cannot observe the mutex"))?;
+        let state = service.state();
+        service
+            .start()
+            .map_err(|e| Failure::simba(e, "cannot observe the mutex"))?;
+        Ok(Source::Observe { service, state })
+    }
+
+    /// The current owner. For an observed backend, waits up to [`FIRST_READ`] for the
+    /// first report and treats silence as "no owner".
+    async fn first(&mut self, mutex: &str) -> Result<Snapshot, Failure> {
+        match self {
+            Source::Read(reader) => read(reader.as_ref(), mutex).await,
+            Source::Observe { state, .. } => {
+                let _ = tokio::time::timeout(FIRST_READ, state.changed()).await;
+                Ok(observed(&state.borrow_and_update().after))
+            }
+        }
+    }
+
+    /// The next snapshot: after `interval` (reads), or at the next change (observed).
+    async fn next(&mut self, mutex: &str, interval: Duration) -> Result<Snapshot, Failure> {
+        match self {
+            Source::Read(reader) => {
+                tokio::time::sleep(interval).await;
+                read(reader.as_ref(), mutex).await
+            }
+            Source::Observe { state, .. } => {
+                if state.changed().await.is_err() {
+                    return Err(Failure::new(
+                        Status::Unavailable,
+                        "the observer of the mutex stopped",
+                    ));
+                }
+                Ok(observed(&state.borrow_and_update().after))
+            }
+        }
+    }
+
+    async fn close(self) {
+        if let Source::Observe { service, .. } = self {
+            let _ = service.stop().await;
+        }
+    }
+}
+
+async fn read(reader: &dyn crate::backend::OwnerReader, mutex: &str) -> Result<Snapshot, Failure> {
+    let reply = match tokio::time::timeout(READ_BOUND, reader.read(mutex)).await {
+        Ok(r) => r.map_err(|e| Failure::simba(e, "cannot read the owner"))?,
+        Err(_) => {
+            return Err(Failure::new(
+                Status::Unavailable,
+                format!("cannot read the owner: no answer within {READ_BOUND:?}"),
+            ));
+        }
+    };
+    let owner = Some(reply.owner).filter(|o| o.is_in_lease(reply.now));
+    Ok(Snapshot {
+        owner,
+        now: reply.now,
+    })
+}
+
+fn observed(owner: &MutexOwner) -> Snapshot {
+    Snapshot {
+        owner: Some(owner.clone()).filter(MutexOwner::has_owner),
+        now: now_ms(),
+    }
+}
+
+/// Runs `simba owner`.
+pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
+    let mut source = Source::open(&backend, &args.mutex).await?;
+    let snap = source.first(&args.mutex).await;
+    source.close().await;
+    let snap = snap?;
+    let leases = backend.reader.is_some();
+    let text = if args.json {
+        json!({
+            "mutex": args.mutex,
+            "backend": backend.factory.backend(),
+            "owner": snap.owner,
+            "now": snap.now,
+        })
+        .to_string()
+    } else {
+        describe(&args.mutex, &snap, leases)
+    };
+    emit(&text);
+    Ok(0)
+}
+
+/// The text form of `simba owner`.
+fn describe(mutex: &str, snap: &Snapshot, leases: bool) -> String {
+    let Some(o) = &snap.owner else {
+        return format!("{mutex}: no owner");
+    };
+    let rel = |at: i64| {
+        let d = at - snap.now;
+        if d >= 0 {
+            format!("in {}", secs(d))
+        } else {
+            format!("{} ago", secs(-d))
+        }
+    };
+    let mut out = format!(
+        "{mutex}: owned by {} (fence {})\n  acquired:   {} ({})",
+        o.owner_id,
+        o.fence,
+        iso(o.acquired_at),
+        rel(o.acquired_at)
+    );
+    if leases {
+        out.push_str(&format!(
+            "\n  renews by:  {} ({})\n  lease ends: {} ({})",
+            iso(o.ttl_at),
+            rel(o.ttl_at),
+            iso(o.transition_at),
+            rel(o.transition_at)
+        ));
+    }
+    out
+}
+
+/// Runs `simba watch`.
+pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
+    let mut signals = Signals::new()?;
+    let mutex = args.show.mutex.as_str();
+    let json = args.show.json;
+    let mut source = Source::open(&backend, mutex).await?;
+    let first = tokio::select! {
+        r = source.first(mutex) => r,
+        _ = signals.recv() => {
+            source.close().await;
+            return Ok(0);
+        }
+    };
+    let mut known = match first {
+        Ok(s) => s,
+        Err(f) => {
+            source.close().await;
+            return Err(f);
+        }
+    };
+    if !emit(&line(mutex, "current", &known, None, json)) {
+        source.close().await;
+        return Ok(0);
+    }
+    let mut failing = false;
+    loop {
+        let next = tokio::select! {
+            r = source.next(mutex, args.interval) => r,
+            _ = signals.recv() => break,
+        };
+        let snap = match next {
+            Ok(s) => s,
+            Err(f) if f.status == Status::Unavailable && matches!(source, Source::Read(_)) => {
+                if !failing {
+                    eprintln!(
+                        "simba: watch: {:#}; retrying every {:?}",
+                        f.error, args.interval
+                    );
+                    failing = true;
+                }
+                continue;
+            }
+            Err(f) => {
+                source.close().await;
+                return Err(f);
+            }
+        };
+        if failing {
+            eprintln!("simba: watch: the backend answers again");
+            failing = false;
+        }
+        if snap.key() == known.key() {
+            known = snap;
+            continue;
+        }
+        let event = match (&known.owner, &snap.owner) {
+            (None, Some(_)) => "acquired",
+            (Some(_), None) => "released",
+            _ => "changed",
+        };
+        let ok = emit(&line(mutex, event, &snap, known.owner.as_ref(), json));
+        known = snap;
+        if !ok {
+            break;
+        }
+    }
+    source.close().await;
+    Ok(0)
+}
+
+/// One line of `simba watch`.
+fn line(
+    mutex: &str,
+    event: &str,
+    snap: &Snapshot,
+    previous: Option<&MutexOwner>,
+    json: bool,
+) -> String {
+    let at = now_ms();
+    if json {
+        return json!({
+            "time": at,
+            "mutex": mutex,
+            "event": event,
+            "owner": snap.owner,
+            "previous": previous,
+        })
+        .to_string();
+    }
+    let who = |o: &MutexOwner| format!("{} (fence {})", o.owner_id, o.fence);
+    let what = match (event, &snap.owner, previous) {
+        (_, None, Some(p)) => format!("released by {}", who(p)),
+        (_, None, None) => "no owner".to_owned(),
+        ("current", Some(o), _) => format!("owned by {}", who(o)),
+        (_, Some(o), Some(p)) => format!("taken by {} from {}", who(o), who(p)),
+        (_, Some(o), None) => format!("acquired by {}", who(o)),
+    };
+    format!("{} {mutex} {event}: {what}", iso(at))
+}
+
+/// Prints a line on stdout; false when stdout is gone (a closed pipe ends the command).
+fn emit(line: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// `1.2s`, `45s`, `3m 20s`.
+fn secs(ms: i64) -> String {
+    if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m {}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+/// Milliseconds since the epoch as `2026-05-01T12:00:00.123Z` (UTC).
+pub(crate) fn iso(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let rem = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso_times() {
+        assert_eq!(iso(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(iso(1_767_225_599_999), "2025-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn text_forms() {
+        let owner = MutexOwner {
+            owner_id: "a".into(),
+            acquired_at: 1_000,
+            ttl_at: 11_000,
+            transition_at: 17_000,
+            fence: 4,
+        };
+        let snap = Snapshot {
+            owner: Some(owner.clone()),
+            now: 3_000,
+        };
+        let text = describe("m", &snap, true);
+        assert!(text.starts_with("m: owned by a (fence 4)"), "{text}");
+        assert!(
+            text.contains("(2.0s ago)") && text.contains("(in 14.0s)"),
+            "{text}"
+        );
+        let none = Snapshot {
+            owner: None,
+            now: 0,
+        };
+        assert_eq!(describe("m", &none, true), "m: no owner");
+        let l = line("m", "released", &none, Some(&owner), false);
+        assert!(l.ends_with("m released: released by a (fence 4)"), "{l}");
+        let j: serde_json::Value =
+            serde_json::from_str(&line("m", "acquired", &snap, None, true)).expect("json");
+        assert_eq!(j["event"], "acquired");
+        assert_eq!(j["owner"]["fence"], 4);
+        assert!(j["previous"].is_null());
+    }
+}

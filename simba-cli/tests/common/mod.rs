@@ -1,0 +1,406 @@
+//! Helpers shared by the tests of the `simba` binary: run it, bound every wait.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `simba` binary under test.
+pub const SIMBA: &str = env!("CARGO_BIN_EXE_simba");
+
+/// Statuses of `simba` (see the crate README).
+pub const USAGE: i32 = 64;
+pub const UNAVAILABLE: i32 = 69;
+pub const CANT_CREATE: i32 = 73;
+pub const NOT_ACQUIRED: i32 = 75;
+pub const LOST: i32 = 79;
+
+/// A `simba` command with a clean environment for simba's variables and `backend`.
+pub fn simba(backend: Option<&str>) -> Command {
+    let mut c = Command::new(SIMBA);
+    c.env_remove("SIMBA_BACKEND")
+        .env_remove("SIMBA_LOG")
+        .stdin(Stdio::null());
+    if let Some(b) = backend {
+        c.arg("--backend").arg(b);
+    }
+    c
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temporary directory")
+}
+
+/// `sqlite://DIR/name` for a temporary directory.
+pub fn sqlite_url(dir: &Path, name: &str) -> String {
+    format!("sqlite://{}", dir.join(name).display())
+}
+
+/// A unique mutex name for one test.
+pub fn mutex_name(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("cli-{test}-{}-{nanos}", std::process::id())
+}
+
+/// Waits for `child` at most `limit`; kills it and panics when the limit passes.
+pub fn wait_for(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what}: still running after {limit:?}");
+            }
+            Err(e) => panic!("{what}: waiting failed: {e}"),
+        }
+    }
+}
+
+/// Runs `cmd` to completion within `limit`, capturing its output.
+pub fn run(cmd: &mut Command, limit: Duration, what: &str) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start simba: {e}"));
+    // Pipes are small: read them on threads so that the child never blocks on a full pipe.
+    let out = child.stdout.take().map(reader);
+    let err = child.stderr.take().map(reader);
+    let status = wait_for(&mut child, limit, what);
+    Output {
+        status,
+        stdout: out.map(join_reader).unwrap_or_default(),
+        stderr: err.map(join_reader).unwrap_or_default(),
+    }
+}
+
+fn reader<R: std::io::Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        buf
+    })
+}
+
+fn join_reader(h: std::thread::JoinHandle<Vec<u8>>) -> Vec<u8> {
+    h.join().unwrap_or_default()
+}
+
+/// The text of a captured stream.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Polls `cond` every 20 ms for at most `limit`; panics with `what` if it never holds.
+pub fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The lines of a file, or none if it does not exist yet.
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `pid` is a live process (a zombie counts as gone).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the command name in parentheses.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("X");
+            !matches!(state, "Z" | "X")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Sends `sig` to `pid`.
+pub fn send(pid: u32, sig: nix::sys::signal::Signal) {
+    let pid = i32::try_from(pid).expect("pid fits i32");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("signal sent");
+}
+
+/// The command `sh -c SCRIPT` as arguments after `--`.
+pub fn sh(script: &str) -> [&OsStr; 4] {
+    [
+        OsStr::new("--"),
+        OsStr::new("sh"),
+        OsStr::new("-c"),
+        OsStr::new(script),
+    ]
+}
+
+/// A script that appends `start NANOS` and `end NANOS` lines to `log` around `sleep`.
+pub fn interval_script(log: &Path, tag: &str, sleep: &str) -> String {
+    let log = log.display();
+    format!(
+        "echo \"start {tag} $(date +%s%N)\" >> {log}; sleep {sleep}; \
+         echo \"end {tag} $(date +%s%N)\" >> {log}"
+    )
+}
+
+/// Parses the log of [`interval_script`]s into `(tag, start, end)` intervals, checking
+/// that they never overlap: each start is followed by the end of the same tag before the
+/// next start.
+pub fn disjoint_intervals(log: &Path) -> Vec<(String, u128, u128)> {
+    let lines = lines(log);
+    assert_eq!(lines.len() % 2, 0, "unbalanced log: {lines:?}");
+    let mut out = Vec::new();
+    for pair in lines.chunks(2) {
+        let parse = |l: &str| -> (String, String, u128) {
+            let mut it = l.split_whitespace();
+            let kind = it.next().unwrap_or_default().to_owned();
+            let tag = it.next().unwrap_or_default().to_owned();
+            let t = it
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("bad log line {l:?}"));
+            (kind, tag, t)
+        };
+        let (k1, tag1, t1) = parse(&pair[0]);
+        let (k2, tag2, t2) = parse(&pair[1]);
+        assert_eq!(
+            (k1.as_str(), k2.as_str()),
+            ("start", "end"),
+            "overlapping runs: {lines:?}"
+        );
+        assert_eq!(tag1, tag2, "overlapping runs: {lines:?}");
+        assert!(t1 <= t2, "{lines:?}");
+        if let Some((_, _, prev_end)) = out.last() {
+            assert!(
+                *prev_end <= t1,
+                "run started before the previous ended: {lines:?}"
+            );
+        }
+        out.push((tag1, t1, t2));
+    }
+    out
+}
+
+/// A path in `dir`.
+pub fn file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
+
+/// A running `simba watch --json`, its lines read on a thread.
+pub struct Watcher {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Watcher {
+    /// Starts `simba watch MUTEX --json --interval 100ms` on `url`.
+    pub fn start(url: &str, mutex: &str) -> Watcher {
+        let mut child = simba(Some(url))
+            .args(["watch", mutex, "--json", "--interval", "100ms"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start simba watch");
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watcher { child, lines }
+    }
+
+    /// The next line as JSON, within `limit`.
+    pub fn next(&self, limit: Duration) -> serde_json::Value {
+        let line = self
+            .lines
+            .recv_timeout(limit)
+            .unwrap_or_else(|e| panic!("no watch line within {limit:?}: {e}"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("watch line {line:?}: {e}"))
+    }
+
+    /// Sends SIGINT and returns the exit status (bounded).
+    pub fn interrupt(mut self) -> ExitStatus {
+        send(self.child.id(), nix::sys::signal::Signal::SIGINT);
+        wait_for(
+            &mut self.child,
+            Duration::from_secs(10),
+            "simba watch after SIGINT",
+        )
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `simba owner MUTEX --json` on `url`, parsed.
+pub fn owner_json(url: &str, mutex: &str) -> serde_json::Value {
+    let out = run(
+        simba(Some(url)).args(["owner", mutex, "--json"]),
+        Duration::from_secs(30),
+        "simba owner",
+    );
+    assert!(out.status.success(), "simba owner: {out:?}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("simba owner output {:?}: {e}", text(&out.stdout)))
+}
+
+/// `owner` and `watch` show what `exec` does: the watcher reports the acquisition (with
+/// the owner id and fence the command saw in its environment) and the release; `owner`
+/// shows the command's ownership while it runs and no owner afterwards.
+pub fn owner_and_watch_follow_exec(url: &str, test: &str) {
+    let dir = tempdir();
+    let mutex = mutex_name(test);
+    let seen = file(dir.path(), "seen");
+    let go = file(dir.path(), "go");
+
+    let watcher = Watcher::start(url, &mutex);
+    let first = watcher.next(Duration::from_secs(30));
+    assert_eq!(first["event"], "current", "{first}");
+    assert!(first["owner"].is_null(), "{first}");
+    assert_eq!(owner_json(url, &mutex)["owner"], serde_json::Value::Null);
+
+    // The command records what it was given, then holds until the test says go.
+    let script = format!(
+        "echo \"$SIMBA_OWNER_ID $SIMBA_FENCE $SIMBA_MUTEX\" > {seen}; \
+         while [ ! -e {go} ]; do sleep 0.05; done",
+        seen = seen.display(),
+        go = go.display()
+    );
+    let mut exec = simba(Some(url))
+        .args(["exec", &mutex])
+        .args(sh(&script))
+        .spawn()
+        .expect("start simba exec");
+    eventually(Duration::from_secs(30), "the command starts", || {
+        lines(&seen).len() == 1
+    });
+    let got = lines(&seen).remove(0);
+    let parts: Vec<&str> = got.split_whitespace().collect();
+    assert_eq!(parts.len(), 3, "{got}");
+    let (id, fence) = (
+        parts[0],
+        parts[1].parse::<u64>().expect("SIMBA_FENCE is a number"),
+    );
+    assert_eq!(parts[2], mutex);
+
+    let acquired = watcher.next(Duration::from_secs(10));
+    assert_eq!(acquired["event"], "acquired", "{acquired}");
+    assert_eq!(acquired["owner"]["owner_id"], id, "{acquired}");
+    assert_eq!(acquired["owner"]["fence"], fence, "{acquired}");
+
+    let now = owner_json(url, &mutex);
+    assert_eq!(now["owner"]["owner_id"], id, "{now}");
+    assert_eq!(now["owner"]["fence"], fence, "{now}");
+
+    std::fs::write(&go, b"").expect("write go");
+    let status = wait_for(&mut exec, Duration::from_secs(30), "simba exec");
+    assert_eq!(status.code(), Some(0));
+
+    let released = watcher.next(Duration::from_secs(10));
+    assert_eq!(released["event"], "released", "{released}");
+    assert!(released["owner"].is_null(), "{released}");
+    assert_eq!(released["previous"]["owner_id"], id, "{released}");
+    assert_eq!(owner_json(url, &mutex)["owner"], serde_json::Value::Null);
+
+    let status = watcher.interrupt();
+    assert_eq!(status.code(), Some(0), "watch ends with 0 on SIGINT");
+}
+
+/// Runs `n` concurrent `simba exec`s of `sleep` seconds on `url` (extra args before the
+/// command) and checks that their runs never overlap.
+pub fn concurrent_execs_never_overlap(
+    url: Option<&str>,
+    env: &[(&str, &Path)],
+    n: usize,
+    sleep: &str,
+    test: &str,
+) {
+    let dir = tempdir();
+    let mutex = mutex_name(test);
+    let log = file(dir.path(), "log");
+    let mut children: Vec<Child> = (0..n)
+        .map(|i| {
+            let mut c = simba(url);
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.args(["exec", &mutex])
+                .args(sh(&interval_script(&log, &format!("c{i}"), sleep)))
+                .spawn()
+                .expect("start simba exec")
+        })
+        .collect();
+    for (i, c) in children.iter_mut().enumerate() {
+        let status = wait_for(c, Duration::from_secs(60), &format!("simba exec #{i}"));
+        assert_eq!(status.code(), Some(0), "simba exec #{i}");
+    }
+    let runs = disjoint_intervals(&log);
+    assert_eq!(runs.len(), n, "every command ran once: {runs:?}");
+}
+
+/// While one `simba exec` holds the mutex, `--no-wait` exits with 75 promptly and
+/// `--timeout 300ms` after about 300 ms, neither running its command; SIGTERM to the
+/// holder ends it with 143.
+pub fn not_acquired_while_held(url: &str, test: &str) {
+    let dir = tempdir();
+    let mutex = mutex_name(test);
+    let ready = file(dir.path(), "ready");
+    let ran = file(dir.path(), "ran");
+    let mut holder = simba(Some(url))
+        .args(["exec", &mutex])
+        .args(sh(&format!("touch {}; sleep 30", ready.display())))
+        .spawn()
+        .expect("start the holder");
+    eventually(Duration::from_secs(30), "the holder runs", || {
+        ready.exists()
+    });
+    for (args, min) in [
+        (&["--no-wait"][..], Duration::ZERO),
+        (&["--timeout", "300ms"][..], Duration::from_millis(300)),
+    ] {
+        let started = Instant::now();
+        let out = run(
+            simba(Some(url))
+                .args(["exec", &mutex])
+                .args(args)
+                .args(sh(&format!("touch {}", ran.display()))),
+            Duration::from_secs(30),
+            "simba exec on a held mutex",
+        );
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(NOT_ACQUIRED), "{args:?}: {out:?}");
+        assert!(
+            took >= min && took < min + Duration::from_secs(5),
+            "{args:?}: {took:?}"
+        );
+    }
+    assert!(!ran.exists(), "a command ran without the mutex");
+    send(holder.id(), nix::sys::signal::Signal::SIGTERM);
+    let status = wait_for(&mut holder, Duration::from_secs(10), "holder after SIGTERM");
+    assert_eq!(status.code(), Some(143));
+}

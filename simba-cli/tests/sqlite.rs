@@ -1,0 +1,341 @@
+//! `simba` against SQLite files: real processes, real signals.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+
+#[test]
+fn concurrent_execs_on_one_sqlite_file_never_overlap() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    concurrent_execs_never_overlap(Some(&url), &[], 3, "0.5", "overlap");
+}
+
+#[test]
+fn the_default_backend_is_a_sqlite_file_in_the_state_directory() {
+    let home = tempdir();
+    let state = home.path().join("state");
+    concurrent_execs_never_overlap(
+        None,
+        &[("XDG_STATE_HOME", &state), ("HOME", home.path())],
+        2,
+        "0.5",
+        "default",
+    );
+    assert!(state.join("simba").join("simba.db").is_file());
+
+    // Without XDG_STATE_HOME: ~/.local/state/simba/simba.db.
+    let out = run(
+        simba(None)
+            .env_remove("XDG_STATE_HOME")
+            .env("HOME", home.path())
+            .args(["exec", "default-home", "--", "true"]),
+        Duration::from_secs(30),
+        "simba exec with HOME only",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(home.path().join(".local/state/simba/simba.db").is_file());
+}
+
+#[test]
+fn an_unusable_state_directory_is_a_clear_error() {
+    let dir = tempdir();
+    let blocker = file(dir.path(), "not-a-dir");
+    std::fs::write(&blocker, b"").expect("write file");
+    let out = run(
+        simba(None)
+            .env("XDG_STATE_HOME", &blocker)
+            .args(["exec", "m", "--", "true"]),
+        Duration::from_secs(30),
+        "simba exec with a file as state dir",
+    );
+    assert_eq!(out.status.code(), Some(CANT_CREATE), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot create the state directory") && err.contains("XDG_STATE_HOME"),
+        "{err}"
+    );
+
+    let missing = format!("sqlite://{}/no/such/dir/x.db", dir.path().display());
+    let out = run(
+        simba(Some(&missing)).args(["owner", "m"]),
+        Duration::from_secs(30),
+        "simba owner on a missing directory",
+    );
+    assert_eq!(out.status.code(), Some(CANT_CREATE), "{out:?}");
+    assert!(text(&out.stderr).contains("does not exist"), "{out:?}");
+}
+
+#[test]
+fn exit_status_is_the_commands() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let mutex = mutex_name("status");
+    let status_of = |args: &[&str]| {
+        let out = run(
+            simba(Some(&url)).arg("exec").arg(&mutex).args(args),
+            Duration::from_secs(30),
+            "simba exec",
+        );
+        out.status.code()
+    };
+    assert_eq!(status_of(&["--", "sh", "-c", "exit 7"]), Some(7));
+    assert_eq!(status_of(&["--", "true"]), Some(0));
+    assert_eq!(status_of(&["--", "sh", "-c", "kill -9 $$"]), Some(137));
+    assert_eq!(status_of(&["--", "sh", "-c", "kill -TERM $$"]), Some(143));
+    assert_eq!(status_of(&["--", "/no/such/command"]), Some(127));
+    assert_eq!(
+        status_of(&["--", dir.path().to_str().expect("utf-8")]),
+        Some(126)
+    );
+    // The mutex is free again after each run.
+    assert_eq!(owner_json(&url, &mutex)["owner"], serde_json::Value::Null);
+}
+
+#[test]
+fn no_wait_and_timeout_on_a_held_mutex_are_not_acquired() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let mutex = mutex_name("held");
+    let ready = file(dir.path(), "ready");
+    let mut holder = simba(Some(&url))
+        .args(["exec", &mutex])
+        .args(sh(&format!("touch {}; sleep 30", ready.display())))
+        .spawn()
+        .expect("start holder");
+    eventually(Duration::from_secs(30), "the holder runs", || {
+        ready.exists()
+    });
+
+    let ran = file(dir.path(), "ran");
+    let started = Instant::now();
+    let out = run(
+        simba(Some(&url))
+            .args(["exec", &mutex, "--no-wait"])
+            .args(sh(&format!("touch {}", ran.display()))),
+        Duration::from_secs(30),
+        "simba exec --no-wait",
+    );
+    assert_eq!(out.status.code(), Some(NOT_ACQUIRED), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        text(&out.stderr).contains("held by another contender"),
+        "{out:?}"
+    );
+
+    let started = Instant::now();
+    let out = run(
+        simba(Some(&url))
+            .args(["exec", &mutex, "--timeout", "300ms"])
+            .args(sh(&format!("touch {}", ran.display()))),
+        Duration::from_secs(30),
+        "simba exec --timeout 300ms",
+    );
+    let waited = started.elapsed();
+    assert_eq!(out.status.code(), Some(NOT_ACQUIRED), "{out:?}");
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert!(
+        text(&out.stderr).contains("not acquired within 300ms"),
+        "{out:?}"
+    );
+    assert!(!ran.exists(), "a command ran without the mutex");
+
+    // A waiter that gets SIGTERM gives up with 128+15 and never runs its command.
+    let mut waiter = simba(Some(&url))
+        .args(["exec", &mutex])
+        .args(sh(&format!("touch {}", ran.display())))
+        .spawn()
+        .expect("start waiter");
+    std::thread::sleep(Duration::from_millis(500));
+    send(waiter.id(), Signal::SIGTERM);
+    let status = wait_for(&mut waiter, Duration::from_secs(10), "waiter after SIGTERM");
+    assert_eq!(status.code(), Some(143));
+    assert!(!ran.exists(), "a command ran without the mutex");
+
+    // SIGTERM to the holder reaches `sleep` (the whole group): the holder ends with 143.
+    send(holder.id(), Signal::SIGTERM);
+    let status = wait_for(&mut holder, Duration::from_secs(10), "holder after SIGTERM");
+    assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+fn signals_sent_to_simba_reach_the_command() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    for (sig, name) in [
+        (Signal::SIGTERM, "TERM"),
+        (Signal::SIGINT, "INT"),
+        (Signal::SIGHUP, "HUP"),
+        (Signal::SIGQUIT, "QUIT"),
+    ] {
+        let ready = file(dir.path(), &format!("ready-{name}"));
+        let marker = file(dir.path(), &format!("got-{name}"));
+        let script = format!(
+            "exec 2>/dev/null; trap 'echo $$ > {marker}; exit 3' {name}; touch {ready}; \
+             while :; do sleep 0.05; done",
+            marker = marker.display(),
+            ready = ready.display()
+        );
+        let mut exec = simba(Some(&url))
+            .args(["exec", &mutex_name(name)])
+            .args(sh(&script))
+            .spawn()
+            .expect("start simba exec");
+        eventually(Duration::from_secs(30), "the command runs", || {
+            ready.exists()
+        });
+        send(exec.id(), sig);
+        let status = wait_for(
+            &mut exec,
+            Duration::from_secs(10),
+            "simba exec after a signal",
+        );
+        assert_eq!(status.code(), Some(3), "SIG{name}: the trap's own status");
+        assert_eq!(lines(&marker).len(), 1, "SIG{name} reached the command");
+    }
+
+    // A command without a trap dies of the signal: 128 + 2.
+    let ready = file(dir.path(), "ready-plain");
+    let mut exec = simba(Some(&url))
+        .args(["exec", &mutex_name("plain")])
+        .args(sh(&format!("touch {}; sleep 30", ready.display())))
+        .spawn()
+        .expect("start simba exec");
+    eventually(Duration::from_secs(30), "the command runs", || {
+        ready.exists()
+    });
+    send(exec.id(), Signal::SIGINT);
+    let status = wait_for(
+        &mut exec,
+        Duration::from_secs(10),
+        "simba exec after SIGINT",
+    );
+    assert_eq!(status.code(), Some(130));
+}
+
+#[test]
+fn owner_and_watch_follow_exec_on_sqlite() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    owner_and_watch_follow_exec(&url, "show");
+}
+
+#[test]
+fn owner_prints_text() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let out = run(
+        simba(Some(&url)).args(["owner", "nobody-here"]),
+        Duration::from_secs(30),
+        "simba owner",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), "nobody-here: no owner\n");
+
+    let ready = file(dir.path(), "ready");
+    let mut exec = simba(Some(&url))
+        .args(["exec", "held-one", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", ready.display()))
+        .spawn()
+        .expect("start simba exec");
+    eventually(Duration::from_secs(30), "the command runs", || {
+        ready.exists()
+    });
+    let out = run(
+        simba(Some(&url)).args(["owner", "held-one"]),
+        Duration::from_secs(30),
+        "simba owner",
+    );
+    let shown = text(&out.stdout);
+    assert!(shown.starts_with("held-one: owned by "), "{shown}");
+    assert!(
+        shown.contains("(fence ") && shown.contains("lease ends:"),
+        "{shown}"
+    );
+    send(exec.id(), Signal::SIGTERM);
+    wait_for(
+        &mut exec,
+        Duration::from_secs(10),
+        "simba exec after SIGTERM",
+    );
+}
+
+#[test]
+fn usage_errors_name_the_problem() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let usage = |cmd: &mut std::process::Command, what: &str| {
+        let out = run(cmd, Duration::from_secs(30), what);
+        assert_eq!(out.status.code(), Some(USAGE), "{what}: {out:?}");
+        text(&out.stderr)
+    };
+
+    let err = usage(
+        simba(Some(&url)).args(["exec", "m", "--ttl", "10", "--", "true"]),
+        "duration without unit",
+    );
+    assert!(err.contains("`10`") && err.contains("--ttl"), "{err}");
+    let err = usage(
+        simba(Some(&url)).args(["exec", "m", "--grace", "soon", "--", "true"]),
+        "bad grace",
+    );
+    assert!(err.contains("`soon`"), "{err}");
+    let err = usage(
+        simba(Some("ftp://example")).args(["owner", "m"]),
+        "unknown scheme",
+    );
+    assert!(
+        err.contains("unknown scheme `ftp://`") && err.contains("sqlite://PATH"),
+        "{err}"
+    );
+    let err = usage(
+        simba(None)
+            .env("SIMBA_BACKEND", "nonsense")
+            .args(["owner", "m"]),
+        "bad SIMBA_BACKEND",
+    );
+    assert!(err.contains("not a URL"), "{err}");
+    usage(simba(Some(&url)).args(["exec", "m"]), "no command");
+    usage(
+        simba(Some(&url)).args(["exec", "m", "--no-wait", "--timeout", "1s", "--", "true"]),
+        "conflict",
+    );
+    let err = usage(
+        simba(Some(&url)).args(["owner", " spaces "]),
+        "bad mutex name",
+    );
+    assert!(err.contains("mutex name"), "{err}");
+    let err = usage(
+        simba(Some(&url)).args(["exec", "m", "--ttl", "0s", "--", "true"]),
+        "zero ttl",
+    );
+    assert!(err.contains("ttl"), "{err}");
+
+    // --help documents the exit statuses.
+    let out = run(simba(None).arg("--help"), Duration::from_secs(30), "--help");
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for needle in ["64", "69", "75", "79", "SIMBA_BACKEND"] {
+        assert!(help.contains(needle), "--help lacks {needle}: {help}");
+    }
+}
+
+#[test]
+fn an_unreachable_backend_is_unavailable() {
+    // Nothing listens on port 1.
+    let out = run(
+        simba(Some("redis://127.0.0.1:1")).args(["exec", "m", "--", "true"]),
+        Duration::from_secs(60),
+        "simba exec on an unreachable Redis",
+    );
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
+    assert!(text(&out.stderr).contains("redis://127.0.0.1:1"), "{out:?}");
+}
