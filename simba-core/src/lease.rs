@@ -39,6 +39,11 @@ pub struct LeaseConfig {
     pub request_timeout: Duration,
     /// Pause before retrying after a failed call.
     pub retry_interval: Duration,
+    /// When the store cannot push releases (SQLite, MySQL, Redis in polling mode): the
+    /// longest a non-owner sleeps between two looks, so that a released mutex is taken
+    /// within this time rather than at the end of the old lease. `None` keeps Simba's
+    /// schedule (wake at the end of the owner's transition).
+    pub waiter_poll: Option<Duration>,
     /// Jitter (ms) for non-owners when the owner has a transition period.
     pub jitter: Range<i64>,
     /// Jitter (ms) for non-owners when it has none.
@@ -53,6 +58,7 @@ impl Default for LeaseConfig {
             drift_margin: Duration::from_millis(100),
             request_timeout: Duration::from_secs(5),
             retry_interval: Duration::from_secs(1),
+            waiter_poll: None,
             jitter: DEFAULT_JITTER,
             jitter_no_transition: DEFAULT_JITTER_NO_TRANSITION,
         }
@@ -103,6 +109,14 @@ impl LeaseConfig {
                     format!("{d:?} is not a whole number of milliseconds (backends count in ms)"),
                 ));
             }
+        }
+        if let Some(p) = self.waiter_poll
+            && (p.is_zero() || p > MAX_DURATION || p.subsec_nanos() % 1_000_000 != 0)
+        {
+            return Err(Error::config(
+                "waiter_poll",
+                format!("{p:?} must be a whole number of milliseconds, at least 1 ms"),
+            ));
         }
         if self.ttl.is_zero() {
             return Err(Error::config("ttl", "must be at least 1 ms"));
@@ -647,7 +661,13 @@ impl<S: LeaseStore> Driver<S> {
                 self.lose(LossReason::TakenOver, reply.owner.clone());
             }
             self.observe(reply.owner.clone());
-            self.next = now + self.period.next_delay(&reply.owner, reply.now);
+            let mut delay = self.period.next_delay(&reply.owner, reply.now);
+            if self.events.is_none()
+                && let Some(poll) = self.shared.config.waiter_poll
+            {
+                delay = delay.min(poll);
+            }
+            self.next = now + delay;
         }
         self.count_attempt(None);
     }

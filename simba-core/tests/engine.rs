@@ -488,3 +488,34 @@ fn bad_configs_are_refused_with_the_field_named() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiter_poll_caps_the_sleep_of_a_waiter_without_push() {
+    let s = setup();
+    let (a, _) = contender(&s, "m");
+    a.start().expect("a");
+    wait(&a, |st| st.held.is_some()).await;
+    let b_store = FaultStore::new(s.memory.clone());
+    b_store.control().set(Op::Subscribe, Behavior::Fail);
+    let poll = Duration::from_millis(50);
+    let cfg = LeaseConfig {
+        waiter_poll: Some(poll),
+        ..config()
+    };
+    let b = LeaseServiceFactory::new(b_store.clone(), cfg)
+        .expect("config")
+        .create_contend_service("m", Arc::new(simba_core::SilentContender))
+        .expect("b");
+    b.start().expect("b");
+    wait(&b, |st| st.attempts > 0).await;
+    let t = Instant::now();
+    a.stop().await.expect("stop a");
+    wait(&b, |st| st.held.is_some()).await;
+    assert!(Instant::now() - t <= poll, "took {:?}", Instant::now() - t);
+    b.stop().await.expect("stop b");
+    let bad = LeaseConfig {
+        waiter_poll: Some(Duration::ZERO),
+        ..config()
+    };
+    assert!(LeaseServiceFactory::new(MemoryStore::new(), bad).is_err());
+}
