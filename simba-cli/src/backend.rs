@@ -166,15 +166,20 @@ pub(crate) struct Timing {
     pub(crate) ttl: Option<Duration>,
     /// `--transition`.
     pub(crate) transition: Option<Duration>,
+    /// How often a waiter looks again on backends that cannot push a release.
+    pub(crate) waiter_poll: Option<Duration>,
 }
 
 impl Timing {
     fn lease(self) -> LeaseConfig {
         let d = LeaseConfig::default();
-        LeaseConfig::with_lease(
-            self.ttl.unwrap_or(d.ttl),
-            self.transition.unwrap_or(d.transition),
-        )
+        LeaseConfig {
+            waiter_poll: self.waiter_poll,
+            ..LeaseConfig::with_lease(
+                self.ttl.unwrap_or(d.ttl),
+                self.transition.unwrap_or(d.transition),
+            )
+        }
     }
 }
 

@@ -60,6 +60,11 @@ pub(crate) enum Command {
     /// Print one line per ownership change until interrupted (SIGINT ends with 0).
     #[command(after_help = EXIT_STATUS_HELP)]
     Watch(WatchArgs),
+
+    /// A contender process of `simba-chaos` (orders come from SIMBA_CHAOS_* variables).
+    #[cfg(feature = "chaos")]
+    #[command(hide = true)]
+    ChaosContender,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 mod backend;
+#[cfg(feature = "chaos")]
+mod chaos;
 mod child;
 mod cli;
 mod duration;
@@ -61,7 +63,10 @@ async fn dispatch(cli: Cli) -> Outcome {
         Command::Exec(a) => backend::Timing {
             ttl: a.lease.ttl,
             transition: a.lease.transition,
+            ..backend::Timing::default()
         },
+        #[cfg(feature = "chaos")]
+        Command::ChaosContender => chaos::timing()?,
         _ => backend::Timing::default(),
     };
     let backend = backend::connect(&url, timing).await?;
@@ -70,6 +75,8 @@ async fn dispatch(cli: Cli) -> Outcome {
         Command::Exec(args) => exec::run(backend, args).await,
         Command::Owner(args) => show::owner(backend, args).await,
         Command::Watch(args) => show::watch(backend, args).await,
+        #[cfg(feature = "chaos")]
+        Command::ChaosContender => chaos::contend(backend).await,
     }
 }
 

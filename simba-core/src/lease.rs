@@ -645,10 +645,12 @@ impl<S: LeaseStore> Driver<S> {
                 } else {
                     MutexState::new(MutexOwner::NONE, reply.owner.clone())
                 };
-                self.publish_held(&state);
+                // The callback runs before the status says "held", so that whoever waits
+                // on the status sees what the callback did.
                 if let Mode::Contend(c) = &self.shared.mode {
                     c.on_acquired(&state);
                 }
+                self.publish_held(&state);
             } else {
                 debug!(fence, "renewed");
                 self.publish_held(&state);
@@ -770,15 +772,15 @@ impl<S: LeaseStore> Driver<S> {
             fence: owned.fence,
             reason,
         };
+        if let Mode::Contend(c) = &self.shared.mode {
+            c.on_released(&state, reason);
+        }
         self.shared.status.send_modify(|s| {
             s.held = None;
             s.deadline = None;
             s.last_loss = Some(loss);
             s.state = state.clone();
         });
-        if let Mode::Contend(c) = &self.shared.mode {
-            c.on_released(&state, reason);
-        }
     }
 
     async fn shutdown(mut self) {

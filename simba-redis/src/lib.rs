@@ -1,1 +1,35 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod error;
+mod keys;
+mod store;
+mod subscriptions;
+mod watchdog;
+
+use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
+
+pub use config::{DEFAULT_KEY_PREFIX, MAX_KEY_PREFIX_LEN, RedisConfig, WaitMode};
+pub use store::RedisStore;
+
+/// Connects to `url` with default settings and returns a contend-service factory with the
+/// lease timing `lease`.
+///
+/// For more settings (key prefix, polling, timeouts, credentials) use
+/// [`RedisStore::connect`] with a [`RedisConfig`] and
+/// [`LeaseServiceFactory::new`].
+///
+/// # Errors
+/// - [`simba_core::Error::InvalidConfig`] for a bad `lease` or URL (checked before
+///   connecting);
+/// - [`simba_core::Error::Backend`] if the server cannot be reached or rejects the
+///   credentials.
+///
+/// # Cancel safety
+/// Dropping the future closes whatever connections it opened.
+pub async fn factory(url: &str, lease: LeaseConfig) -> Result<LeaseServiceFactory<RedisStore>> {
+    lease.validate()?;
+    let store = RedisStore::connect(RedisConfig::new(url)).await?;
+    LeaseServiceFactory::new(store, lease)
+}

@@ -161,7 +161,12 @@ impl ChaosConfig {
             contenders: 3,
             program: program.into(),
             args,
-            ttl: Duration::from_millis(1000),
+            // ZooKeeper: ttl + transition is the session timeout, at least 2 s.
+            ttl: Duration::from_millis(if backend == ChaosBackend::Zookeeper {
+                1500
+            } else {
+                1000
+            }),
             transition: Duration::from_millis(500),
             fault_every: Duration::from_secs(2),
             min_handoffs: 5,
@@ -492,8 +497,12 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         }
     }
     let violations = run.resource.violations();
+    let report = run.resource.report();
     let mut log_tails = Vec::new();
-    if !violations.is_empty() {
+    if !violations.is_empty()
+        || report.handoffs < cfg.min_handoffs
+        || report.stale_writes_accepted > 0
+    {
         for c in &run.contenders {
             if let Ok(text) = std::fs::read_to_string(&c.log) {
                 let lines: Vec<&str> = text.lines().collect();
@@ -503,7 +512,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         }
     }
     Ok(ChaosSummary {
-        report: run.resource.report(),
+        report,
         violations,
         faults: injected.iter().map(|(_, n)| n).sum(),
         faults_by_kind: injected,

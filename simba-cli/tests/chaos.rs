@@ -1,0 +1,77 @@
+//! Short fault-injection safety runs, one per backend: contender processes (`simba
+//! chaos-contender`) write to a fenced resource while owners are killed and paused, the
+//! server restarts and connections are cut, delayed and partitioned. No two ownerships may
+//! overlap and no stale write may be accepted. Time is the subject here (leases of 1.5 s),
+//! so each run lasts 25 s; the long runs are in the README.
+
+use std::time::Duration;
+
+use simba_test_kit::chaos::{ChaosBackend, ChaosConfig, FaultKind, run};
+
+fn config(backend: ChaosBackend) -> ChaosConfig {
+    let mut cfg = ChaosConfig::new(
+        backend,
+        env!("CARGO_BIN_EXE_simba"),
+        vec!["chaos-contender".into()],
+    );
+    cfg.duration = Duration::from_secs(25);
+    cfg.fault_every = Duration::from_secs(1);
+    cfg.min_handoffs = 5;
+    if backend == ChaosBackend::Sqlite {
+        // No server and no connection to fault: only the processes can be.
+        cfg.faults = vec![FaultKind::Kill, FaultKind::Pause];
+    }
+    cfg
+}
+
+async fn check(cfg: ChaosConfig) {
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    for tail in &summary.log_tails {
+        println!("{tail}");
+    }
+    assert!(summary.passed(), "{:?}: {summary}", cfg.backend);
+    assert!(summary.faults >= 5, "too few faults injected: {summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_redis() {
+    check(config(ChaosBackend::Redis)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_mysql() {
+    check(config(ChaosBackend::Mysql)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_postgres() {
+    check(config(ChaosBackend::Postgres)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sqlite() {
+    check(config(ChaosBackend::Sqlite)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_zookeeper() {
+    check(config(ChaosBackend::Zookeeper)).await;
+}
+
+/// The checker and the fenced resource catch contenders that ignore their local deadline
+/// (as a library without one would) when an owner is paused past its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_catches_contenders_without_a_local_deadline() {
+    let mut cfg = config(ChaosBackend::Sqlite);
+    cfg.faults = vec![FaultKind::Pause];
+    cfg.duration = Duration::from_secs(10);
+    cfg.unsafe_contenders = true;
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    assert!(
+        summary.overlaps() > 0,
+        "pauses of an unsafe owner went unnoticed: {summary}"
+    );
+    assert!(!summary.passed());
+}

@@ -1,0 +1,68 @@
+//! Key and channel names.
+
+/// How the keys and channels of a mutex are named.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySpace {
+    prefix: String,
+    hash_tag: bool,
+}
+
+impl KeySpace {
+    pub(crate) fn new(prefix: &str, hash_tag: bool) -> Self {
+        KeySpace {
+            prefix: prefix.to_owned(),
+            hash_tag,
+        }
+    }
+
+    /// The owner key `P:{M}`, which is also the mutex channel.
+    pub(crate) fn owner(&self, mutex: &str) -> String {
+        if self.hash_tag {
+            format!("{}:{{{mutex}}}", self.prefix)
+        } else {
+            format!("{}:{mutex}", self.prefix)
+        }
+    }
+
+    /// Every key of a mutex, in the order the scripts expect them (`KEYS[1..5]`): owner,
+    /// owner metadata, wait queue, waiter expiry, fence counter.
+    pub(crate) fn keys(&self, mutex: &str) -> Vec<String> {
+        let owner = self.owner(mutex);
+        let others = [":owner", ":contender", ":contender:expires", ":fence"]
+            .map(|suffix| format!("{owner}{suffix}"));
+        let mut keys = Vec::with_capacity(5);
+        keys.push(owner);
+        keys.extend(others);
+        keys
+    }
+
+    /// The channel on which `contender_id` is told that the mutex was handed to it.
+    pub(crate) fn contender_channel(&self, mutex: &str, contender_id: &str) -> String {
+        format!("{}:{contender_id}", self.owner(mutex))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let k = KeySpace::new("simba", true);
+        assert_eq!(k.owner("m"), "simba:{m}");
+        assert_eq!(
+            k.keys("m"),
+            [
+                "simba:{m}",
+                "simba:{m}:owner",
+                "simba:{m}:contender",
+                "simba:{m}:contender:expires",
+                "simba:{m}:fence"
+            ]
+        );
+        assert_eq!(k.contender_channel("m", "c1"), "simba:{m}:c1");
+        let k = KeySpace::new("app", false);
+        assert_eq!(k.owner("m"), "app:m");
+        assert_eq!(k.contender_channel("m", "c"), "app:m:c");
+    }
+}

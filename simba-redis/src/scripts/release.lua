@@ -1,0 +1,48 @@
+-- simba: release a mutex the caller owns and hand it to the longest live waiter.
+--
+-- KEYS as in acquire.lua.
+-- ARGV[1] contender id, ARGV[2] publish command ('PUBLISH' or 'SPUBLISH'),
+-- ARGV[3] how many queued waiters to try at most.
+--
+-- Returns {1, notified waiter ('' if none)} when released, {0, ''} when the caller did not own
+-- the mutex (then it only leaves the queue). Safe to run twice: the second run returns {0, ''}.
+--
+-- Handoff: waiters are taken in arrival order; each gets `released@@<id>` on its own channel
+-- `P:{M}:<waiter>`. A waiter whose publish reaches no subscriber (it died) is dropped and the
+-- next one is tried. If no waiter was reached, `released@@<id>` goes to the mutex channel.
+local owner_key, meta_key, queue_key, expires_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local id = ARGV[1]
+local publish = ARGV[2]
+local tries = tonumber(ARGV[3])
+
+if redis.call('GET', owner_key) ~= id then
+    redis.call('ZREM', queue_key, id)
+    redis.call('ZREM', expires_key, id)
+    return { 0, '' }
+end
+redis.call('DEL', owner_key, meta_key)
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local dead = redis.call('ZRANGEBYSCORE', expires_key, '-inf', string.format('%.0f', now), 'LIMIT', 0, 100)
+if #dead > 0 then
+    redis.call('ZREM', queue_key, unpack(dead))
+    redis.call('ZREM', expires_key, unpack(dead))
+end
+
+local message = 'released@@' .. id
+for _ = 1, tries do
+    local head = redis.call('ZRANGE', queue_key, 0, 0)
+    if #head == 0 then
+        break
+    end
+    local waiter = head[1]
+    redis.call('ZREM', queue_key, waiter)
+    redis.call('ZREM', expires_key, waiter)
+    if redis.call(publish, owner_key .. ':' .. waiter, message) > 0 then
+        return { 1, waiter }
+    end
+end
+redis.call(publish, owner_key, message)
+return { 1, '' }

@@ -1,0 +1,399 @@
+//! [`RedisStore`]: the [`LeaseStore`] over Redis.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::interfaces::ClientLike;
+use fred::types::config::{
+    ConnectionConfig, PerformanceConfig, ReconnectPolicy, TcpConfig, UnresponsiveConfig,
+};
+use fred::types::{Builder, Value, scripts::Script};
+use simba_core::{
+    Error, Lease, LeaseReply, LeaseStore, Result, StoreEvent, validate_contender_id,
+    validate_mutex_name,
+};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use crate::config::{RedisConfig, WaitMode};
+use crate::error::{BACKEND, backend, lease_reply, release_reply};
+use crate::keys::KeySpace;
+use crate::subscriptions::Subscriptions;
+use crate::watchdog::Watchdog;
+
+/// How many queued waiters one release tries before it broadcasts instead.
+const HANDOFF_TRIES: u32 = 64;
+
+/// Capacity of fred's pub/sub broadcast channel (its default, 32, loses messages under load).
+const BROADCAST_CAPACITY: usize = 4096;
+
+const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
+const GUARD_LUA: &str = include_str!("scripts/guard.lua");
+const RELEASE_LUA: &str = include_str!("scripts/release.lua");
+const OWNER_LUA: &str = include_str!("scripts/owner.lua");
+const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
+
+struct Scripts {
+    acquire: Script,
+    guard: Script,
+    release: Script,
+    owner: Script,
+    leave: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            acquire: Script::from_lua(ACQUIRE_LUA),
+            guard: Script::from_lua(GUARD_LUA),
+            release: Script::from_lua(RELEASE_LUA),
+            owner: Script::from_lua(OWNER_LUA),
+            leave: Script::from_lua(LEAVE_LUA),
+        }
+    }
+
+    fn all(&self) -> [(&'static str, &Script); 5] {
+        [
+            ("acquire", &self.acquire),
+            ("guard", &self.guard),
+            ("release", &self.release),
+            ("owner", &self.owner),
+            ("leave", &self.leave),
+        ]
+    }
+}
+
+struct Inner {
+    client: Client,
+    subscriptions: Option<Arc<Subscriptions>>,
+    keys: KeySpace,
+    /// `PUBLISH`, or `SPUBLISH` on Redis Cluster.
+    publish: &'static str,
+    scripts: Scripts,
+    watchdog: Watchdog,
+    tasks: Vec<JoinHandle<()>>,
+    config: RedisConfig,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        // fred's connection tasks run until told to quit.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let subscriber = self.subscriptions.as_ref().map(|s| s.client().clone());
+            rt.spawn(async move {
+                let _ = client.quit().await;
+                if let Some(s) = subscriber {
+                    let _ = s.quit().await;
+                }
+            });
+        }
+    }
+}
+
+/// A [`LeaseStore`] on Redis (standalone, Sentinel or Cluster), wire-compatible at the safety
+/// level with the JVM Simba.
+///
+/// One store holds one command connection (per Cluster node) and, in
+/// [`WaitMode::PubSub`], one subscriber connection shared by all its mutexes. Cloning is
+/// cheap and shares the connections; they close when the last clone is dropped.
+///
+/// See the [crate documentation](crate) for keys, scripts and messages.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.inner.config)
+            .field("subscriptions", &self.inner.subscriptions)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the server(s) named by `config`, loads the scripts and, in
+    /// [`WaitMode::PubSub`], opens the subscriber connection.
+    ///
+    /// After this returns, connections that break are re-established forever (with
+    /// backoff up to [`RedisConfig::reconnect_max_delay`]); calls made meanwhile fail
+    /// after [`RedisConfig::command_timeout`].
+    ///
+    /// # Errors
+    /// - [`Error::InvalidConfig`] if the config does not validate (bad URL, prefix, timeouts);
+    /// - [`Error::Backend`] if the server cannot be reached within
+    ///   [`RedisConfig::connect_timeout`] (retryable), or rejects the credentials or the
+    ///   script load (not retryable).
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes whatever connections it opened.
+    pub async fn connect(config: RedisConfig) -> Result<RedisStore> {
+        let fred_config = config.fred_config()?;
+        let clustered = fred_config.server.is_clustered();
+        let perf = PerformanceConfig {
+            default_command_timeout: config.command_timeout,
+            broadcast_channel_capacity: BROADCAST_CAPACITY,
+            ..PerformanceConfig::default()
+        };
+        let connection = ConnectionConfig {
+            connection_timeout: config.connect_timeout,
+            internal_command_timeout: config.command_timeout,
+            unresponsive: UnresponsiveConfig {
+                max_timeout: Some(config.unresponsive_timeout),
+                interval: (config.unresponsive_timeout / 4).max(Duration::from_millis(10)),
+            },
+            tcp: TcpConfig {
+                nodelay: Some(true),
+                ..TcpConfig::default()
+            },
+            ..ConnectionConfig::default()
+        };
+        let max_delay = u32::try_from(config.reconnect_max_delay.as_millis()).unwrap_or(u32::MAX);
+        let mut policy = ReconnectPolicy::new_exponential(0, 50.min(max_delay), max_delay, 2);
+        policy.set_jitter(50);
+        let mut builder = Builder::from_config(fred_config);
+        builder
+            .set_performance_config(perf)
+            .set_connection_config(connection)
+            .set_policy(policy);
+
+        let client = builder
+            .build()
+            .map_err(|e| backend("building the Redis client", e))?;
+        let client_guard = QuitOnDrop(Some(client.clone()));
+        init(&client, &config).await?;
+
+        let scripts = Scripts::new();
+        for (name, script) in scripts.all() {
+            script
+                .load(&client)
+                .await
+                .map_err(|e| backend(&format!("loading the {name} script"), e))?;
+        }
+
+        let mut tasks = Vec::new();
+        let subscriptions = match config.wait_mode {
+            WaitMode::Polling => None,
+            WaitMode::PubSub => {
+                let subscriber = builder
+                    .build_subscriber_client()
+                    .map_err(|e| backend("building the Redis subscriber client", e))?;
+                let guard = QuitOnDrop(Some(subscriber.clone()));
+                init(&subscriber, &config).await?;
+                guard.defuse();
+                let subs = Subscriptions::new(subscriber, clustered, watchdog(&config));
+                tasks.push(tokio::spawn(subs.clone().run()));
+                tasks.push(tokio::spawn(
+                    subs.clone().heartbeat(config.heartbeat_interval),
+                ));
+                Some(subs)
+            }
+        };
+        client_guard.defuse();
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                client,
+                subscriptions,
+                keys: KeySpace::new(&config.key_prefix, config.hash_tag),
+                publish: if clustered { "SPUBLISH" } else { "PUBLISH" },
+                scripts,
+                watchdog: watchdog(&config),
+                tasks,
+                config,
+            }),
+        })
+    }
+
+    /// The configuration this store was connected with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// The owner key of `mutex` (`simba:{mutex}` by default), which holds the owner's
+    /// contender id; other keys of the mutex start with it.
+    pub fn owner_key(&self, mutex: &str) -> String {
+        self.inner.keys.owner(mutex)
+    }
+
+    async fn eval(
+        &self,
+        what: &str,
+        script: &Script,
+        mutex: &str,
+        args: Vec<String>,
+    ) -> Result<Value> {
+        let client = &self.inner.client;
+        let watch = self.inner.watchdog.watch(client);
+        let result = script
+            .evalsha_with_reload::<Value, _, _>(client, self.inner.keys.keys(mutex), args)
+            .await;
+        watch.finish(&result);
+        result.map_err(|e| backend(what, e))
+    }
+}
+
+/// Quits a client when dropped, unless defused: a `connect` that fails or is cancelled
+/// halfway leaves no connection task behind.
+struct QuitOnDrop<C: ClientLike + 'static>(Option<C>);
+
+impl<C: ClientLike + 'static> QuitOnDrop<C> {
+    fn defuse(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<C: ClientLike + 'static> Drop for QuitOnDrop<C> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                let _ = c.quit().await;
+            });
+        }
+    }
+}
+
+async fn init<C: ClientLike>(client: &C, config: &RedisConfig) -> Result<()> {
+    match tokio::time::timeout(config.connect_timeout, client.init()).await {
+        Ok(Ok(_handle)) => Ok(()),
+        Ok(Err(e)) => Err(backend(
+            &format!("connecting to {}", crate::config::redact_url(&config.url)),
+            e,
+        )),
+        Err(_) => Err(Error::backend(
+            BACKEND,
+            format!(
+                "connecting to {} did not succeed within {:?}",
+                crate::config::redact_url(&config.url),
+                config.connect_timeout
+            ),
+        )),
+    }
+}
+
+fn watchdog(config: &RedisConfig) -> Watchdog {
+    Watchdog::new(
+        config.command_timeout,
+        config.connect_timeout.max(config.unresponsive_timeout),
+    )
+}
+
+fn check(mutex: &str, contender_id: &str) -> Result<()> {
+    validate_mutex_name(mutex)?;
+    validate_contender_id(contender_id)
+}
+
+fn lease_args(contender_id: &str, lease: Lease, publish: &str) -> Result<Vec<String>> {
+    if lease.total() < Duration::from_millis(1) {
+        return Err(Error::config(
+            "ttl",
+            format!(
+                "the lease ttl + transition = {:?} is shorter than 1 ms",
+                lease.total()
+            ),
+        ));
+    }
+    Ok(vec![
+        contender_id.to_owned(),
+        lease.ttl_ms().to_string(),
+        lease.transition_ms().to_string(),
+        publish.to_owned(),
+    ])
+}
+
+impl LeaseStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        check(mutex, contender_id)?;
+        let args = lease_args(contender_id, lease, self.inner.publish)?;
+        let reply = self
+            .eval("acquire script", &self.inner.scripts.acquire, mutex, args)
+            .await?;
+        lease_reply("acquire script", reply)
+    }
+
+    async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        check(mutex, contender_id)?;
+        let args = lease_args(contender_id, lease, self.inner.publish)?;
+        let reply = self
+            .eval("guard script", &self.inner.scripts.guard, mutex, args)
+            .await?;
+        lease_reply("guard script", reply)
+    }
+
+    async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
+        check(mutex, contender_id)?;
+        let args = vec![
+            contender_id.to_owned(),
+            self.inner.publish.to_owned(),
+            HANDOFF_TRIES.to_string(),
+        ];
+        let reply = self
+            .eval("release script", &self.inner.scripts.release, mutex, args)
+            .await;
+        if let Some(subs) = &self.inner.subscriptions {
+            subs.request_sweep();
+        }
+        let (released, waiter) = release_reply(reply?)?;
+        if released {
+            if waiter.is_empty() {
+                debug!(%mutex, "released; no live waiter in the queue, broadcast instead");
+            } else {
+                debug!(%mutex, %waiter, "released and handed to waiter");
+            }
+        }
+        Ok(released)
+    }
+
+    async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
+        validate_mutex_name(mutex)?;
+        let reply = self
+            .eval("owner script", &self.inner.scripts.owner, mutex, vec![])
+            .await?;
+        lease_reply("owner script", reply)
+    }
+
+    async fn subscribe(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        check(mutex, contender_id)?;
+        let Some(subs) = &self.inner.subscriptions else {
+            return Ok(None);
+        };
+        let channels = [
+            self.inner.keys.owner(mutex),
+            self.inner.keys.contender_channel(mutex, contender_id),
+        ];
+        subs.subscribe(channels, contender_id).await.map(Some)
+    }
+
+    async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
+        check(mutex, contender_id)?;
+        let result = self
+            .eval(
+                "leave script",
+                &self.inner.scripts.leave,
+                mutex,
+                vec![contender_id.to_owned()],
+            )
+            .await;
+        if let Some(subs) = &self.inner.subscriptions {
+            subs.request_sweep();
+        }
+        result.map(|_| ())
+    }
+}

@@ -1,0 +1,196 @@
+//! Shared test support: the conformance harness over a real Redis, and helpers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::{BoxFuture, ContendServiceFactory, LeaseServiceFactory, generate_contender_id};
+use simba_redis::{RedisConfig, RedisStore};
+use simba_test_kit::memory::{lease_capabilities, lease_config};
+use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::servers::TestServer;
+use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+
+/// A key prefix no other test uses.
+pub fn random_prefix() -> String {
+    let id = generate_contender_id();
+    format!("t{}", id.rsplit(':').next().unwrap_or("0"))
+}
+
+/// The settings tests use for a URL: short timeouts so that faults are noticed quickly.
+pub fn test_config(url: &str, prefix: &str) -> RedisConfig {
+    RedisConfig::new(url)
+        .with_key_prefix(prefix)
+        .with_command_timeout(Duration::from_secs(2))
+        .with_unresponsive_timeout(Duration::from_secs(1))
+        .with_heartbeat_interval(Duration::from_millis(500))
+        .with_reconnect_max_delay(Duration::from_millis(500))
+}
+
+/// The conformance harness: every factory is a new [`RedisStore`] (its own connections)
+/// on one server, under a key prefix of its own per harness.
+pub struct RedisHarness {
+    server: TestServer,
+    prefix: String,
+}
+
+impl RedisHarness {
+    /// A harness on the kit's Redis server.
+    pub async fn start() -> Self {
+        init_tracing();
+        let server = simba_test_kit::servers::redis()
+            .await
+            .unwrap_or_else(|e| panic!("no Redis server for the tests: {e}"));
+        RedisHarness {
+            server,
+            prefix: random_prefix(),
+        }
+    }
+}
+
+/// A [`Fault`] that blackholes a store's connections at a proxy: no byte moves, and new
+/// connections are accepted but never reach the server.
+#[derive(Debug)]
+pub struct ProxyFault(pub FaultProxy);
+
+impl Fault for ProxyFault {
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.blackhole(true);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.heal();
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl Harness for RedisHarness {
+    fn name(&self) -> String {
+        "redis".to_owned()
+    }
+
+    fn capabilities(&self, timing: Timing) -> Capabilities {
+        lease_capabilities(timing, true)
+    }
+
+    fn factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+        Box::pin(async move {
+            let store = RedisStore::connect(test_config(self.server.url(), &self.prefix)).await?;
+            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok(Arc::new(factory) as Arc<dyn ContendServiceFactory>)
+        })
+    }
+
+    fn faulty_factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
+        Box::pin(async move {
+            let proxy = FaultProxy::start(self.server.socket_addr()?).await?;
+            let url = self.server.url_via(proxy.addr());
+            let store = RedisStore::connect(test_config(&url, &self.prefix)).await?;
+            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok((
+                Arc::new(factory) as Arc<dyn ContendServiceFactory>,
+                Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
+            ))
+        })
+    }
+}
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// A plain fred client for inspecting and manipulating the server in tests.
+pub async fn raw(url: &str) -> fred::clients::Client {
+    use fred::interfaces::ClientLike;
+    let config = fred::types::config::Config::from_url(url)
+        .unwrap_or_else(|e| panic!("bad test URL {url}: {e}"));
+    let client = fred::types::Builder::from_config(config)
+        .build()
+        .unwrap_or_else(|e| panic!("building a raw client: {e}"));
+    client
+        .init()
+        .await
+        .unwrap_or_else(|e| panic!("connecting a raw client to {url}: {e}"));
+    client
+}
+
+/// Runs one command on a raw client.
+pub async fn cmd(client: &fred::clients::Client, name: &str, args: &[&str]) -> fred::types::Value {
+    use fred::interfaces::ClientLike;
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    client
+        .custom(fred::cmd!(name.to_owned()), args)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Waits for a status the predicate accepts; panics with the last status after `bound`.
+pub async fn wait_status(
+    svc: &dyn simba_core::ContendService,
+    what: &str,
+    bound: Duration,
+    pred: impl FnMut(&simba_core::ContenderStatus) -> bool,
+) -> simba_core::ContenderStatus {
+    let mut rx = svc.status();
+    match tokio::time::timeout(bound, rx.wait_for(pred)).await {
+        Ok(Ok(s)) => s.clone(),
+        Ok(Err(_)) => panic!("{what}: status channel closed"),
+        Err(_) => panic!(
+            "{what}: not within {bound:?}; status is {:?}",
+            *svc.status().borrow()
+        ),
+    }
+}
+
+/// How many clients subscribe to `channel` (`PUBSUB NUMSUB`).
+pub async fn numsub(client: &fred::clients::Client, channel: &str) -> i64 {
+    match cmd(client, "PUBSUB", &["NUMSUB", channel]).await {
+        fred::types::Value::Array(v) if v.len() == 2 => v[1].as_i64().unwrap_or(-1),
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+/// Polls the server until `numsub(channel) == want` (the server's subscription state has
+/// no event to await); panics after `bound`.
+pub async fn wait_numsub(
+    client: &fred::clients::Client,
+    channel: &str,
+    want: i64,
+    bound: Duration,
+) {
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let n = numsub(client, channel).await;
+        if n == want {
+            return;
+        }
+        assert!(
+            t0.elapsed() < bound,
+            "{channel}: {n} subscribers, wanted {want}, after {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A lease config for tests with the given ttl and transition, retrying quickly.
+pub fn lease(ttl_ms: u64, transition_ms: u64) -> simba_core::LeaseConfig {
+    simba_core::LeaseConfig {
+        request_timeout: Duration::from_secs(2),
+        retry_interval: Duration::from_millis(100),
+        ..simba_core::LeaseConfig::with_lease(
+            Duration::from_millis(ttl_ms),
+            Duration::from_millis(transition_ms),
+        )
+    }
+}

@@ -1,0 +1,8 @@
+//! The simba conformance suite on a real Redis server.
+
+// Tests fail by panicking; unwrap on a setup step is the clearest report.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+simba_test_kit::conformance_tests!(common::RedisHarness::start().await);
