@@ -75,6 +75,11 @@ pub struct RedisConfig {
     pub heartbeat_interval: Duration,
     /// Longest pause between reconnection attempts; attempts never stop (default 1 s).
     pub reconnect_max_delay: Duration,
+    /// After the server (re)started, refuse to take a free mutex until one lease has
+    /// passed, because a restart may have lost the key of an owner that still believes it
+    /// owns (default true; turn off only for a Redis that persists every write). Not
+    /// applied on Redis Cluster.
+    pub restart_quarantine: bool,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -91,6 +96,7 @@ impl fmt::Debug for RedisConfig {
             .field("unresponsive_timeout", &self.unresponsive_timeout)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
+            .field("restart_quarantine", &self.restart_quarantine)
             .finish()
     }
 }
@@ -110,7 +116,14 @@ impl RedisConfig {
             unresponsive_timeout: Duration::from_secs(2),
             heartbeat_interval: Duration::from_secs(1),
             reconnect_max_delay: Duration::from_secs(1),
+            restart_quarantine: true,
         }
+    }
+
+    /// Sets [`restart_quarantine`](Self::restart_quarantine).
+    pub fn with_restart_quarantine(mut self, on: bool) -> Self {
+        self.restart_quarantine = on;
+        self
     }
 
     /// Sets the key prefix.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientLike, EventInterface};
 use fred::types::config::{
     ConnectionConfig, PerformanceConfig, ReconnectPolicy, TcpConfig, UnresponsiveConfig,
 };
@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
+use crate::boot::Boot;
 use crate::config::{RedisConfig, WaitMode};
 use crate::error::{BACKEND, backend, lease_reply, release_reply};
 use crate::keys::KeySpace;
@@ -74,6 +75,7 @@ struct Inner {
     publish: &'static str,
     scripts: Scripts,
     watchdog: Watchdog,
+    boot: Arc<Boot>,
     tasks: Vec<JoinHandle<()>>,
     config: RedisConfig,
 }
@@ -180,6 +182,22 @@ impl RedisStore {
         }
 
         let mut tasks = Vec::new();
+        let boot = Arc::new(Boot::new(config.restart_quarantine && !clustered));
+        {
+            // Every (re)connection may be to a restarted server.
+            let boot = boot.clone();
+            let mut reconnects = client.reconnect_rx();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match reconnects.recv().await {
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            boot.mark_stale();
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    }
+                }
+            }));
+        }
         let subscriptions = match config.wait_mode {
             WaitMode::Polling => None,
             WaitMode::PubSub => {
@@ -206,6 +224,7 @@ impl RedisStore {
                 publish: if clustered { "SPUBLISH" } else { "PUBLISH" },
                 scripts,
                 watchdog: watchdog(&config),
+                boot,
                 tasks,
                 config,
             }),
@@ -317,7 +336,13 @@ impl LeaseStore for RedisStore {
 
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         check(mutex, contender_id)?;
-        let args = lease_args(contender_id, lease, self.inner.publish)?;
+        let mut args = lease_args(contender_id, lease, self.inner.publish)?;
+        let not_before = self
+            .inner
+            .boot
+            .not_before(&self.inner.client, lease)
+            .await?;
+        args.push(not_before.to_string());
         let reply = self
             .eval("acquire script", &self.inner.scripts.acquire, mutex, args)
             .await?;

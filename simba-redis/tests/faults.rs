@@ -22,10 +22,9 @@ use tokio::time::Instant;
 /// by its local deadline at the latest, someone owns again after the restart, and fences
 /// keep increasing although the fence counter was lost too.
 ///
-/// Lost keys let a new owner in while the old one may still believe it owns (until its
-/// next renewal or its deadline): Redis without persistence cannot prevent that, which is
-/// what the fences are for. So this test allows such an overlap, bounded by the lease,
-/// and requires the fences to order the two ownerships.
+/// Lost keys would let a new owner in while the old one still believes it owns; the
+/// store's restart quarantine keeps the mutex free for one lease after the restart, so
+/// the recorded history must show no overlap at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_with_data_loss() {
     common::init_tracing();
@@ -35,20 +34,22 @@ async fn restart_with_data_loss() {
     let history = History::new();
     let mut services = Vec::new();
     for i in 0..2 {
-        let store = RedisStore::connect(test_config(server.url(), &prefix))
-            .await
-            .unwrap();
+        let config = test_config(server.url(), &prefix).with_restart_quarantine(true);
+        let store = RedisStore::connect(config).await.unwrap();
         let f = LeaseServiceFactory::new(store, timing.clone()).unwrap();
         let svc = f
             .contend_service("restart", history.contender(format!("c{i}")))
             .unwrap();
-        svc.start().unwrap();
         services.push(svc);
     }
-    let first = wait_status(&services[0], "first owner", Duration::from_secs(5), |s| {
+    // c0 first, so that it is the owner when the restart comes.
+    services[0].start().unwrap();
+    // The server just started: the quarantine (3 s) and a jitter (≤ 1 s) come first.
+    let first = wait_status(&services[0], "first owner", Duration::from_secs(8), |s| {
         s.held.is_some()
     })
     .await;
+    services[1].start().unwrap();
     wait_status(&services[1], "waiter", Duration::from_secs(5), |s| {
         s.attempts > 0
     })
@@ -81,9 +82,9 @@ async fn restart_with_data_loss() {
         t0.elapsed()
     );
 
-    // Someone owns again: reconnect (backoff ≤ 500 ms) plus at most a poll (lease + 1 s
-    // jitter) — 8 s is generous.
-    let bound = Duration::from_secs(8);
+    // Someone owns again: reconnect (backoff ≤ 500 ms), the quarantine (one lease, 3 s,
+    // from the restart) and a poll jitter (≤ 1 s) — 10 s is generous.
+    let bound = Duration::from_secs(10);
     let t1 = Instant::now();
     let mut rx0 = services[0].status();
     let mut rx1 = services[1].status();
@@ -117,22 +118,8 @@ async fn restart_with_data_loss() {
     for s in &services {
         s.stop().await.unwrap();
     }
-    for v in history.violations() {
-        match v {
-            Violation::Overlap { first, second } => {
-                assert!(
-                    first.fence < second.fence,
-                    "fences do not order an overlap: {first:?} {second:?}"
-                );
-                let end = first.end.expect("ended");
-                assert!(
-                    end.saturating_duration_since(second.start) <= Duration::from_millis(3000),
-                    "the old owner outlived its lease: {first:?} {second:?}"
-                );
-            }
-            other => panic!("{other}"),
-        }
-    }
+    let v = history.violations();
+    assert!(v.is_empty(), "two owners around the restart: {v:?}");
 }
 
 /// Cut connections of the owner again and again: it reconnects and keeps the mutex, and

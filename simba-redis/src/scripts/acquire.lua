@@ -8,6 +8,8 @@
 -- KEYS[5] fence counter `P:{M}:fence`
 -- ARGV[1] contender id, ARGV[2] ttl ms, ARGV[3] transition ms,
 -- ARGV[4] publish command: 'PUBLISH' (standalone, Sentinel) or 'SPUBLISH' (Cluster)
+-- ARGV[5] not before (server ms, 0 = no limit): a free mutex is not taken before this —
+--         the server restarted recently and may have lost the key of a live owner
 --
 -- Returns {owner id ('' when none), acquired_at, ttl_at, transition_at, fence, now}:
 -- the owner after the call, and the server time (ms) it was evaluated at.
@@ -18,6 +20,7 @@ local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local transition = tonumber(ARGV[3])
 local publish = ARGV[4]
+local not_before = tonumber(ARGV[5]) or 0
 local lease = ttl + transition
 -- The fence counter outlives any ownership; it is seeded from the server clock when missing.
 local fence_keep = math.max(2592000000, 2 * lease)
@@ -62,7 +65,7 @@ if owner == id then
     owner = false
 end
 
-if not owner then
+if not owner and now >= not_before then
     if redis.call('SET', owner_key, id, 'NX', 'PX', s(lease)) then
         if redis.call('EXISTS', fence_key) == 0 then
             -- Larger than any fence issued before the key was lost (one per microsecond at most).
@@ -103,6 +106,10 @@ if #dead > 0 then
     redis.call('ZREM', expires_key, unpack(dead))
 end
 
+if not owner then
+    -- Free, but in the restart quarantine: look again when it ends.
+    return { '', 0, not_before, not_before, 0, now }
+end
 local m = meta_of(owner)
 if m then
     return { owner, tonumber(m[2]), tonumber(m[3]), tonumber(m[4]), tonumber(m[5]), now }

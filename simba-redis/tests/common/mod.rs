@@ -18,8 +18,13 @@ pub fn random_prefix() -> String {
 }
 
 /// The settings tests use for a URL: short timeouts so that faults are noticed quickly.
+///
+/// The restart quarantine is off: these tests start fresh servers and would wait a lease
+/// before their first acquisition. `faults.rs::restart_with_data_loss` turns it on and
+/// shows what it is for.
 pub fn test_config(url: &str, prefix: &str) -> RedisConfig {
     RedisConfig::new(url)
+        .with_restart_quarantine(false)
         .with_key_prefix(prefix)
         .with_command_timeout(Duration::from_secs(2))
         .with_unresponsive_timeout(Duration::from_secs(1))
