@@ -188,13 +188,11 @@ impl RedisStore {
             let boot = boot.clone();
             let mut reconnects = client.reconnect_rx();
             tasks.push(tokio::spawn(async move {
-                loop {
-                    match reconnects.recv().await {
-                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            boot.mark_stale();
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                    }
+                while !matches!(
+                    reconnects.recv().await,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed)
+                ) {
+                    boot.mark_stale();
                 }
             }));
         }
