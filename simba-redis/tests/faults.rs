@@ -13,7 +13,7 @@ use simba_core::{
     ContendService, Lease, LeaseServiceFactory, LeaseStore, LossReason, SilentContender,
 };
 use simba_redis::RedisStore;
-use simba_test_kit::history::{History, Violation};
+use simba_test_kit::history::History;
 use simba_test_kit::proxy::FaultProxy;
 use simba_test_kit::servers::{redis, redis_private};
 use tokio::time::Instant;
