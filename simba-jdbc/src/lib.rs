@@ -1,1 +1,39 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// A build without any backend feature compiles (every URL is then refused with a message
+// naming the feature to enable), but most of the crate is unused in it.
+#![cfg_attr(
+    not(any(feature = "mysql", feature = "postgres", feature = "sqlite")),
+    allow(unused)
+)]
+
+mod config;
+#[cfg(feature = "postgres")]
+mod listen;
+mod sql;
+mod store;
+
+pub use config::{
+    Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
+    MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
+};
+pub use sql::create_table_sql;
+pub use store::SqlStore;
+
+use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
+
+/// Connects to `url` with the default [`SqlConfig`], creates the table if needed
+/// ([`SqlStore::migrate`]) and returns a contend-service factory with `lease` timing.
+///
+/// # Errors
+/// [`simba_core::Error::InvalidConfig`] for a bad URL or lease config;
+/// [`simba_core::Error::Backend`] if the database cannot be reached or the migration fails.
+///
+/// # Cancel safety
+/// Dropping the future may leave the table created; nothing else persists.
+pub async fn factory(url: &str, lease: LeaseConfig) -> Result<LeaseServiceFactory<SqlStore>> {
+    lease.validate()?;
+    let store = SqlStore::connect(SqlConfig::new(url)).await?;
+    store.migrate().await?;
+    LeaseServiceFactory::new(store, lease)
+}

@@ -1,0 +1,9 @@
+CREATE TABLE IF NOT EXISTS {table} (
+    mutex         VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    acquired_at   BIGINT NOT NULL DEFAULT 0,
+    ttl_at        BIGINT NOT NULL DEFAULT 0,
+    transition_at BIGINT NOT NULL DEFAULT 0,
+    owner_id      VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+    version       BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (mutex)
+) ENGINE = InnoDB

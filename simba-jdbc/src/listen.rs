@@ -1,0 +1,277 @@
+//! PostgreSQL push: one LISTEN connection per store fans NOTIFY messages out to the
+//! contenders that subscribed.
+//!
+//! Releases and new acquisitions run `pg_notify` in the same statement as their UPDATE
+//! (see `sql.rs`), so a notification is sent exactly when the change commits. Payloads are
+//! `R\n{mutex}\n{releaser}` and `A\n{mutex}\n{new owner}`; mutex names and contender ids
+//! cannot contain a newline (they are validated).
+//!
+//! Notifications are lost while the LISTEN connection is down, so after every successful
+//! (re)connect every subscriber gets [`StoreEvent::Resync`] and re-reads the owner.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use simba_core::StoreEvent;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
+use tokio_postgres::{AsyncMessage, NoTls};
+use tracing::{debug, info, warn};
+
+/// Events a subscriber may have queued before it reads them. A full queue already holds an
+/// event that makes the contender look again, so dropping more is harmless.
+const QUEUE: usize = 16;
+/// How often the LISTEN connection is checked when no notification arrives.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+/// First and longest pause between reconnect attempts.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+struct Sub {
+    contender: String,
+    tx: mpsc::Sender<StoreEvent>,
+}
+
+/// Subscribers by mutex name.
+#[derive(Default)]
+struct Hub {
+    subs: StdMutex<HashMap<String, Vec<Sub>>>,
+}
+
+impl Hub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Sub>>> {
+        self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, mutex: &str, contender: &str) -> mpsc::Receiver<StoreEvent> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut subs = self.lock();
+        let list = subs.entry(mutex.to_owned()).or_default();
+        list.retain(|s| !s.tx.is_closed());
+        list.push(Sub {
+            contender: contender.to_owned(),
+            tx,
+        });
+        rx
+    }
+
+    /// Sends `event` to the subscribers of `mutex` other than `actor`.
+    fn dispatch(&self, mutex: &str, actor: &str, event: &StoreEvent) {
+        let mut subs = self.lock();
+        let Some(list) = subs.get_mut(mutex) else {
+            return;
+        };
+        list.retain(|s| !s.tx.is_closed());
+        for s in list.iter().filter(|s| s.contender != actor) {
+            let _ = s.tx.try_send(event.clone());
+        }
+        if list.is_empty() {
+            subs.remove(mutex);
+        }
+    }
+
+    /// Tells every subscriber that messages may have been lost.
+    fn resync_all(&self) {
+        let mut subs = self.lock();
+        subs.retain(|_, list| {
+            list.retain(|s| !s.tx.is_closed());
+            for s in list.iter() {
+                let _ = s.tx.try_send(StoreEvent::Resync);
+            }
+            !list.is_empty()
+        });
+    }
+
+    fn handle(&self, payload: &str) {
+        let mut parts = payload.splitn(3, '\n');
+        let (Some(kind), Some(mutex), Some(actor)) = (parts.next(), parts.next(), parts.next())
+        else {
+            debug!(payload, "ignoring a malformed notification");
+            return;
+        };
+        match kind {
+            "R" => self.dispatch(mutex, actor, &StoreEvent::Released),
+            "A" => self.dispatch(
+                mutex,
+                actor,
+                &StoreEvent::Acquired {
+                    owner_id: actor.to_owned(),
+                },
+            ),
+            _ => debug!(payload, "ignoring an unknown notification"),
+        }
+    }
+}
+
+/// Formats the payload of a release notification.
+pub(crate) fn released_payload(mutex: &str, contender: &str) -> String {
+    format!("R\n{mutex}\n{contender}")
+}
+
+/// Formats the payload of an acquisition notification.
+pub(crate) fn acquired_payload(mutex: &str, contender: &str) -> String {
+    format!("A\n{mutex}\n{contender}")
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The LISTEN side of a PostgreSQL store; started by the first subscription.
+pub(crate) struct Listener {
+    hub: Arc<Hub>,
+    url: String,
+    channel: String,
+    timeout: Duration,
+    task: StdMutex<Option<JoinHandle<()>>>,
+}
+
+impl Listener {
+    pub(crate) fn new(url: String, channel: String, timeout: Duration) -> Self {
+        Listener {
+            hub: Arc::default(),
+            url,
+            channel,
+            timeout,
+            task: StdMutex::new(None),
+        }
+    }
+
+    /// Registers `contender` for events about `mutex` and makes sure the listener runs.
+    pub(crate) fn subscribe(&self, mutex: &str, contender: &str) -> mpsc::Receiver<StoreEvent> {
+        let rx = self.hub.add(mutex, contender);
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.as_ref().is_none_or(JoinHandle::is_finished) {
+            *task = Some(tokio::spawn(run(
+                self.url.clone(),
+                self.channel.clone(),
+                self.timeout,
+                self.hub.clone(),
+            )));
+        }
+        rx
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().ok().and_then(Option::take) {
+            task.abort();
+        }
+    }
+}
+
+type Notifications = mpsc::UnboundedReceiver<tokio_postgres::Notification>;
+
+async fn connect(
+    url: &str,
+    listen_sql: &str,
+) -> Result<(tokio_postgres::Client, Notifications, AbortOnDrop), tokio_postgres::Error> {
+    let (client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let driver = AbortOnDrop(tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if tx.send(n).is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    debug!("postgres LISTEN connection failed: {e}");
+                    break;
+                }
+                None => break,
+            }
+        }
+    }));
+    client.batch_execute(listen_sql).await?;
+    Ok((client, rx, driver))
+}
+
+async fn run(url: String, channel: String, bound: Duration, hub: Arc<Hub>) {
+    let listen_sql = format!("LISTEN \"{channel}\"");
+    let mut backoff = BACKOFF_MIN;
+    let mut failures = 0u32;
+    loop {
+        match timeout(bound, connect(&url, &listen_sql)).await {
+            Ok(Ok((client, mut notifications, _driver))) => {
+                if failures > 0 {
+                    info!(%channel, "postgres LISTEN connection restored");
+                }
+                failures = 0;
+                backoff = BACKOFF_MIN;
+                // Anything sent while we were not listening is lost: everyone looks again.
+                hub.resync_all();
+                let mut beat = interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+                beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        n = notifications.recv() => match n {
+                            Some(n) => hub.handle(n.payload()),
+                            None => break,
+                        },
+                        _ = beat.tick() => {
+                            if !matches!(timeout(bound, client.simple_query("")).await, Ok(Ok(_))) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                warn!(%channel, "postgres LISTEN connection lost; reconnecting (waiters poll meanwhile)");
+            }
+            Ok(Err(e)) => {
+                failures += 1;
+                if failures == 1 {
+                    warn!(%channel, "postgres LISTEN connection failed, retrying: {e}");
+                }
+            }
+            Err(_) => {
+                failures += 1;
+                if failures == 1 {
+                    warn!(%channel, "postgres LISTEN connection timed out after {bound:?}, retrying");
+                }
+            }
+        }
+        sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispatch_skips_the_actor_and_other_mutexes() {
+        let hub = Hub::default();
+        let mut a = hub.add("m", "a");
+        let mut b = hub.add("m", "b");
+        let mut other = hub.add("n", "c");
+        hub.handle(&released_payload("m", "a"));
+        assert!(a.try_recv().is_err());
+        assert_eq!(b.try_recv().ok(), Some(StoreEvent::Released));
+        assert!(other.try_recv().is_err());
+        hub.handle(&acquired_payload("m", "b"));
+        assert_eq!(
+            a.try_recv().ok(),
+            Some(StoreEvent::Acquired {
+                owner_id: "b".into()
+            })
+        );
+        hub.handle("garbage");
+        drop(b);
+        hub.resync_all();
+        assert_eq!(a.try_recv().ok(), Some(StoreEvent::Resync));
+        assert_eq!(other.try_recv().ok(), Some(StoreEvent::Resync));
+        assert_eq!(hub.lock().get("m").map(Vec::len), Some(1));
+    }
+}

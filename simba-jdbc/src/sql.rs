@@ -1,0 +1,223 @@
+//! The SQL text of every statement, per backend.
+//!
+//! All statements are written once with `?` placeholders; PostgreSQL gets them renumbered
+//! to `$1, $2, …`. Every placeholder is bound on its own (MySQL and SQLite cannot reuse one),
+//! so the argument lists in `store.rs` follow the order of the `?` here.
+
+use crate::config::Backend;
+
+/// The DDL of each backend, with `{table}` standing for the quoted table name.
+const CREATE_MYSQL: &str = include_str!("../migrations/mysql/create_table.sql");
+const CREATE_POSTGRES: &str = include_str!("../migrations/postgres/create_table.sql");
+const CREATE_SQLITE: &str = include_str!("../migrations/sqlite/create_table.sql");
+
+/// Key of the PostgreSQL advisory lock that serialises concurrent migrations (concurrent
+/// `CREATE TABLE IF NOT EXISTS` can fail on PostgreSQL with a duplicate `pg_type` row).
+const PG_MIGRATION_LOCK: i64 = 0x7369_6d62_615f_6d69; // "simba_mi"
+
+/// The current time on the database's clock, in epoch milliseconds, as a BIGINT.
+///
+/// Each value is fixed for the whole statement (MySQL `NOW(3)` is the statement's start,
+/// PostgreSQL `statement_timestamp()` likewise, SQLite's `'now'` is fixed per step), so every
+/// comparison and assignment in one UPDATE sees the same instant.
+pub(crate) fn now_expr(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Mysql => "CAST(ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
+        Backend::Postgres => {
+            "CAST(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
+        }
+        Backend::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+    }
+}
+
+/// Quotes a validated `[schema.]table` name for `backend`.
+pub(crate) fn quote_table(backend: Backend, table: &str) -> String {
+    let (open, close) = match backend {
+        Backend::Mysql => ('`', '`'),
+        Backend::Postgres | Backend::Sqlite => ('"', '"'),
+    };
+    table
+        .split('.')
+        .map(|part| format!("{open}{part}{close}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Rewrites `?` placeholders as `$1, $2, …` for PostgreSQL.
+fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The `CREATE TABLE IF NOT EXISTS` statement that [`SqlStore::migrate`](crate::SqlStore::migrate)
+/// runs for `backend`, for DBAs who create the table themselves.
+///
+/// # Errors
+/// [`simba_core::Error::InvalidConfig`] if `table` is not a plain identifier
+/// (`[schema.]table`).
+pub fn create_table_sql(backend: Backend, table: &str) -> simba_core::Result<String> {
+    crate::config::validate_table(table)?;
+    let template = match backend {
+        Backend::Mysql => CREATE_MYSQL,
+        Backend::Postgres => CREATE_POSTGRES,
+        Backend::Sqlite => CREATE_SQLITE,
+    };
+    Ok(template
+        .trim_end()
+        .replace("{table}", &quote_table(backend, table)))
+}
+
+/// Every statement of one store.
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    /// `true` when acquire and release statements take two more arguments, the NOTIFY
+    /// channel and payload (PostgreSQL).
+    pub(crate) notify: bool,
+    /// Args: me, me, ttl, ttl+transition, me, mutex, me [, channel, payload].
+    pub(crate) acquire: String,
+    /// Args: ttl, ttl+transition, mutex, me.
+    pub(crate) renew: String,
+    /// Args: mutex, me [, channel, payload].
+    pub(crate) release: String,
+    /// Args: mutex.
+    pub(crate) insert: String,
+    /// Args: mutex. One row: now_ms, and the nullable columns of the mutex's row.
+    pub(crate) select: String,
+    /// Runs once per migration (may hold several statements).
+    pub(crate) migrate: String,
+    /// Fails unless the table has every column the store uses.
+    pub(crate) check: String,
+}
+
+impl Statements {
+    pub(crate) fn new(backend: Backend, table: &str) -> Self {
+        let t = quote_table(backend, table);
+        let now = now_expr(backend);
+        let greatest = match backend {
+            Backend::Mysql | Backend::Postgres => "GREATEST",
+            Backend::Sqlite => "MAX",
+        };
+        // MySQL runs SET assignments left to right and later ones see earlier results, so
+        // everything that reads the old owner_id / transition_at is assigned first.
+        let acquire = format!(
+            "UPDATE {t} SET \
+             version = CASE WHEN owner_id = ? AND transition_at > {now} \
+                 THEN version ELSE {greatest}(version + 1, {now}) END, \
+             acquired_at = CASE WHEN owner_id = ? AND transition_at > {now} \
+                 THEN acquired_at ELSE {now} END, \
+             ttl_at = {now} + ?, \
+             transition_at = {now} + ?, \
+             owner_id = ? \
+             WHERE mutex = ? AND (transition_at <= {now} OR owner_id = ?)"
+        );
+        let renew = format!(
+            "UPDATE {t} SET ttl_at = {now} + ?, transition_at = {now} + ? \
+             WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
+        );
+        let release = format!(
+            "UPDATE {t} SET acquired_at = 0, ttl_at = 0, transition_at = 0, owner_id = '' \
+             WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
+        );
+        let columns = "(mutex, acquired_at, ttl_at, transition_at, owner_id, version)";
+        let insert = match backend {
+            Backend::Mysql => format!(
+                "INSERT INTO {t} {columns} VALUES (?, 0, 0, 0, '', 0) \
+                 ON DUPLICATE KEY UPDATE mutex = mutex"
+            ),
+            Backend::Postgres | Backend::Sqlite => format!(
+                "INSERT INTO {t} {columns} VALUES (?, 0, 0, 0, '', 0) \
+                 ON CONFLICT (mutex) DO NOTHING"
+            ),
+        };
+        let select = format!(
+            "SELECT n.now_ms AS now_ms, m.owner_id AS owner_id, m.acquired_at AS acquired_at, \
+             m.ttl_at AS ttl_at, m.transition_at AS transition_at, m.version AS version \
+             FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} m ON m.mutex = ?"
+        );
+        let create = create_table_sql(backend, table).unwrap_or_default();
+        let check = format!(
+            "SELECT mutex, acquired_at, ttl_at, transition_at, owner_id, version FROM {t} WHERE 1 = 0"
+        );
+        match backend {
+            Backend::Postgres => Statements {
+                notify: true,
+                // A new acquisition sets acquired_at to the statement's now; a renewal keeps it.
+                acquire: numbered(&format!(
+                    "WITH u AS ({acquire} RETURNING acquired_at, {now} AS now_ms) \
+                     SELECT pg_notify(?, ?) FROM u WHERE u.acquired_at = u.now_ms"
+                )),
+                renew: numbered(&renew),
+                release: numbered(&format!(
+                    "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
+                )),
+                insert: numbered(&insert),
+                select: numbered(&select),
+                // One implicit transaction: the advisory lock is held until the end.
+                migrate: format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK}); {create}"),
+                check,
+            },
+            Backend::Mysql | Backend::Sqlite => Statements {
+                notify: false,
+                acquire,
+                renew,
+                release,
+                insert,
+                select,
+                migrate: create,
+                check,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_placeholders_are_numbered() {
+        let s = Statements::new(Backend::Postgres, "simba_mutex");
+        assert!(!s.acquire.contains('?'), "{}", s.acquire);
+        assert!(s.acquire.contains("$9"), "{}", s.acquire);
+        assert!(!s.acquire.contains("$10"), "{}", s.acquire);
+        assert!(s.release.contains("$4") && !s.release.contains("$5"));
+        assert!(s.renew.contains("$4") && !s.renew.contains("$5"));
+    }
+
+    #[test]
+    fn placeholder_counts_match_arguments() {
+        for backend in [Backend::Mysql, Backend::Sqlite] {
+            let s = Statements::new(backend, "simba_mutex");
+            assert_eq!(s.acquire.matches('?').count(), 7);
+            assert_eq!(s.renew.matches('?').count(), 4);
+            assert_eq!(s.release.matches('?').count(), 2);
+            assert_eq!(s.insert.matches('?').count(), 1);
+            assert_eq!(s.select.matches('?').count(), 1);
+        }
+    }
+
+    #[test]
+    fn tables_are_quoted() {
+        assert_eq!(quote_table(Backend::Mysql, "a.b"), "`a`.`b`");
+        assert_eq!(
+            quote_table(Backend::Postgres, "simba_mutex"),
+            "\"simba_mutex\""
+        );
+        let ddl = create_table_sql(Backend::Sqlite, "locks").expect("valid");
+        assert!(
+            ddl.starts_with("CREATE TABLE IF NOT EXISTS \"locks\""),
+            "{ddl}"
+        );
+        assert!(create_table_sql(Backend::Mysql, "x;drop").is_err());
+    }
+}

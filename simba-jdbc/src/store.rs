@@ -1,0 +1,845 @@
+//! [`SqlStore`]: the [`LeaseStore`] over a SQL table.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool::managed::Manager;
+use diesel::QueryableByName;
+use diesel::backend::Backend as DieselBackend;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::result::QueryResult;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Nullable, Text};
+use diesel_async::pooled_connection::deadpool::{Object, Pool as DeadPool};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use simba_core::{
+    Error, Lease, LeaseReply, LeaseStore, MutexOwner, Result, StoreEvent, validate_contender_id,
+    validate_mutex_name,
+};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use crate::config::{Backend, OWNER_COLUMN_LEN, SqlConfig, Target, redact_url};
+use crate::sql::Statements;
+
+#[cfg(feature = "mysql")]
+use diesel_async::AsyncMysqlConnection;
+#[cfg(feature = "postgres")]
+use diesel_async::AsyncPgConnection;
+#[cfg(feature = "sqlite")]
+type SqliteConn =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+/// The shortest bound for a migration (DDL may wait for metadata locks).
+const MIGRATE_TIMEOUT_MIN: Duration = Duration::from_secs(30);
+
+/// One bound value of a statement.
+#[derive(Debug, Clone, Copy)]
+enum Arg<'a> {
+    Text(&'a str),
+    Int(i64),
+}
+
+/// The row every owner read returns: the database's time, and the mutex's row if any.
+#[derive(Debug, QueryableByName)]
+struct OwnerRow {
+    #[diesel(sql_type = BigInt)]
+    now_ms: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    owner_id: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    acquired_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ttl_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    transition_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    version: Option<i64>,
+}
+
+fn bind_all<'a, DB>(sql: &str, args: &[Arg<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
+where
+    DB: DieselBackend + HasSqlType<Text> + HasSqlType<BigInt>,
+    &'a str: ToSql<Text, DB>,
+    i64: ToSql<BigInt, DB>,
+{
+    let mut q = diesel::sql_query(sql).into_boxed::<DB>();
+    for arg in args {
+        q = match *arg {
+            Arg::Text(s) => q.bind::<Text, _>(s),
+            Arg::Int(i) => q.bind::<BigInt, _>(i),
+        };
+    }
+    q
+}
+
+/// What the store needs from a connection, whatever the backend.
+trait SqlConn: Send {
+    fn exec<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'a;
+
+    fn load_owner<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a;
+
+    fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a;
+}
+
+macro_rules! impl_sql_conn {
+    ($conn:ty, $db:ty) => {
+        impl SqlConn for $conn {
+            fn exec<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
+                let q = bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::execute(q, self).await }
+            }
+
+            fn load_owner<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a {
+                let q = bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::load::<OwnerRow>(q, self).await }
+            }
+
+            fn batch<'a>(
+                &'a mut self,
+                sql: &'a str,
+            ) -> impl Future<Output = QueryResult<()>> + Send + 'a {
+                SimpleAsyncConnection::batch_execute(self, sql)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "mysql")]
+impl_sql_conn!(AsyncMysqlConnection, diesel::mysql::Mysql);
+#[cfg(feature = "postgres")]
+impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg);
+#[cfg(feature = "sqlite")]
+impl_sql_conn!(SqliteConn, diesel::sqlite::Sqlite);
+
+/// The per-call context the statement functions need.
+struct Call<'a> {
+    st: &'a Statements,
+    mutex: &'a str,
+    channel: &'a str,
+}
+
+impl Call<'_> {
+    async fn select<C: SqlConn>(&self, c: &mut C) -> QueryResult<Option<OwnerRow>> {
+        Ok(c.load_owner(&self.st.select, &[Arg::Text(self.mutex)])
+            .await?
+            .pop())
+    }
+
+    /// Acquire: one conditional UPDATE on the database clock, then the owner and the
+    /// database's time. Inserts the row first when it does not exist yet.
+    async fn acquire<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        lease: Lease,
+    ) -> QueryResult<Option<OwnerRow>> {
+        let ttl = lease.ttl_ms();
+        let total = ttl.saturating_add(lease.transition_ms());
+        let payload;
+        let mut args = vec![
+            Arg::Text(me),
+            Arg::Text(me),
+            Arg::Int(ttl),
+            Arg::Int(total),
+            Arg::Text(me),
+            Arg::Text(self.mutex),
+            Arg::Text(me),
+        ];
+        if self.st.notify {
+            payload = notify_acquired(self.mutex, me);
+            args.push(Arg::Text(self.channel));
+            args.push(Arg::Text(&payload));
+        }
+        c.exec(&self.st.acquire, &args).await?;
+        let row = self.select(c).await?;
+        if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
+            return Ok(row);
+        }
+        // First use of this mutex: create its row (racing inserts are no-ops) and decide again.
+        c.exec(&self.st.insert, &[Arg::Text(self.mutex)]).await?;
+        c.exec(&self.st.acquire, &args).await?;
+        self.select(c).await
+    }
+
+    /// Renew: extends the lease only if `me` owns it within its lease; never takes it.
+    async fn renew<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        lease: Lease,
+    ) -> QueryResult<Option<OwnerRow>> {
+        let ttl = lease.ttl_ms();
+        let total = ttl.saturating_add(lease.transition_ms());
+        let args = [
+            Arg::Int(ttl),
+            Arg::Int(total),
+            Arg::Text(self.mutex),
+            Arg::Text(me),
+        ];
+        c.exec(&self.st.renew, &args).await?;
+        self.select(c).await
+    }
+
+    /// Release: owner-checked UPDATE (PostgreSQL: with NOTIFY in the same statement).
+    async fn release<C: SqlConn>(&self, c: &mut C, me: &str) -> QueryResult<bool> {
+        let payload;
+        let mut args = vec![Arg::Text(self.mutex), Arg::Text(me)];
+        if self.st.notify {
+            payload = notify_released(self.mutex, me);
+            args.push(Arg::Text(self.channel));
+            args.push(Arg::Text(&payload));
+        }
+        Ok(c.exec(&self.st.release, &args).await? > 0)
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn notify_acquired(mutex: &str, me: &str) -> String {
+    crate::listen::acquired_payload(mutex, me)
+}
+#[cfg(feature = "postgres")]
+fn notify_released(mutex: &str, me: &str) -> String {
+    crate::listen::released_payload(mutex, me)
+}
+#[cfg(not(feature = "postgres"))]
+fn notify_acquired(_mutex: &str, _me: &str) -> String {
+    String::new()
+}
+#[cfg(not(feature = "postgres"))]
+fn notify_released(_mutex: &str, _me: &str) -> String {
+    String::new()
+}
+
+/// A pooled connection that is closed, not returned to the pool, unless the call that
+/// used it completed: a call cut off by a timeout (or a dropped future) may have left the
+/// connection mid-protocol.
+struct Checked<C>
+where
+    AsyncDieselConnectionManager<C>: Manager<Type = C>,
+{
+    obj: Option<Object<C>>,
+    discard: bool,
+}
+
+impl<C> Checked<C>
+where
+    AsyncDieselConnectionManager<C>: Manager<Type = C>,
+{
+    fn conn(&mut self) -> Option<&mut C> {
+        self.obj.as_deref_mut()
+    }
+
+    fn reused(&self) -> bool {
+        self.obj
+            .as_ref()
+            .is_some_and(|o| Object::metrics(o).recycle_count > 0)
+    }
+
+    fn keep(&mut self) {
+        self.discard = false;
+    }
+}
+
+impl<C> Drop for Checked<C>
+where
+    AsyncDieselConnectionManager<C>: Manager<Type = C>,
+{
+    fn drop(&mut self) {
+        if self.discard
+            && let Some(obj) = self.obj.take()
+        {
+            drop(Object::take(obj));
+        }
+    }
+}
+
+enum Pool {
+    #[cfg(feature = "mysql")]
+    Mysql(DeadPool<AsyncMysqlConnection>),
+    #[cfg(feature = "postgres")]
+    Postgres(DeadPool<AsyncPgConnection>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(DeadPool<SqliteConn>),
+    /// No backend feature is enabled: no store can be built.
+    #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible),
+}
+
+/// Why a call failed, before it gets its context.
+enum Failure {
+    Connect(String, Box<dyn std::error::Error + Send + Sync>),
+    Query(diesel::result::Error),
+}
+
+/// Runs `$body` (an expression using the connection `$c`) on a pooled connection of
+/// whatever backend the store has. A statement that fails on a connection that had been
+/// idle in the pool is retried once on a new connection, after the idle ones are dropped:
+/// after a database restart every pooled connection is dead, and every call is safe to
+/// repeat (acquire and release are idempotent, reads are reads).
+macro_rules! on_conn {
+    (@run $inner:expr, $pool:expr, |$c:ident| $body:expr) => {{
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let obj = match $pool.get().await {
+                Ok(obj) => obj,
+                Err(e) => break Err(Failure::Connect(e.to_string(), Box::new(e))),
+            };
+            let mut checked = Checked { obj: Some(obj), discard: $inner.discard };
+            let reused = checked.reused();
+            let result = match checked.conn() {
+                Some($c) => $body.await,
+                None => Err(diesel::result::Error::BrokenTransactionManager),
+            };
+            match result {
+                Ok(v) => {
+                    checked.keep();
+                    break Ok(v);
+                }
+                Err(e) => {
+                    drop(checked);
+                    if $inner.discard && reused && tries == 1 {
+                        debug!(backend = $inner.kind.name(), "statement failed on a pooled connection, retrying on a new one: {e}");
+                        $pool.retain(|_, _| false);
+                        continue;
+                    }
+                    break Err(Failure::Query(e));
+                }
+            }
+        }
+    }};
+    ($inner:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        match &inner.pool {
+            #[cfg(feature = "mysql")]
+            Pool::Mysql(p) => on_conn!(@run inner, p, |$c| $body),
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(p) => on_conn!(@run inner, p, |$c| $body),
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(p) => on_conn!(@run inner, p, |$c| $body),
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            Pool::Never(never) => match *never {},
+        }
+    }};
+}
+
+struct Inner {
+    kind: Backend,
+    config: SqlConfig,
+    pool: Pool,
+    st: Statements,
+    channel: String,
+    /// Close connections whose call failed or was cut off (not SQLite: its calls run to
+    /// completion on a blocking thread, and an in-memory database lives in its connection).
+    discard: bool,
+    #[cfg(feature = "postgres")]
+    listener: Option<crate::listen::Listener>,
+}
+
+impl Inner {
+    /// Bounds `work` by the statement timeout and gives its failure a context.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        work: impl Future<Output = std::result::Result<T, Failure>>,
+    ) -> Result<T> {
+        let backend = self.kind.name();
+        match tokio::time::timeout(limit, work).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(Failure::Connect(msg, source))) => Err(Error::Backend {
+                backend,
+                message: format!(
+                    "{what}: cannot get a connection to {}: {msg}",
+                    self.config.redacted_url()
+                ),
+                retryable: true,
+                source: Some(source),
+            }),
+            Ok(Err(Failure::Query(e))) => Err(self.query_error(what, e)),
+            Err(_) => Err(Error::backend(
+                backend,
+                if self.discard {
+                    format!(
+                        "{what}: no answer within {limit:?} (statement timeout); its connection \
+                         was closed"
+                    )
+                } else {
+                    format!("{what}: no answer within {limit:?} (statement timeout)")
+                },
+            )),
+        }
+    }
+
+    fn query_error(&self, what: &str, e: diesel::result::Error) -> Error {
+        let text = e.to_string();
+        let lower = text.to_ascii_lowercase();
+        let missing_table = lower.contains("no such table")
+            || (lower.contains("does not exist") && lower.contains("relation"))
+            || (lower.contains("doesn't exist") && lower.contains("table"));
+        let permanent = missing_table
+            || lower.contains("no such column")
+            || lower.contains("unknown column")
+            || (lower.contains("column") && lower.contains("does not exist"))
+            || lower.contains("syntax");
+        let hint = if missing_table {
+            format!(
+                "; the table {} is missing: call SqlStore::migrate() or create it with the SQL \
+                 in the simba-jdbc README",
+                self.config.table()
+            )
+        } else {
+            String::new()
+        };
+        Error::backend_source(
+            self.kind.name(),
+            format!("{what}: {text}{hint}"),
+            !permanent,
+            e,
+        )
+    }
+
+    fn call<'a>(&'a self, mutex: &'a str) -> Call<'a> {
+        Call {
+            st: &self.st,
+            mutex,
+            channel: &self.channel,
+        }
+    }
+
+    fn check_name(&self, mutex: &str) -> Result<()> {
+        validate_mutex_name(mutex)?;
+        let chars = mutex.chars().count();
+        let max = self.config.max_name_len();
+        if chars > max {
+            let short: String = mutex.chars().take(64).collect();
+            return Err(Error::InvalidName {
+                name: if chars > 64 {
+                    format!("{short}…")
+                } else {
+                    short
+                },
+                reason: format!(
+                    "{chars} characters is longer than the `mutex` column of table {} allows \
+                     ({max}); use a shorter name, or widen the column and raise \
+                     SqlConfig::with_max_name_len",
+                    self.config.table()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_contender(&self, contender: &str) -> Result<()> {
+        validate_contender_id(contender)?;
+        if contender.chars().count() > OWNER_COLUMN_LEN {
+            return Err(Error::InvalidContenderId {
+                id: contender.chars().take(64).collect(),
+                reason: format!("longer than the `owner_id` column ({OWNER_COLUMN_LEN})"),
+            });
+        }
+        Ok(())
+    }
+
+    fn reply(&self, row: Option<OwnerRow>) -> Result<LeaseReply> {
+        let backend = self.kind.name();
+        let Some(row) = row else {
+            return Err(Error::backend(
+                backend,
+                "the owner query returned no row (it always returns one)",
+            ));
+        };
+        let now = row.now_ms;
+        let owner = match row.owner_id {
+            Some(owner_id) if !owner_id.is_empty() => {
+                let transition_at = row.transition_at.unwrap_or(0);
+                if transition_at > now {
+                    let version = row.version.unwrap_or(0);
+                    let fence = u64::try_from(version).map_err(|_| {
+                        Error::backend(
+                            backend,
+                            format!("the version (fence) of the row is negative: {version}"),
+                        )
+                    })?;
+                    MutexOwner {
+                        owner_id,
+                        acquired_at: row.acquired_at.unwrap_or(0),
+                        ttl_at: row.ttl_at.unwrap_or(0),
+                        transition_at,
+                        fence,
+                    }
+                } else {
+                    // An ownership past its lease is no ownership.
+                    MutexOwner::NONE
+                }
+            }
+            _ => MutexOwner::NONE,
+        };
+        Ok(LeaseReply { owner, now })
+    }
+}
+
+/// A lease store over one SQL table, for the core lease engine
+/// ([`simba_core::LeaseServiceFactory`]).
+///
+/// Cloning is cheap and shares the connection pool (and, on PostgreSQL, the LISTEN
+/// connection). Every decision is taken by one conditional `UPDATE` evaluated on the
+/// database's clock; see the crate documentation for the SQL.
+#[derive(Clone)]
+pub struct SqlStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("backend", &self.inner.kind)
+            .field("url", &redact_url(self.inner.config.url()))
+            .field("table", &self.inner.config.table())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlStore {
+    /// Connects to the database of `config`: checks the config, builds the pool and opens
+    /// one connection to prove the database answers. Does not create the table: see
+    /// [`SqlStore::migrate`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad config (see [`SqlConfig::validate`]);
+    /// [`Error::Backend`] if the database cannot be reached within the statement timeout
+    /// or refuses the connection.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-built store and its connections.
+    pub async fn connect(config: SqlConfig) -> Result<SqlStore> {
+        let store = SqlStore::connect_lazy(config)?;
+        let inner = &*store.inner;
+        inner
+            .bounded("connect", inner.config.statement_timeout(), async {
+                on_conn!(inner, |c| c.batch("SELECT 1"))
+            })
+            .await?;
+        Ok(store)
+    }
+
+    /// Like [`SqlStore::connect`] but without any I/O: connections are opened by the first
+    /// calls. Useful when the database may be down while the process starts.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad config (see [`SqlConfig::validate`]).
+    pub fn connect_lazy(config: SqlConfig) -> Result<SqlStore> {
+        let target = config.target()?;
+        let kind = target.backend();
+        let st = Statements::new(kind, config.table());
+        let channel = channel_name(config.table());
+        let pool = build_pool(&target, &config)?;
+        #[cfg(feature = "postgres")]
+        let listener = match &target {
+            Target::Postgres(url) => Some(crate::listen::Listener::new(
+                url.clone(),
+                channel.clone(),
+                config.statement_timeout(),
+            )),
+            _ => None,
+        };
+        Ok(SqlStore {
+            inner: Arc::new(Inner {
+                kind,
+                discard: kind != Backend::Sqlite,
+                config,
+                pool,
+                st,
+                channel,
+                #[cfg(feature = "postgres")]
+                listener,
+            }),
+        })
+    }
+
+    /// Creates the table if it does not exist (`CREATE TABLE IF NOT EXISTS`, see
+    /// [`create_table_sql`](crate::create_table_sql)) and checks that it has every column
+    /// the store uses. Idempotent, and safe to run from many processes at once
+    /// (PostgreSQL serialises it with an advisory lock).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the database fails, denies the DDL, or the existing table lacks
+    /// a column. Bounded by the statement timeout, but at least 30 s.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the table created or not; running it again is fine.
+    pub async fn migrate(&self) -> Result<()> {
+        let inner = &*self.inner;
+        let limit = inner.config.statement_timeout().max(MIGRATE_TIMEOUT_MIN);
+        let st = &inner.st;
+        inner
+            .bounded("migrate", limit, async {
+                on_conn!(inner, |c| async {
+                    c.batch(&st.migrate).await?;
+                    c.batch(&st.check).await
+                })
+            })
+            .await
+    }
+
+    /// The backend this store talks to.
+    pub fn kind(&self) -> Backend {
+        self.inner.kind
+    }
+
+    /// The config the store was made with.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.config
+    }
+
+    /// The time on the database's clock, in milliseconds since the Unix epoch.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the database fails or does not answer within the statement
+    /// timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (a read).
+    pub async fn now_ms(&self) -> Result<i64> {
+        // The owner query of any valid name returns the time even when the table is empty;
+        // it needs the table, as every call does.
+        Ok(self.owner("simba-clock-probe").await?.now)
+    }
+}
+
+/// Whether a SQLite error is "database is locked" / "database is busy".
+#[cfg(feature = "sqlite")]
+fn is_sqlite_busy(e: &diesel::result::Error) -> bool {
+    let text = e.to_string();
+    text.contains("locked") || text.contains("busy")
+}
+
+fn channel_name(table: &str) -> String {
+    format!("simba:{table}")
+}
+
+fn pool_error(kind: Backend, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::backend_source(
+        kind.name(),
+        format!("cannot build the connection pool: {e}"),
+        false,
+        e,
+    )
+}
+
+fn build_pool(target: &Target, config: &SqlConfig) -> Result<Pool> {
+    let size = config.pool_size();
+    let timeout = config.statement_timeout();
+    match target {
+        #[cfg(feature = "mysql")]
+        Target::Mysql(url) => {
+            let max_statement_time = format!(
+                "SET SESSION max_statement_time = {:.3}",
+                timeout.as_secs_f64()
+            );
+            let lock_wait = format!(
+                "SET SESSION innodb_lock_wait_timeout = {}",
+                timeout.as_secs().clamp(1, 1_073_741_824)
+            );
+            let mut mc = ManagerConfig::<AsyncMysqlConnection>::default();
+            mc.recycling_method = RecyclingMethod::Fast;
+            mc.custom_setup = Box::new(move |url| {
+                let (a, b) = (max_statement_time.clone(), lock_wait.clone());
+                Box::pin(async move {
+                    let mut conn = AsyncMysqlConnection::establish(url).await?;
+                    // Server-side bounds, best effort: max_statement_time is MariaDB's.
+                    if let Err(e) = conn.batch_execute(&a).await {
+                        debug!("mysql: server-side statement timeout not set: {e}");
+                    }
+                    if let Err(e) = conn.batch_execute(&b).await {
+                        debug!("mysql: innodb_lock_wait_timeout not set: {e}");
+                    }
+                    Ok(conn)
+                })
+            });
+            let mgr = AsyncDieselConnectionManager::new_with_config(url.clone(), mc);
+            DeadPool::builder(mgr)
+                .max_size(size)
+                .build()
+                .map(Pool::Mysql)
+                .map_err(|e| pool_error(Backend::Mysql, e))
+        }
+        #[cfg(feature = "postgres")]
+        Target::Postgres(url) => {
+            let setup = format!("SET statement_timeout = {}", timeout.as_millis());
+            let mut mc = ManagerConfig::<AsyncPgConnection>::default();
+            mc.recycling_method = RecyclingMethod::Fast;
+            mc.custom_setup = Box::new(move |url| {
+                let setup = setup.clone();
+                Box::pin(async move {
+                    let mut conn = AsyncPgConnection::establish(url).await?;
+                    conn.batch_execute(&setup)
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                })
+            });
+            let mgr = AsyncDieselConnectionManager::new_with_config(url.clone(), mc);
+            DeadPool::builder(mgr)
+                .max_size(size)
+                .build()
+                .map(Pool::Postgres)
+                .map_err(|e| pool_error(Backend::Postgres, e))
+        }
+        #[cfg(feature = "sqlite")]
+        Target::Sqlite { path, memory } => {
+            // WAL lets readers run beside the one writer; busy_timeout makes writers of
+            // other connections and processes wait instead of failing.
+            let busy = format!(
+                "PRAGMA busy_timeout = {}",
+                timeout.as_millis().min(i32::MAX as u128)
+            );
+            let mut mc = ManagerConfig::<SqliteConn>::default();
+            mc.recycling_method = RecyclingMethod::Fast;
+            mc.custom_setup = Box::new(move |url| {
+                let busy = busy.clone();
+                Box::pin(async move {
+                    let setup = diesel::ConnectionError::CouldntSetupConfiguration;
+                    let mut conn = SqliteConn::establish(url).await?;
+                    conn.batch_execute(&busy).await.map_err(setup)?;
+                    // Switching a file to WAL needs it to itself for an instant, and fails
+                    // at once with "database is locked" (the busy timeout does not apply)
+                    // while other connections open it: retry, within the statement timeout.
+                    let give_up = tokio::time::Instant::now() + timeout;
+                    loop {
+                        match conn.batch_execute("PRAGMA journal_mode = WAL").await {
+                            Ok(()) => break,
+                            Err(e)
+                                if is_sqlite_busy(&e) && tokio::time::Instant::now() < give_up =>
+                            {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            Err(e) => return Err(setup(e)),
+                        }
+                    }
+                    Ok(conn)
+                })
+            });
+            let mgr = AsyncDieselConnectionManager::new_with_config(path.clone(), mc);
+            // Every connection to `:memory:` is a database of its own: use exactly one.
+            let size = if *memory { 1 } else { size };
+            DeadPool::builder(mgr)
+                .max_size(size)
+                .build()
+                .map(Pool::Sqlite)
+                .map_err(|e| pool_error(Backend::Sqlite, e))
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(Error::config(
+            "url",
+            format!(
+                "the {} backend is not enabled in this build of simba-jdbc",
+                other.backend()
+            ),
+        )),
+    }
+}
+
+impl LeaseStore for SqlStore {
+    fn backend(&self) -> &'static str {
+        self.inner.kind.name()
+    }
+
+    /// # Cancel safety
+    /// Dropping the future may leave the acquisition applied or not (the connection is then
+    /// closed); acquiring again is idempotent for the same contender.
+    async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        let inner = &*self.inner;
+        inner.check_name(mutex)?;
+        inner.check_contender(contender_id)?;
+        let call = inner.call(mutex);
+        let what = format!("acquire mutex {mutex:?}");
+        let row = inner
+            .bounded(&what, inner.config.statement_timeout(), async {
+                on_conn!(inner, |c| call.acquire(c, contender_id, lease))
+            })
+            .await?;
+        inner.reply(row)
+    }
+
+    /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
+    async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        let inner = &*self.inner;
+        inner.check_name(mutex)?;
+        inner.check_contender(contender_id)?;
+        let call = inner.call(mutex);
+        let what = format!("renew mutex {mutex:?}");
+        let row = inner
+            .bounded(&what, inner.config.statement_timeout(), async {
+                on_conn!(inner, |c| call.renew(c, contender_id, lease))
+            })
+            .await?;
+        inner.reply(row)
+    }
+
+    async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
+        let inner = &*self.inner;
+        inner.check_name(mutex)?;
+        inner.check_contender(contender_id)?;
+        let call = inner.call(mutex);
+        let what = format!("release mutex {mutex:?}");
+        inner
+            .bounded(&what, inner.config.statement_timeout(), async {
+                on_conn!(inner, |c| call.release(c, contender_id))
+            })
+            .await
+    }
+
+    async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
+        let inner = &*self.inner;
+        inner.check_name(mutex)?;
+        let call = inner.call(mutex);
+        let what = format!("read owner of mutex {mutex:?}");
+        let row = inner
+            .bounded(&what, inner.config.statement_timeout(), async {
+                on_conn!(inner, |c| call.select(c))
+            })
+            .await?;
+        inner.reply(row)
+    }
+
+    /// PostgreSQL: events from LISTEN/NOTIFY ([`StoreEvent::Released`] and
+    /// [`StoreEvent::Acquired`] from other contenders, [`StoreEvent::Resync`] after the LISTEN
+    /// connection (re)connects). MySQL and SQLite: `None`, the engine polls.
+    async fn subscribe(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        self.inner.check_name(mutex)?;
+        #[cfg(feature = "postgres")]
+        if let Some(listener) = &self.inner.listener {
+            return Ok(Some(listener.subscribe(mutex, contender_id)));
+        }
+        let _ = contender_id;
+        Ok(None)
+    }
+}

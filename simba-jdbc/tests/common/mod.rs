@@ -1,0 +1,352 @@
+//! The conformance harness of simba-jdbc, shared by the test files.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use simba_core::fault::FaultStore;
+use simba_core::{BoxFuture, ContendServiceFactory, LeaseServiceFactory};
+use simba_jdbc::{SqlConfig, SqlStore};
+use simba_test_kit::memory::{HangFault, lease_capabilities, lease_config};
+use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::servers::TestServer;
+use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+
+/// The statement timeout of test stores: below the engine's 2 s request timeout, so a
+/// hung call ends in the store (which closes its connection) rather than being dropped.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// A table name no other harness in this process uses.
+pub fn fresh_table() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "simba_t{}_{}_{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// mysql_async switches from TCP to the server's Unix socket when the server is local
+/// (`prefer_socket`), which would bypass a [`FaultProxy`]: keep MySQL URLs on TCP.
+pub fn tcp_only(url: &str) -> String {
+    if !url.starts_with("mysql://") || url.contains("prefer_socket") {
+        return url.to_owned();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}prefer_socket=false")
+}
+
+/// Where the harness's database lives.
+enum Place {
+    /// A server (MariaDB, PostgreSQL) that faults reach through a [`FaultProxy`].
+    Server(TestServer),
+    /// A SQLite file in a temporary directory; faults hang a [`FaultStore`].
+    File(tempfile::TempDir),
+}
+
+/// One SQL database as the conformance suite sees it: every factory is a new
+/// [`SqlStore`] with its own pool (as a separate process would have) over one table.
+pub struct SqlHarness {
+    name: &'static str,
+    place: Place,
+    url: String,
+    table: String,
+    pushes_release: bool,
+}
+
+impl std::fmt::Debug for SqlHarness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlHarness")
+            .field("name", &self.name)
+            .field("url", &simba_jdbc::redact_url(&self.url))
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+impl SqlHarness {
+    /// A MariaDB (env URL or private instance).
+    pub async fn mysql() -> Self {
+        let server = simba_test_kit::servers::mysql()
+            .await
+            .unwrap_or_else(|e| panic!("no MySQL/MariaDB for the tests: {e}"));
+        Self::on_server("mysql", server, false)
+    }
+
+    /// A PostgreSQL (env URL or private instance).
+    pub async fn postgres() -> Self {
+        let server = simba_test_kit::servers::postgres()
+            .await
+            .unwrap_or_else(|e| panic!("no PostgreSQL for the tests: {e}"));
+        Self::on_server("postgres", server, true)
+    }
+
+    /// A SQLite file in a new temporary directory.
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let url = format!("sqlite://{}", dir.path().join("simba.db").display());
+        SqlHarness {
+            name: "sqlite",
+            place: Place::File(dir),
+            url,
+            table: fresh_table(),
+            pushes_release: false,
+        }
+    }
+
+    pub fn on_server(name: &'static str, server: TestServer, pushes_release: bool) -> Self {
+        SqlHarness {
+            name,
+            url: tcp_only(server.url()),
+            place: Place::Server(server),
+            table: fresh_table(),
+            pushes_release,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    pub fn server(&self) -> Option<&TestServer> {
+        match &self.place {
+            Place::Server(s) => Some(s),
+            Place::File(_) => None,
+        }
+    }
+
+    /// The config of a test store on `url`.
+    pub fn config(&self, url: &str) -> SqlConfig {
+        SqlConfig::new(url)
+            .with_table(&self.table)
+            .with_pool_size(4)
+            .with_statement_timeout(STATEMENT_TIMEOUT)
+    }
+
+    /// A new store with its own pool; the table is created if needed.
+    pub async fn store(&self) -> Result<SqlStore, SetupError> {
+        self.store_at(&self.url).await
+    }
+
+    async fn store_at(&self, url: &str) -> Result<SqlStore, SetupError> {
+        let store = SqlStore::connect(self.config(url)).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+/// A partition made by a [`FaultProxy`]: bytes stop flowing, connections stay open.
+#[derive(Debug)]
+pub struct ProxyFault(pub FaultProxy);
+
+impl Fault for ProxyFault {
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.blackhole(true);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.heal();
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl Harness for SqlHarness {
+    fn name(&self) -> String {
+        self.name.to_owned()
+    }
+
+    fn capabilities(&self, timing: Timing) -> Capabilities {
+        // failover: ttl + transition + 1.5 s; loss: ttl + transition + 500 ms.
+        lease_capabilities(timing, self.pushes_release)
+    }
+
+    fn factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+        Box::pin(async move {
+            let store = self.store().await?;
+            let f = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok(Arc::new(f) as Arc<dyn ContendServiceFactory>)
+        })
+    }
+
+    fn faulty_factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
+        Box::pin(async move {
+            match &self.place {
+                Place::Server(server) => {
+                    let proxy = FaultProxy::start(server.socket_addr()?).await?;
+                    let store = self
+                        .store_at(&tcp_only(&server.url_via(proxy.addr())))
+                        .await?;
+                    let f = LeaseServiceFactory::new(store, lease_config(timing))?;
+                    Ok((
+                        Arc::new(f) as Arc<dyn ContendServiceFactory>,
+                        Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
+                    ))
+                }
+                Place::File(_) => {
+                    let store = FaultStore::new(self.store().await?);
+                    let fault = HangFault(store.control());
+                    let f = LeaseServiceFactory::new(store, lease_config(timing))?;
+                    Ok((
+                        Arc::new(f) as Arc<dyn ContendServiceFactory>,
+                        Box::new(fault) as Box<dyn Fault>,
+                    ))
+                }
+            }
+        })
+    }
+}
+
+/// The lease the store-level tests use.
+pub const LEASE: simba_core::Lease = simba_core::Lease {
+    ttl: Duration::from_millis(1000),
+    transition: Duration::from_millis(500),
+};
+
+/// Milliseconds since the Unix epoch on this machine's clock.
+pub fn local_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The [`simba_core::LeaseStore`] contract, checked call by call on two stores (two pools,
+/// as two processes would have) over the same table.
+pub async fn store_contract(a: &SqlStore, b: &SqlStore, mutex: &str) {
+    use simba_core::LeaseStore;
+    let (me, other) = ("contender-a", "contender-b");
+
+    let free = a.owner(mutex).await.expect("owner of a new mutex");
+    assert!(
+        !free.owner.has_owner(),
+        "a new mutex has no owner: {free:?}"
+    );
+    let skew = (free.now - local_now_ms()).abs();
+    assert!(
+        skew < 5_000,
+        "reply time is the database's clock, near ours: skew {skew} ms"
+    );
+
+    let first = a.acquire(mutex, me, LEASE).await.expect("acquire");
+    assert!(first.owner.is_owned_by_at(me, first.now), "{first:?}");
+    assert!(first.owner.fence > 0);
+    assert_eq!(
+        first.owner.acquired_at,
+        first.owner.ttl_at - 1000,
+        "{first:?}"
+    );
+    assert_eq!(
+        first.owner.transition_at,
+        first.owner.ttl_at + 500,
+        "{first:?}"
+    );
+
+    let taken = b.acquire(mutex, other, LEASE).await.expect("acquire held");
+    assert!(
+        taken.owner.is_owner(me),
+        "a held mutex stays with its owner: {taken:?}"
+    );
+    assert_eq!(taken.owner.fence, first.owner.fence);
+    let guarded = b
+        .guard(mutex, other, LEASE)
+        .await
+        .expect("guard by non-owner");
+    assert!(guarded.owner.is_owner(me), "guard never takes a held mutex");
+    assert!(!b.release(mutex, other).await.expect("release by non-owner"));
+
+    // Renewal (acquire again, or guard) keeps the fence and acquired_at.
+    let renewed = a
+        .acquire(mutex, me, LEASE)
+        .await
+        .expect("renew via acquire");
+    assert_eq!(
+        renewed.owner.fence, first.owner.fence,
+        "renewal keeps the fence"
+    );
+    assert_eq!(renewed.owner.acquired_at, first.owner.acquired_at);
+    assert!(renewed.owner.ttl_at >= first.owner.ttl_at);
+    let guarded = a.guard(mutex, me, LEASE).await.expect("guard");
+    assert_eq!(guarded.owner.fence, first.owner.fence);
+    assert!(guarded.owner.is_owned_by_at(me, guarded.now));
+
+    assert!(a.release(mutex, me).await.expect("release"));
+    assert!(
+        !a.release(mutex, me).await.expect("release twice"),
+        "second release is a no-op"
+    );
+    let after = b.owner(mutex).await.expect("owner after release");
+    assert!(!after.owner.has_owner(), "{after:?}");
+
+    let second = b
+        .acquire(mutex, other, LEASE)
+        .await
+        .expect("acquire after release");
+    assert!(second.owner.is_owned_by_at(other, second.now), "{second:?}");
+    assert!(
+        second.owner.fence > first.owner.fence,
+        "new owner, larger fence"
+    );
+    // A stale release by the previous owner never frees the new owner's mutex.
+    assert!(!a.release(mutex, me).await.expect("stale release"));
+    let still = a.owner(mutex).await.expect("owner");
+    assert!(still.owner.is_owner(other), "{still:?}");
+    // A stale guard by the previous owner does not take it back either.
+    assert!(
+        a.guard(mutex, me, LEASE)
+            .await
+            .expect("stale guard")
+            .owner
+            .is_owner(other)
+    );
+
+    // The lease ends on the database's clock: after ttl + transition anyone may acquire.
+    // Polls the owner (bounded) rather than sleeping a fixed time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = a.owner(mutex).await.expect("owner");
+        if !r.owner.has_owner() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "lease never ended: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let expired_guard = b
+        .guard(mutex, other, LEASE)
+        .await
+        .expect("guard after expiry");
+    assert!(
+        !expired_guard.owner.has_owner(),
+        "guard does not revive an expired lease: {expired_guard:?}"
+    );
+    let third = a
+        .acquire(mutex, me, LEASE)
+        .await
+        .expect("acquire after expiry");
+    assert!(third.owner.is_owned_by_at(me, third.now));
+    assert!(third.owner.fence > second.owner.fence);
+    assert!(a.release(mutex, me).await.expect("release"));
+
+    // Re-acquiring one's own expired lease is a new acquisition, with a new fence.
+    let fourth = a.acquire(mutex, me, LEASE).await.expect("acquire");
+    assert!(fourth.owner.fence > third.owner.fence);
+    assert!(a.release(mutex, me).await.expect("release"));
+}

@@ -1,0 +1,291 @@
+//! Two OS processes contending for one mutex in one SQLite file never both own it.
+//!
+//! The test re-runs its own binary twice (`std::env::current_exe()`) with [`CHILD_ENV`]
+//! set; in those children, [`child_contender`] runs contenders that acquire, hold for a
+//! random while (sometimes across several renewals) and release, recording every
+//! ownership interval they believed in with this machine's wall clock. The parent then
+//! checks that no two intervals of different ownerships overlap and that fences increase.
+#![allow(missing_docs)]
+#![cfg(feature = "sqlite")]
+
+use std::io::Write;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use simba_core::{
+    ContendService, Contender, LeaseConfig, LeaseServiceFactory, LossReason, MutexState,
+};
+use simba_jdbc::{SqlConfig, SqlStore};
+
+/// Set in the children: `URL|TABLE|OUTPUT FILE|RUN MS|LABEL`.
+const CHILD_ENV: &str = "SIMBA_JDBC_SQLITE_CHILD";
+const MUTEX: &str = "two-processes";
+/// Contenders (each with its own store and pool) per child process.
+const PER_PROCESS: usize = 2;
+const RUN: Duration = Duration::from_secs(6);
+
+fn now_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+/// A cheap pseudo-random number (xorshift), seeded per contender.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below.max(1)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Interval {
+    who: String,
+    fence: u64,
+    start: u128,
+    end: Option<u128>,
+}
+
+/// Records ownership intervals as the engine reports them.
+struct Recorder {
+    id: String,
+    log: Arc<Mutex<Vec<Interval>>>,
+}
+
+impl Contender for Recorder {
+    fn contender_id(&self) -> Option<String> {
+        Some(self.id.clone())
+    }
+
+    fn on_acquired(&self, state: &MutexState) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.push(Interval {
+            who: self.id.clone(),
+            fence: state.after.fence,
+            start: now_us(),
+            end: None,
+        });
+    }
+
+    fn on_released(&self, _state: &MutexState, _reason: LossReason) {
+        let end = now_us();
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(iv) = log
+            .iter_mut()
+            .rev()
+            .find(|iv| iv.who == self.id && iv.end.is_none())
+        {
+            iv.end = Some(end);
+        }
+    }
+}
+
+fn lease_config() -> LeaseConfig {
+    LeaseConfig {
+        request_timeout: Duration::from_secs(1),
+        retry_interval: Duration::from_millis(50),
+        drift_margin: Duration::from_millis(50),
+        // Short polls so that handoffs (by poll: SQLite does not push) happen often.
+        jitter: 0..100,
+        jitter_no_transition: 0..100,
+        ..LeaseConfig::with_lease(Duration::from_millis(300), Duration::from_millis(200))
+    }
+}
+
+async fn run_contender(
+    url: String,
+    table: String,
+    id: String,
+    log: Arc<Mutex<Vec<Interval>>>,
+    until: tokio::time::Instant,
+) {
+    let store = SqlStore::connect(SqlConfig::new(&url).with_table(&table))
+        .await
+        .expect("child connects");
+    let factory = LeaseServiceFactory::new(store, lease_config()).expect("factory");
+    let seed = id.bytes().fold(u64::from(std::process::id()), |h, b| {
+        h.wrapping_mul(31).wrapping_add(u64::from(b))
+    });
+    let mut rng = Rng(seed | 1);
+    let recorder = Arc::new(Recorder { id, log });
+    while tokio::time::Instant::now() < until {
+        let svc = factory
+            .contend_service(MUTEX, recorder.clone())
+            .expect("service");
+        svc.start().expect("start");
+        let mut status = svc.status();
+        let held = tokio::time::timeout(
+            Duration::from_secs(3),
+            status.wait_for(|s| s.held.is_some()),
+        )
+        .await
+        .is_ok();
+        if held {
+            // Up to 2 ttl: some holds span several renewals.
+            tokio::time::sleep(Duration::from_millis(rng.next(600))).await;
+        }
+        svc.stop().await.expect("stop");
+        // Waiters poll (SQLite does not push) at the released lease's end plus jitter,
+        // at most ttl + transition + 100 ms after its last renewal: pausing longer than
+        // that now and then lets the other process win too.
+        tokio::time::sleep(Duration::from_millis(rng.next(700))).await;
+    }
+}
+
+/// The child side; does nothing in a normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_contender() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let [url, table, out, run_ms, label] = parts[..] else {
+        panic!("bad {CHILD_ENV}: {spec}");
+    };
+    let run_ms: u64 = run_ms.parse().expect("run ms");
+    let until = tokio::time::Instant::now() + Duration::from_millis(run_ms);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..PER_PROCESS {
+        tasks.push(tokio::spawn(run_contender(
+            url.to_owned(),
+            table.to_owned(),
+            format!("{label}-{i}-{}", std::process::id()),
+            log.clone(),
+            until,
+        )));
+    }
+    for t in tasks {
+        t.await.expect("contender task");
+    }
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut f = std::fs::File::create(out).expect("output file");
+    for iv in log {
+        writeln!(
+            f,
+            "{} {} {} {}",
+            iv.who,
+            iv.fence,
+            iv.start,
+            iv.end.map_or("open".to_owned(), |e| e.to_string())
+        )
+        .expect("write");
+    }
+}
+
+fn read_intervals(path: &std::path::Path) -> Vec<Interval> {
+    let text = std::fs::read_to_string(path).expect("child output");
+    text.lines()
+        .map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            Interval {
+                who: f[0].to_owned(),
+                fence: f[1].parse().expect("fence"),
+                start: f[2].parse().expect("start"),
+                end: f[3].parse().ok(),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_never_both_own() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let table = "simba_mutex";
+    let store = SqlStore::connect(SqlConfig::new(&url))
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    drop(store);
+
+    let exe = std::env::current_exe().expect("test binary");
+    let mut children = Vec::new();
+    let mut outputs = Vec::new();
+    for label in ["p1", "p2"] {
+        let out = dir.path().join(format!("{label}.txt"));
+        let spec = format!(
+            "{url}|{table}|{}|{}|{label}",
+            out.display(),
+            RUN.as_millis()
+        );
+        let child = tokio::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "child_contender",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, spec)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn child");
+        children.push(child);
+        outputs.push(out);
+    }
+    for child in children {
+        // Bounded: a child that hangs fails the test instead of hanging it.
+        let out = tokio::time::timeout(RUN + Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("child finished in time")
+            .expect("child ran");
+        assert!(
+            out.status.success(),
+            "child failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let mut all: Vec<Interval> = outputs.iter().flat_map(|p| read_intervals(p)).collect();
+    for iv in &all {
+        assert!(iv.end.is_some(), "an ownership never ended: {iv:?}");
+    }
+    all.sort_by_key(|iv| iv.start);
+    let by_process = |p: &str| all.iter().filter(|iv| iv.who.starts_with(p)).count();
+    assert!(
+        by_process("p1") > 0 && by_process("p2") > 0,
+        "both processes must have owned at least once: {all:?}"
+    );
+    assert!(
+        all.len() >= 6,
+        "too few handoffs to mean anything: {}",
+        all.len()
+    );
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[i + 1..] {
+            let a_end = a.end.unwrap_or(u128::MAX);
+            assert!(
+                a_end <= b.start,
+                "overlapping ownerships:\n  {a:?}\n  {b:?}"
+            );
+        }
+    }
+    for w in all.windows(2) {
+        // The same ownership may be reported twice (lost locally, then its renewal came
+        // back); any other later ownership has a larger fence.
+        let same = w[0].who == w[1].who && w[0].fence == w[1].fence;
+        assert!(
+            same || w[0].fence < w[1].fence,
+            "fences must increase: {:?} then {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    eprintln!(
+        "two processes: {} ownerships, {} by p1, {} by p2, no overlap",
+        all.len(),
+        by_process("p1"),
+        by_process("p2")
+    );
+}
