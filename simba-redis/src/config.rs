@@ -75,9 +75,10 @@ pub struct RedisConfig {
     pub heartbeat_interval: Duration,
     /// Longest pause between reconnection attempts; attempts never stop (default 1 s).
     pub reconnect_max_delay: Duration,
-    /// After the server (re)started, refuse to take a free mutex until one lease has
-    /// passed, because a restart may have lost the key of an owner that still believes it
-    /// owns (default true; turn off only for a Redis that persists every write). Not
+    /// Refuse to take a free mutex for one lease after the server's data was found new
+    /// (a missing boot marker: first use, or data lost in a restart), because a lost owner
+    /// key may belong to an owner that still believes it owns (default true). Costs one
+    /// lease once per fresh server; a Redis that kept its data does not pay it. Not
     /// applied on Redis Cluster.
     pub restart_quarantine: bool,
 }

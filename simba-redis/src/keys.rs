@@ -36,6 +36,13 @@ impl KeySpace {
         keys
     }
 
+    /// The boot marker `P:{}:boot`: set at the first acquisition a server sees, so that its
+    /// absence means the server's data is new (first use, or lost in a restart). The
+    /// braces keep it apart from every mutex's keys (mutex names cannot contain them).
+    pub(crate) fn boot(&self) -> String {
+        format!("{}:{{}}:boot", self.prefix)
+    }
+
     /// The channel on which `contender_id` is told that the mutex was handed to it.
     pub(crate) fn contender_channel(&self, mutex: &str, contender_id: &str) -> String {
         format!("{}:{contender_id}", self.owner(mutex))
@@ -61,6 +68,7 @@ mod tests {
             ]
         );
         assert_eq!(k.contender_channel("m", "c1"), "simba:{m}:c1");
+        assert_eq!(k.boot(), "simba:{}:boot");
         let k = KeySpace::new("app", false);
         assert_eq!(k.owner("m"), "app:m");
         assert_eq!(k.contender_channel("m", "c"), "app:m:c");

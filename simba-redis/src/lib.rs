@@ -1,9 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod boot;
 mod config;
 mod error;
+mod floor;
 mod keys;
 mod store;
 mod subscriptions;
@@ -12,6 +12,7 @@ mod watchdog;
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 
 pub use config::{DEFAULT_KEY_PREFIX, MAX_KEY_PREFIX_LEN, RedisConfig, WaitMode};
+pub use floor::PubSubProbe;
 pub use store::RedisStore;
 
 /// Connects to `url` with default settings and returns a contend-service factory with the

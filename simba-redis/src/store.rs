@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, EventInterface};
+use fred::interfaces::ClientLike;
 use fred::types::config::{
     ConnectionConfig, PerformanceConfig, ReconnectPolicy, TcpConfig, UnresponsiveConfig,
 };
@@ -18,7 +18,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::boot::Boot;
 use crate::config::{RedisConfig, WaitMode};
 use crate::error::{BACKEND, backend, lease_reply, release_reply};
 use crate::keys::KeySpace;
@@ -75,7 +74,8 @@ struct Inner {
     publish: &'static str,
     scripts: Scripts,
     watchdog: Watchdog,
-    boot: Arc<Boot>,
+    /// Whether acquisitions keep the restart quarantine (see the crate docs).
+    quarantine: bool,
     tasks: Vec<JoinHandle<()>>,
     config: RedisConfig,
 }
@@ -182,20 +182,6 @@ impl RedisStore {
         }
 
         let mut tasks = Vec::new();
-        let boot = Arc::new(Boot::new(config.restart_quarantine && !clustered));
-        {
-            // Every (re)connection may be to a restarted server.
-            let boot = boot.clone();
-            let mut reconnects = client.reconnect_rx();
-            tasks.push(tokio::spawn(async move {
-                while !matches!(
-                    reconnects.recv().await,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed)
-                ) {
-                    boot.mark_stale();
-                }
-            }));
-        }
         let subscriptions = match config.wait_mode {
             WaitMode::Polling => None,
             WaitMode::PubSub => {
@@ -222,7 +208,7 @@ impl RedisStore {
                 publish: if clustered { "SPUBLISH" } else { "PUBLISH" },
                 scripts,
                 watchdog: watchdog(&config),
-                boot,
+                quarantine: config.restart_quarantine && !clustered,
                 tasks,
                 config,
             }),
@@ -240,6 +226,24 @@ impl RedisStore {
         self.inner.keys.owner(mutex)
     }
 
+    /// The command connection (for the floor probes in `floor.rs`).
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The subscriber connection, in [`WaitMode::PubSub`].
+    pub(crate) fn subscriber(&self) -> Option<&fred::clients::SubscriberClient> {
+        self.inner
+            .subscriptions
+            .as_deref()
+            .map(Subscriptions::client)
+    }
+
+    /// Whether pub/sub is sharded (Redis Cluster: `SPUBLISH` / `SSUBSCRIBE`).
+    pub(crate) fn sharded(&self) -> bool {
+        self.inner.publish == "SPUBLISH"
+    }
+
     async fn eval(
         &self,
         what: &str,
@@ -247,10 +251,21 @@ impl RedisStore {
         mutex: &str,
         args: Vec<String>,
     ) -> Result<Value> {
+        self.eval_keys(what, script, self.inner.keys.keys(mutex), args)
+            .await
+    }
+
+    async fn eval_keys(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value> {
         let client = &self.inner.client;
         let watch = self.inner.watchdog.watch(client);
         let result = script
-            .evalsha_with_reload::<Value, _, _>(client, self.inner.keys.keys(mutex), args)
+            .evalsha_with_reload::<Value, _, _>(client, keys, args)
             .await;
         watch.finish(&result);
         result.map_err(|e| backend(what, e))
@@ -335,14 +350,13 @@ impl LeaseStore for RedisStore {
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         check(mutex, contender_id)?;
         let mut args = lease_args(contender_id, lease, self.inner.publish)?;
-        let not_before = self
-            .inner
-            .boot
-            .not_before(&self.inner.client, lease)
-            .await?;
-        args.push(not_before.to_string());
+        let mut keys = self.inner.keys.keys(mutex);
+        if self.inner.quarantine {
+            keys.push(self.inner.keys.boot());
+        }
+        args.push(if self.inner.quarantine { "1" } else { "0" }.to_owned());
         let reply = self
-            .eval("acquire script", &self.inner.scripts.acquire, mutex, args)
+            .eval_keys("acquire script", &self.inner.scripts.acquire, keys, args)
             .await?;
         lease_reply("acquire script", reply)
     }

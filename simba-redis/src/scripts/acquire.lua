@@ -8,8 +8,8 @@
 -- KEYS[5] fence counter `P:{M}:fence`
 -- ARGV[1] contender id, ARGV[2] ttl ms, ARGV[3] transition ms,
 -- ARGV[4] publish command: 'PUBLISH' (standalone, Sentinel) or 'SPUBLISH' (Cluster)
--- ARGV[5] not before (server ms, 0 = no limit): a free mutex is not taken before this —
---         the server restarted recently and may have lost the key of a live owner
+-- ARGV[5] '1': keep the restart quarantine, with KEYS[6] the boot marker `P:{}:boot`
+--         (standalone and Sentinel only); '0': no quarantine
 --
 -- Returns {owner id ('' when none), acquired_at, ttl_at, transition_at, fence, now}:
 -- the owner after the call, and the server time (ms) it was evaluated at.
@@ -20,7 +20,6 @@ local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local transition = tonumber(ARGV[3])
 local publish = ARGV[4]
-local not_before = tonumber(ARGV[5]) or 0
 local lease = ttl + transition
 -- The fence counter outlives any ownership; it is seeded from the server clock when missing.
 local fence_keep = math.max(2592000000, 2 * lease)
@@ -32,6 +31,20 @@ end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Restart quarantine. A missing boot marker means this server's data is new: first use,
+-- or lost in a restart or flush — and with it, maybe the key of an owner that still
+-- believes it owns until its lease ends. No free mutex is taken for one lease after the
+-- marker is set. A server that kept its data kept the marker: no quarantine.
+local not_before = 0
+if ARGV[5] == '1' then
+    local boot = redis.call('GET', KEYS[6])
+    if not boot then
+        boot = now
+        redis.call('SET', KEYS[6], s(now))
+    end
+    not_before = tonumber(boot) + lease
+end
 
 -- The metadata of `owner`, or nil if the hash belongs to nobody or someone else
 -- (e.g. an owner that set only the owner key, as the JVM Simba does).

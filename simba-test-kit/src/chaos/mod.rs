@@ -411,6 +411,10 @@ impl Run<'_> {
 fn backend_url(backend: ChaosBackend, server_url: &str) -> String {
     match backend {
         ChaosBackend::Zookeeper => format!("zk://{server_url}"),
+        // mysql_async switches a local server to its Unix socket, past the proxy.
+        ChaosBackend::Mysql if !server_url.contains('?') => {
+            format!("{server_url}?prefer_socket=false")
+        }
         _ => server_url.to_owned(),
     }
 }
