@@ -42,6 +42,26 @@ if ! command -v cargo-deny >/dev/null; then
   cargo install cargo-deny --locked --quiet
 fi
 
+# Started first: the Redis restart quarantine keeps a freshly started Redis from granting
+# ownership for one lease, so the servers get to age while the code is checked and built.
+step "shared test servers"
+servers_env=$(mktemp)
+cargo run --quiet -p simba-test-kit --bin simba-test-servers -- --env-file "$servers_env" &
+servers_pid=$!
+cleanup() { kill "$servers_pid" 2>/dev/null || true; wait "$servers_pid" 2>/dev/null || true; rm -f "$servers_env"; }
+trap cleanup EXIT
+for _ in $(seq 1 600); do
+  grep -q '^READY' "$servers_env" 2>/dev/null && break
+  kill -0 "$servers_pid" 2>/dev/null || { echo "test servers failed to start" >&2; exit 1; }
+  sleep 0.2
+done
+grep -q '^READY' "$servers_env" || { echo "test servers not ready in 120 s" >&2; exit 1; }
+set -a
+# shellcheck disable=SC1090
+. <(grep '^SIMBA_TEST_' "$servers_env")
+set +a
+env | grep '^SIMBA_TEST_' || true
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -62,24 +82,6 @@ cargo deny --offline check licenses bans sources
 
 step "build tests"
 cargo build --workspace --all-targets --quiet
-
-step "shared test servers"
-servers_env=$(mktemp)
-cargo run --quiet -p simba-test-kit --bin simba-test-servers -- --env-file "$servers_env" &
-servers_pid=$!
-cleanup() { kill "$servers_pid" 2>/dev/null || true; wait "$servers_pid" 2>/dev/null || true; rm -f "$servers_env"; }
-trap cleanup EXIT
-for _ in $(seq 1 600); do
-  grep -q '^READY' "$servers_env" 2>/dev/null && break
-  kill -0 "$servers_pid" 2>/dev/null || { echo "test servers failed to start" >&2; exit 1; }
-  sleep 0.2
-done
-grep -q '^READY' "$servers_env" || { echo "test servers not ready in 120 s" >&2; exit 1; }
-set -a
-# shellcheck disable=SC1090
-. <(grep '^SIMBA_TEST_' "$servers_env")
-set +a
-env | grep '^SIMBA_TEST_' || true
 
 step "tests"
 cargo nextest run --workspace --profile ci --test-threads 3 --no-tests fail
