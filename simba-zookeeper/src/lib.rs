@@ -1,1 +1,25 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod common;
+mod config;
+mod contend;
+mod factory;
+pub mod floor;
+mod retrieve;
+mod session;
+
+pub use config::{
+    DEFAULT_PORT, DEFAULT_ROOT, DigestAuth, MAX_CONNECT_TIMEOUT, MAX_SESSION_TIMEOUT,
+    MIN_SESSION_TIMEOUT, ZkConfig,
+};
+pub use contend::ZkContendService;
+pub use factory::ZkFactory;
+pub use retrieve::ZkRetrievalService;
+
+/// The backend name this crate reports ([`ContendServiceFactory::backend`] and
+/// [`Error::Backend`]'s `backend`).
+///
+/// [`ContendServiceFactory::backend`]: simba_core::ContendServiceFactory::backend
+/// [`Error::Backend`]: simba_core::Error::Backend
+pub const BACKEND: &str = session::BACKEND;

@@ -1,0 +1,728 @@
+//! [`ZkContendService`]: the leader latch on ephemeral sequential nodes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use simba_core::{
+    BoxFuture, ContendService, Contender, ContenderStatus, Held, Loss, LossReason, MutexOwner,
+    MutexState, Result,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, warn};
+use zookeeper_async::{CreateMode, WatchedEvent, ZkError};
+
+use crate::common::{
+    Runner, join, new_token, node_prefix, owner_at, owner_of, sleep_until_opt, sort_latch,
+};
+use crate::session::{BACKEND, Core, Fail, Orphan, Session, View};
+
+/// After this many immediate re-checks in a row, wait a retry interval before the next.
+const MAX_RECHECKS: u32 = 10;
+
+pub(crate) struct Shared {
+    pub(crate) session: Arc<Session>,
+    pub(crate) mutex: String,
+    pub(crate) contender_id: String,
+    /// The server-side path of the mutex node (`{chroot}{root}/{encoded mutex}`).
+    pub(crate) parent: String,
+    pub(crate) contender: Arc<dyn Contender>,
+    pub(crate) status: watch::Sender<ContenderStatus>,
+    pub(crate) owner_state: watch::Sender<MutexState>,
+}
+
+/// A contend service on ZooKeeper: the leader-latch recipe.
+///
+/// - Contending creates an ephemeral sequential node `_c_{uuid}-latch-{seq}` under
+///   `{root}/{mutex}` holding the contender id; the lowest sequence owns. Each waiter
+///   watches only its predecessor, and checks again at once when the predecessor is already
+///   gone. The owner watches its own node.
+/// - The fence is the owning node's creation zxid (`czxid`).
+/// - When the connection drops, an owner becomes *suspect* ([`Held::suspect`]) and keeps
+///   the ownership only until its local deadline: the send time of the last request the
+///   server answered in this session, plus the session timeout, minus the drift margin —
+///   the earliest instant the server can expire the session. If no request is answered by
+///   then it reports [`LossReason::LeaseExpired`], deletes its node once it can, and
+///   contends again with a new node (a new fence). When the session is found expired it
+///   reports [`LossReason::SessionLost`] at once.
+/// - After every reconnect it lists the children again and sets its watch again (the
+///   client loses watches on reconnect); watch callbacks carry a generation number so that
+///   stale ones are ignored.
+/// - `stop` deletes its node, so the next waiter's watch fires at once; when the delete
+///   cannot be done now, the session deletes the node as soon as it can.
+pub struct ZkContendService {
+    shared: Arc<Shared>,
+    runner: Runner,
+}
+
+impl fmt::Debug for ZkContendService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkContendService")
+            .field("mutex", &self.shared.mutex)
+            .field("contender_id", &self.shared.contender_id)
+            .field("path", &self.shared.parent)
+            .field("status", &*self.shared.status.borrow())
+            .finish()
+    }
+}
+
+impl ZkContendService {
+    pub(crate) fn new(
+        session: Arc<Session>,
+        mutex: String,
+        contender_id: String,
+        parent: String,
+        contender: Arc<dyn Contender>,
+    ) -> Self {
+        ZkContendService {
+            shared: Arc::new(Shared {
+                session,
+                mutex,
+                contender_id,
+                parent,
+                contender,
+                status: watch::Sender::new(ContenderStatus::default()),
+                owner_state: watch::Sender::new(MutexState::default()),
+            }),
+            runner: Runner::default(),
+        }
+    }
+
+    /// The server-side path of this mutex's node, under which the latch nodes live.
+    pub fn path(&self) -> &str {
+        &self.shared.parent
+    }
+
+    /// A receiver of the last owner change this service observed (waiters learn of a new
+    /// owner when their predecessor changes, not on every change).
+    pub fn owner_state(&self) -> watch::Receiver<MutexState> {
+        self.shared.owner_state.subscribe()
+    }
+}
+
+impl Drop for ZkContendService {
+    fn drop(&mut self) {
+        // The driver notices and deletes the node in the background.
+        self.runner.signal_stop_on_drop();
+    }
+}
+
+impl ContendService for ZkContendService {
+    fn mutex(&self) -> &str {
+        &self.shared.mutex
+    }
+
+    fn contender_id(&self) -> &str {
+        &self.shared.contender_id
+    }
+
+    fn start(&self) -> Result<()> {
+        let shared = self.shared.clone();
+        let what = format!("contend service for mutex {:?}", shared.mutex);
+        self.runner.start(&what, move |stop| {
+            shared.status.send_modify(|s| {
+                s.running = true;
+                s.held = None;
+                s.attempts = 0;
+                s.last_error = None;
+            });
+            let span = tracing::debug_span!(
+                "simba",
+                backend = BACKEND,
+                mutex = %shared.mutex,
+                contender = %shared.contender_id
+            );
+            Driver::new(shared, stop).run().instrument(span)
+        })
+    }
+
+    fn stop(&self) -> BoxFuture<'_, Result<()>> {
+        // Signal synchronously so that dropping the returned future still stops.
+        let task = self.runner.signal_stop();
+        let mutex = self.shared.mutex.clone();
+        Box::pin(async move {
+            join(task, &mutex).await;
+            Ok(())
+        })
+    }
+
+    fn status(&self) -> watch::Receiver<ContenderStatus> {
+        self.shared.status.subscribe()
+    }
+}
+
+/// This contender's latch node.
+#[derive(Debug, Clone)]
+struct Node {
+    name: String,
+    path: String,
+    token: String,
+    czxid: i64,
+    ctime: i64,
+    /// The session epoch it was created in (it dies with that session).
+    epoch: u64,
+}
+
+struct Owned {
+    fence: u64,
+    suspect: bool,
+}
+
+/// The outcome of a check that did not fail.
+enum Step {
+    /// Decided: owner, or waiting on the predecessor's watch.
+    Settled,
+    /// Something changed under the check: check again now.
+    Recheck,
+}
+
+struct Driver {
+    stop: watch::Receiver<bool>,
+    view: watch::Receiver<View>,
+    events: mpsc::UnboundedReceiver<u64>,
+    latch: Latch,
+}
+
+impl Driver {
+    fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+        let core = shared.session.core().clone();
+        let view = core.view();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let known = shared.owner_state.borrow().after.clone();
+        let latch = Latch {
+            shared,
+            epoch: core.epoch(),
+            core,
+            events: events_tx,
+            generation: 0,
+            link: 0,
+            node: None,
+            pending: None,
+            stale: Vec::new(),
+            owned: None,
+            known,
+            known_lowest: None,
+            dirty: true,
+            retry_at: None,
+            rechecks: 0,
+            failures: 0,
+        };
+        Driver {
+            stop,
+            view,
+            events,
+            latch,
+        }
+    }
+
+    async fn run(mut self) {
+        loop {
+            if *self.stop.borrow() {
+                break;
+            }
+            let view = *self.view.borrow_and_update();
+            self.latch.sync(view);
+            if self.latch.deadline_passed() {
+                self.latch.expire();
+                continue;
+            }
+            let deadline = self.latch.deadline();
+            let latch = &mut self.latch;
+            let due = latch.dirty && latch.retry_at.is_none_or(|t| t <= Instant::now());
+            if due && !view.ready {
+                latch.not_ready(view);
+                continue;
+            }
+            if due {
+                let step = tokio::select! {
+                    biased;
+                    _ = self.stop.changed() => break,
+                    () = sleep_until_opt(deadline) => continue,
+                    step = latch.check() => step,
+                };
+                latch.after_check(step);
+                continue;
+            }
+            let retry_at = latch.retry_at.filter(|_| latch.dirty);
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => break,
+                () = sleep_until_opt(deadline) => {}
+                _ = self.view.changed() => {}
+                Some(generation) = self.events.recv() => latch.on_event(generation),
+                () = sleep_until_opt(retry_at) => {}
+            }
+        }
+        let ready = self.view.borrow().ready;
+        self.latch.shutdown(ready).await;
+    }
+}
+
+struct Latch {
+    shared: Arc<Shared>,
+    core: Arc<Core>,
+    /// Watch callbacks send their generation here.
+    events: mpsc::UnboundedSender<u64>,
+    /// The generation of the latest check; callbacks of older ones are ignored.
+    generation: u64,
+    /// The session epoch and link last seen.
+    epoch: u64,
+    link: u64,
+    node: Option<Node>,
+    /// The token of a create whose answer was lost (the node may exist).
+    pending: Option<String>,
+    /// Our nodes that must be deleted (ownership given up while they may still exist).
+    stale: Vec<Node>,
+    owned: Option<Owned>,
+    known: MutexOwner,
+    /// The name of the lowest node whose data `known` holds.
+    known_lowest: Option<String>,
+    /// A check is needed.
+    dirty: bool,
+    retry_at: Option<Instant>,
+    rechecks: u32,
+    failures: u32,
+}
+
+impl Latch {
+    fn parent(&self) -> &str {
+        &self.shared.parent
+    }
+
+    /// Applies what the session says: an expired session takes the node (and the
+    /// ownership) with it, a new link needs a new check, a lost connection makes the owner
+    /// suspect.
+    fn sync(&mut self, view: View) {
+        let epoch = self.core.epoch().max(view.epoch);
+        if epoch != self.epoch {
+            self.epoch = epoch;
+            self.dirty = true;
+            self.retry_at = None;
+            self.stale.retain(|n| n.epoch == epoch);
+            if self.node.as_ref().is_some_and(|n| n.epoch != epoch) {
+                self.node = None;
+                self.known_lowest = None;
+                self.lose(LossReason::SessionLost, MutexOwner::NONE);
+            }
+        }
+        if view.closed && self.node.take().is_some() {
+            self.known_lowest = None;
+            self.lose(LossReason::SessionLost, MutexOwner::NONE);
+        }
+        if view.link != self.link {
+            self.link = view.link;
+            self.dirty = true;
+            self.retry_at = None;
+        }
+        if !view.ready {
+            self.mark_suspect("not connected to ZooKeeper");
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.owned.as_ref().map(|_| self.core.deadline())
+    }
+
+    fn deadline_passed(&self) -> bool {
+        self.deadline().is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// No request was answered in time: the server may expire the session any moment.
+    fn expire(&mut self) {
+        warn!(
+            "no ZooKeeper request answered within the session timeout: giving up ownership \
+             before the server can expire the session"
+        );
+        self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+        if let Some(node) = self.node.take() {
+            // A new ownership needs a new node (and fence); this one goes as soon as the
+            // session answers again.
+            self.stale.push(node);
+        }
+        self.known_lowest = None;
+        self.dirty = true;
+        self.retry_at = None;
+    }
+
+    fn on_event(&mut self, generation: u64) {
+        if generation == self.generation {
+            debug!(generation, "watch fired");
+            self.dirty = true;
+            self.retry_at = None;
+        }
+    }
+
+    fn mark_suspect(&mut self, why: &str) {
+        if let Some(o) = &mut self.owned
+            && !o.suspect
+        {
+            warn!(
+                fence = o.fence,
+                "{why}: ownership suspect until the session answers again"
+            );
+            o.suspect = true;
+            let held = Held {
+                fence: o.fence,
+                suspect: true,
+            };
+            self.shared.status.send_modify(|s| s.held = Some(held));
+        }
+    }
+
+    fn not_ready(&mut self, view: View) {
+        self.retry_at = Some(Instant::now() + self.core.timing().retry);
+        let why = if view.closed {
+            "the ZooKeeper session is closed"
+        } else {
+            "not connected to ZooKeeper (reconnecting)"
+        };
+        self.count_attempt(Some(format!("{BACKEND} backend: {why}")));
+    }
+
+    fn after_check(&mut self, step: Result<Step>) {
+        match step {
+            Ok(Step::Recheck) => {
+                self.rechecks += 1;
+                self.dirty = true;
+                self.retry_at = (self.rechecks > MAX_RECHECKS)
+                    .then(|| Instant::now() + self.core.timing().retry);
+            }
+            Ok(Step::Settled) => {
+                self.rechecks = 0;
+                self.failures = 0;
+                self.dirty = false;
+                self.retry_at = None;
+                self.count_attempt(None);
+            }
+            Err(e) => {
+                self.rechecks = 0;
+                self.failures = self.failures.saturating_add(1);
+                self.dirty = true;
+                self.retry_at = Some(Instant::now() + self.core.timing().retry);
+                self.mark_suspect("a ZooKeeper call failed");
+                if self.failures == 1 {
+                    warn!("contending failed, retrying: {e}");
+                } else {
+                    debug!("contending failed again: {e}");
+                }
+                self.count_attempt(Some(e.to_string()));
+            }
+        }
+    }
+
+    /// Counts a completed check; published after its effects, so a watcher that sees the
+    /// count also sees the outcome.
+    fn count_attempt(&self, error: Option<String>) {
+        self.shared.status.send_modify(|s| {
+            s.attempts += 1;
+            s.last_error = error;
+        });
+    }
+
+    /// One pass of the recipe: make sure our node exists, list the children, then own or
+    /// watch the predecessor.
+    async fn check(&mut self) -> Result<Step> {
+        self.generation += 1;
+        let core = self.core.clone();
+        while let Some(old) = self.stale.last() {
+            match core.call(core.zk().delete(&old.path, None)).await {
+                Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
+                    debug!(path = %old.path, "deleted the node of a lost ownership");
+                    self.stale.pop();
+                }
+                Err(e) => {
+                    return Err(e.into_error(&format!("deleting the old node {}", old.path)));
+                }
+            }
+        }
+        let node = match self.node.clone() {
+            Some(n) => n,
+            None => match self.create().await? {
+                Some(n) => n,
+                None => return Ok(Step::Recheck),
+            },
+        };
+        let children = match core
+            .call(core.zk().get_children(self.parent(), false))
+            .await
+        {
+            Ok(c) => c,
+            Err(Fail::Zk(ZkError::NoNode)) => {
+                self.vanished(&node);
+                return Ok(Step::Recheck);
+            }
+            Err(e) => return Err(e.into_error(&format!("listing {}", self.parent()))),
+        };
+        // Nodes of ours from creates whose answer was lost: delete them.
+        for extra in children
+            .iter()
+            .filter(|c| c.contains(&node.token) && **c != node.name)
+        {
+            let path = format!("{}/{extra}", self.parent());
+            match core.call(core.zk().delete(&path, None)).await {
+                Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
+                    debug!(%path, "deleted a duplicate node")
+                }
+                Err(e) => return Err(e.into_error(&format!("deleting {path}"))),
+            }
+        }
+        let sorted = sort_latch(&children);
+        let Some(index) = sorted.iter().position(|c| *c == node.name) else {
+            self.vanished(&node);
+            return Ok(Step::Recheck);
+        };
+        let generation = self.generation;
+        let tx = self.events.clone();
+        // Callbacks run in the client's watch task: a non-blocking send, never a panic.
+        let on_event = move |_e: WatchedEvent| {
+            let _ = tx.send(generation);
+        };
+        if index == 0 {
+            match core.call(core.zk().exists_w(&node.path, on_event)).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    self.vanished(&node);
+                    return Ok(Step::Recheck);
+                }
+                Err(e) => return Err(e.into_error(&format!("watching {}", node.path))),
+            }
+            if node.epoch != core.epoch() {
+                // The session expired meanwhile; `sync` reports the loss.
+                return Ok(Step::Recheck);
+            }
+            self.own(&node);
+            return Ok(Step::Settled);
+        }
+        if self.owned.is_some() {
+            self.lose(LossReason::TakenOver, MutexOwner::NONE);
+        }
+        let lowest = sorted[0];
+        if self.known_lowest.as_deref() != Some(lowest) {
+            let path = format!("{}/{lowest}", self.parent());
+            match core.call(core.zk().get_data(&path, false)).await {
+                Ok((data, stat)) => {
+                    let owner = owner_of(&data, &stat, core.timing().session_timeout);
+                    self.known_lowest = Some(lowest.to_owned());
+                    self.observe(owner);
+                }
+                Err(Fail::Zk(ZkError::NoNode)) => return Ok(Step::Recheck),
+                Err(e) => return Err(e.into_error(&format!("reading the owner {path}"))),
+            }
+        }
+        let predecessor = format!("{}/{}", self.parent(), sorted[index - 1]);
+        match core.call(core.zk().exists_w(&predecessor, on_event)).await {
+            Ok(Some(_)) => Ok(Step::Settled),
+            // Already gone: check again at once (a watch on it would never fire).
+            Ok(None) => Ok(Step::Recheck),
+            Err(e) => Err(e.into_error(&format!("watching {predecessor}"))),
+        }
+    }
+
+    /// Creates our node, or finds the one an earlier create made when its answer was lost.
+    /// `None` means "check again" (the parent had to be created first).
+    async fn create(&mut self) -> Result<Option<Node>> {
+        let core = self.core.clone();
+        let parent = self.parent().to_owned();
+        if let Some(token) = self.pending.clone() {
+            let found = match core.call(core.zk().get_children(&parent, false)).await {
+                Ok(children) => sort_latch(&children)
+                    .into_iter()
+                    .find(|c| c.contains(&token))
+                    .map(str::to_owned),
+                Err(Fail::Zk(ZkError::NoNode)) => None,
+                Err(e) => return Err(e.into_error(&format!("listing {parent}"))),
+            };
+            if let Some(name) = found {
+                let path = format!("{parent}/{name}");
+                match core.call(core.zk().exists(&path, false)).await {
+                    Ok(Some(stat)) => {
+                        debug!(%path, "found the node of a create whose answer was lost");
+                        let node = Node {
+                            name,
+                            path,
+                            token,
+                            czxid: stat.czxid,
+                            ctime: stat.ctime,
+                            epoch: core.epoch(),
+                        };
+                        self.pending = None;
+                        self.node = Some(node.clone());
+                        return Ok(Some(node));
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(e.into_error(&format!("reading {path}"))),
+                }
+            }
+        }
+        let token = self.pending.get_or_insert_with(new_token).clone();
+        let prefix = format!("{parent}/{}", node_prefix(&token));
+        let data = self.shared.contender_id.as_bytes().to_vec();
+        match core
+            .call(
+                core.zk()
+                    .create2(&prefix, data, core.acl(), CreateMode::EphemeralSequential),
+            )
+            .await
+        {
+            Ok((path, stat)) => {
+                // An answer comes from the session that ran the create.
+                let epoch = core.epoch();
+                self.pending = None;
+                let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                debug!(%path, czxid = stat.czxid, "latch node created");
+                let node = Node {
+                    name,
+                    path,
+                    token,
+                    czxid: stat.czxid,
+                    ctime: stat.ctime,
+                    epoch,
+                };
+                self.node = Some(node.clone());
+                Ok(Some(node))
+            }
+            Err(Fail::Zk(ZkError::NoNode)) => {
+                core.ensure_path(&parent).await?;
+                Ok(None)
+            }
+            Err(e) => Err(e.into_error(&format!("creating a latch node under {parent}"))),
+        }
+    }
+
+    /// Our node is not there any more.
+    fn vanished(&mut self, node: &Node) {
+        self.node = None;
+        self.known_lowest = None;
+        let reason = if node.epoch != self.core.epoch() {
+            LossReason::SessionLost
+        } else {
+            LossReason::TakenOver
+        };
+        if self.owned.is_some() {
+            warn!(path = %node.path, "the owner's node disappeared");
+        }
+        self.lose(reason, MutexOwner::NONE);
+    }
+
+    fn own(&mut self, node: &Node) {
+        if let Some(o) = &mut self.owned {
+            if o.suspect {
+                info!(
+                    fence = o.fence,
+                    "ZooKeeper answers again and the node is still the lowest: ownership no longer suspect"
+                );
+                o.suspect = false;
+                let held = Held {
+                    fence: o.fence,
+                    suspect: false,
+                };
+                self.shared.status.send_modify(|s| s.held = Some(held));
+            }
+            return;
+        }
+        let owner = owner_at(
+            self.shared.contender_id.clone(),
+            node.ctime,
+            node.czxid,
+            self.core.timing().session_timeout,
+        );
+        let fence = owner.fence;
+        self.owned = Some(Owned {
+            fence,
+            suspect: false,
+        });
+        self.known_lowest = Some(node.name.clone());
+        let state = self.observe(owner.clone());
+        let state = if state.is_changed() {
+            state
+        } else {
+            MutexState::new(MutexOwner::NONE, owner)
+        };
+        info!(fence, path = %node.path, "acquired");
+        // The callback first: whoever sees the status also sees what the callback did.
+        self.shared.contender.on_acquired(&state);
+        let held = Held {
+            fence,
+            suspect: false,
+        };
+        self.shared.status.send_modify(|s| {
+            s.held = Some(held);
+            s.state = state.clone();
+        });
+    }
+
+    /// Records the owner seen; publishes a change.
+    fn observe(&mut self, owner: MutexOwner) -> MutexState {
+        let state = MutexState::new(std::mem::replace(&mut self.known, owner.clone()), owner);
+        if state.is_changed() {
+            self.shared.owner_state.send_replace(state.clone());
+            self.shared.status.send_modify(|s| s.state = state.clone());
+        }
+        state
+    }
+
+    /// Ends this process's ownership for `reason`; `after` is the owner known afterwards.
+    fn lose(&mut self, reason: LossReason, after: MutexOwner) {
+        let Some(owned) = self.owned.take() else {
+            return;
+        };
+        match reason {
+            LossReason::Released => info!(fence = owned.fence, "released"),
+            _ => warn!(fence = owned.fence, %reason, "ownership lost"),
+        }
+        let state = MutexState::new(
+            std::mem::replace(&mut self.known, after),
+            self.known.clone(),
+        );
+        if state.is_changed() {
+            self.shared.owner_state.send_replace(state.clone());
+        }
+        let loss = Loss {
+            fence: owned.fence,
+            reason,
+        };
+        // The callback first: whoever sees the status also sees what the callback did.
+        self.shared.contender.on_released(&state, reason);
+        self.shared.status.send_modify(|s| {
+            s.held = None;
+            s.last_loss = Some(loss);
+            s.state = state.clone();
+        });
+    }
+
+    /// Stop: report the release first, then delete the node (or leave it to the session).
+    async fn shutdown(mut self, ready: bool) {
+        self.lose(LossReason::Released, MutexOwner::NONE);
+        let core = self.core.clone();
+        let parent = self.shared.parent.clone();
+        let epoch = core.epoch();
+        let mut leftovers: Vec<String> = Vec::new();
+        let nodes = self.node.take().into_iter().chain(self.stale.drain(..));
+        for node in nodes.filter(|n| n.epoch == epoch) {
+            if !ready {
+                leftovers.push(node.token);
+                continue;
+            }
+            match core.call(core.zk().delete(&node.path, None)).await {
+                Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
+                    debug!(path = %node.path, "stop: node deleted");
+                }
+                Err(e) => {
+                    debug!(path = %node.path, "stop: delete failed ({e:?}); the session deletes it later");
+                    leftovers.push(node.token);
+                }
+            }
+        }
+        leftovers.extend(self.pending.take());
+        for token in leftovers {
+            core.add_orphan(Orphan {
+                parent: parent.clone(),
+                token,
+            });
+        }
+        self.shared.status.send_modify(|s| {
+            s.running = false;
+            s.held = None;
+        });
+    }
+}

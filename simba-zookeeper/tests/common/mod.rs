@@ -1,0 +1,179 @@
+//! Shared test support: the conformance harness over a real ZooKeeper, and helpers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::{
+    BoxFuture, ContendService, ContendServiceFactory, ContenderStatus, generate_contender_id,
+};
+use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::servers::TestServer;
+use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use simba_zookeeper::{ZkConfig, ZkFactory};
+
+/// The session timeout of the conformance harness (the suite's ttl is ignored: ZooKeeper
+/// has sessions, not leases).
+pub const SESSION: Duration = Duration::from_secs(2);
+
+/// A root path no other test uses.
+pub fn random_root() -> String {
+    let id = generate_contender_id();
+    format!("/simba-test-{}", id.rsplit(':').next().unwrap_or("0"))
+}
+
+/// The settings tests use for a connect string.
+pub fn test_config(connect: &str, root: &str, session: Duration) -> ZkConfig {
+    ZkConfig::new(connect)
+        .with_root(root)
+        .with_session_timeout(session)
+        .with_connect_timeout(Duration::from_secs(10))
+}
+
+/// The kit's ZooKeeper (shared by the harness's factories), with tracing set up.
+pub async fn server() -> TestServer {
+    init_tracing();
+    simba_test_kit::servers::zookeeper()
+        .await
+        .unwrap_or_else(|e| panic!("no ZooKeeper server for the tests: {e}"))
+}
+
+/// A private ZooKeeper that the test may stop and start.
+pub async fn private_server() -> TestServer {
+    init_tracing();
+    simba_test_kit::servers::zookeeper_private()
+        .await
+        .unwrap_or_else(|e| panic!("no private ZooKeeper server for the tests: {e}"))
+}
+
+/// A factory on `server` through a new fault proxy.
+pub async fn proxied(
+    server: &TestServer,
+    config: impl FnOnce(&str) -> ZkConfig,
+) -> (ZkFactory, FaultProxy) {
+    let proxy = FaultProxy::start(server.socket_addr().expect("server address"))
+        .await
+        .expect("start a fault proxy");
+    let factory = ZkFactory::connect(config(&server.url_via(proxy.addr())))
+        .await
+        .expect("connect through the proxy");
+    (factory, proxy)
+}
+
+/// The conformance harness: every factory is a new [`ZkFactory`] (its own session) on one
+/// server, under a root path of its own per harness.
+pub struct ZkHarness {
+    server: TestServer,
+    root: String,
+}
+
+impl ZkHarness {
+    /// A harness on the kit's ZooKeeper server.
+    pub async fn start() -> Self {
+        ZkHarness {
+            server: server().await,
+            root: random_root(),
+        }
+    }
+}
+
+/// A [`Fault`] that blackholes a factory's connection at a proxy: no byte moves, and new
+/// connections are accepted but never reach the server.
+#[derive(Debug)]
+pub struct ProxyFault(pub FaultProxy);
+
+impl Fault for ProxyFault {
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.blackhole(true);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.heal();
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl Harness for ZkHarness {
+    fn name(&self) -> String {
+        "zookeeper".to_owned()
+    }
+
+    fn capabilities(&self, _timing: Timing) -> Capabilities {
+        Capabilities {
+            // Waiters watch their predecessor's node.
+            pushes_release: true,
+            // The server expires a silent owner's session after the session timeout (plus
+            // up to a tick); its node goes, and the next waiter's watch fires.
+            failover_bound: SESSION + Duration::from_secs(2),
+            // The owner gives up at the last answered request + session timeout - margin.
+            loss_bound: SESSION + Duration::from_millis(500),
+        }
+    }
+
+    fn factory(
+        &self,
+        _timing: Timing,
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+        Box::pin(async move {
+            let f = ZkFactory::connect(test_config(self.server.url(), &self.root, SESSION)).await?;
+            Ok(Arc::new(f) as Arc<dyn ContendServiceFactory>)
+        })
+    }
+
+    fn faulty_factory(
+        &self,
+        _timing: Timing,
+    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
+        Box::pin(async move {
+            let proxy = FaultProxy::start(self.server.socket_addr()?).await?;
+            let url = self.server.url_via(proxy.addr());
+            let f = ZkFactory::connect(test_config(&url, &self.root, SESSION)).await?;
+            Ok((
+                Arc::new(f) as Arc<dyn ContendServiceFactory>,
+                Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
+            ))
+        })
+    }
+}
+
+/// Waits (bounded) until `svc`'s status satisfies `pred`; panics with the status if not.
+pub async fn wait_status(
+    svc: &dyn ContendService,
+    what: &str,
+    bound: Duration,
+    pred: impl FnMut(&ContenderStatus) -> bool,
+) -> ContenderStatus {
+    let mut rx = svc.status();
+    match tokio::time::timeout(bound, rx.wait_for(pred)).await {
+        Ok(Ok(s)) => s.clone(),
+        Ok(Err(_)) => panic!("{what}: status channel closed"),
+        Err(_) => panic!(
+            "{what}: not within {bound:?}; status is {:?}",
+            *svc.status().borrow()
+        ),
+    }
+}
+
+/// The number of client connections `server` reports (four-letter word `srvr`).
+pub async fn connection_count(server: &TestServer) -> usize {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(server.socket_addr().expect("address"))
+        .await
+        .expect("connect for srvr");
+    s.write_all(b"srvr").await.expect("send srvr");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read srvr");
+    out.lines()
+        .find_map(|l| l.strip_prefix("Connections:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no connection count in {out:?}"))
+}
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
