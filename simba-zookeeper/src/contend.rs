@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use simba_core::{
     BoxFuture, ContendService, Contender, ContenderStatus, Held, Loss, LossReason, MutexOwner,
@@ -216,6 +217,9 @@ impl Driver {
     }
 
     async fn run(mut self) {
+        let every = self.latch.core.timing().session_timeout / 5;
+        let mut republish = tokio::time::interval(every.max(Duration::from_millis(10)));
+        republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if *self.stop.borrow() {
                 break;
@@ -226,6 +230,7 @@ impl Driver {
                 self.latch.expire();
                 continue;
             }
+            self.latch.publish_deadline();
             let deadline = self.latch.deadline();
             let latch = &mut self.latch;
             let due = latch.dirty && latch.retry_at.is_none_or(|t| t <= Instant::now());
@@ -251,6 +256,7 @@ impl Driver {
                 _ = self.view.changed() => {}
                 Some(generation) = self.events.recv() => latch.on_event(generation),
                 () = sleep_until_opt(retry_at) => {}
+                _ = republish.tick() => {}
             }
         }
         let ready = self.view.borrow().ready;
@@ -645,9 +651,28 @@ impl Latch {
             fence,
             suspect: false,
         };
+        let deadline = self.deadline();
         self.shared.status.send_modify(|s| {
             s.held = Some(held);
+            s.deadline = deadline;
             s.state = state.clone();
+        });
+    }
+
+    /// Publishes the local deadline while owning, so that `LockGuard::is_held` can check it
+    /// without this task (a process woken from a pause sees its loss at once). It moves
+    /// with every answered request; the run loop republishes it at least every fifth of
+    /// the session timeout, so the published value lags the real one by about that much,
+    /// which only makes it earlier (safe).
+    fn publish_deadline(&self) {
+        let deadline = self.deadline();
+        self.shared.status.send_if_modified(|s| {
+            if s.held.is_some() && s.deadline != deadline {
+                s.deadline = deadline;
+                true
+            } else {
+                false
+            }
         });
     }
 
@@ -685,6 +710,7 @@ impl Latch {
         self.shared.contender.on_released(&state, reason);
         self.shared.status.send_modify(|s| {
             s.held = None;
+            s.deadline = None;
             s.last_loss = Some(loss);
             s.state = state.clone();
         });
@@ -723,6 +749,7 @@ impl Latch {
         self.shared.status.send_modify(|s| {
             s.running = false;
             s.held = None;
+            s.deadline = None;
         });
     }
 }

@@ -697,3 +697,37 @@ async fn chroot_and_odd_names() {
     raw.close().await.expect("close");
     f.close().await.expect("close");
 }
+
+/// The guard checks the published local deadline itself: it stays valid while the session
+/// answers, and goes invalid by the deadline when the server stops answering, even before
+/// the service's task reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_validity_follows_the_session_deadline() {
+    let server = server().await;
+    let root = random_root();
+    let (factory, proxy) = proxied(&server, |c| test_config(c, &root, SESSION)).await;
+    let locker = Locker::new(Arc::new(factory), &mutex()).expect("locker");
+    let guard = tokio::time::timeout(ACQUIRE, locker.acquire())
+        .await
+        .expect("acquired in time")
+        .expect("acquired");
+    // Past several probe periods the deadline keeps moving: still valid.
+    tokio::time::sleep(SESSION).await;
+    let left = guard.valid_for().expect("ZooKeeper publishes a deadline");
+    assert!(guard.is_held(), "held while the session answers");
+    assert!(left > Duration::ZERO && left <= SESSION, "{left:?}");
+    proxy.blackhole(true);
+    let t0 = Instant::now();
+    // Time is the subject: validity must end within the session timeout of the last
+    // answered request (≤ SESSION after the blackhole began), plus scheduling slack.
+    while guard.is_held() {
+        assert!(
+            t0.elapsed() < SESSION + Duration::from_millis(500),
+            "still held after {:?}",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(guard.valid_for(), Some(Duration::ZERO));
+    proxy.blackhole(false);
+}
