@@ -136,6 +136,22 @@ impl<S: simba_core::LeaseStore> OwnerReader for StoreReader<S> {
     }
 }
 
+/// The concrete store (or session) under a backend, for what the contend-service traits
+/// do not offer (`simba bench`'s floor probes).
+#[derive(Clone)]
+#[allow(dead_code)] // some variants are unused, depending on the features
+pub(crate) enum Native {
+    /// A Redis store.
+    #[cfg(feature = "redis")]
+    Redis(simba_redis::RedisStore),
+    /// A SQL store (SQLite, MySQL, PostgreSQL).
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+    Sql(simba_jdbc::SqlStore),
+    /// A ZooKeeper session.
+    #[cfg(feature = "zookeeper")]
+    Zookeeper(simba_zookeeper::ZkFactory),
+}
+
 /// A connected backend.
 pub(crate) struct Backend {
     /// The URL, password redacted.
@@ -148,6 +164,9 @@ pub(crate) struct Backend {
     /// Whether the backend cannot push a release to waiters (SQLite, MySQL): a waiting
     /// `exec` then polls, instead of sleeping until the owner's lease would end.
     pub(crate) polls: bool,
+    /// The concrete store or session.
+    #[allow(dead_code)] // read by `bench` only
+    pub(crate) native: Native,
 }
 
 impl std::fmt::Debug for Backend {
@@ -168,18 +187,26 @@ pub(crate) struct Timing {
     pub(crate) transition: Option<Duration>,
     /// How often a waiter looks again on backends that cannot push a release.
     pub(crate) waiter_poll: Option<Duration>,
+    /// The jitter range (ms, `start..end`) of non-owners' wake-ups, with and without a
+    /// transition period; `None` keeps the library's.
+    pub(crate) jitter: Option<(i64, i64)>,
 }
 
 impl Timing {
     fn lease(self) -> LeaseConfig {
         let d = LeaseConfig::default();
-        LeaseConfig {
+        let mut lease = LeaseConfig {
             waiter_poll: self.waiter_poll,
             ..LeaseConfig::with_lease(
                 self.ttl.unwrap_or(d.ttl),
                 self.transition.unwrap_or(d.transition),
             )
+        };
+        if let Some((start, end)) = self.jitter {
+            lease.jitter = start..end;
+            lease.jitter_no_transition = start..end;
         }
+        lease
     }
 }
 
@@ -289,21 +316,24 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
                     Err(e) => return Err(connect_failed(e)),
                 }
             };
-            Ok(lease_backend(shown, f, true))
+            let native = Native::Sql((**f.store()).clone());
+            Ok(lease_backend(shown, f, true, native))
         }
         #[cfg(feature = "redis")]
         Target::Redis(url) => {
             let f = simba_redis::factory(&url, lease)
                 .await
                 .map_err(connect_failed)?;
-            Ok(lease_backend(shown, f, false))
+            let native = Native::Redis((**f.store()).clone());
+            Ok(lease_backend(shown, f, false, native))
         }
         #[cfg(feature = "mysql")]
         Target::Mysql(url) => {
             let f = simba_jdbc::factory(&url, lease)
                 .await
                 .map_err(connect_failed)?;
-            Ok(lease_backend(shown, f, true))
+            let native = Native::Sql((**f.store()).clone());
+            Ok(lease_backend(shown, f, true, native))
         }
         #[cfg(feature = "postgres")]
         Target::Postgres(url) => {
@@ -311,7 +341,8 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
             let f = simba_jdbc::factory(&url, lease)
                 .await
                 .map_err(connect_failed)?;
-            Ok(lease_backend(shown, f, false))
+            let native = Native::Sql((**f.store()).clone());
+            Ok(lease_backend(shown, f, false, native))
         }
         #[cfg(feature = "zookeeper")]
         Target::Zookeeper(connect) => {
@@ -326,9 +357,10 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
                 .map_err(connect_failed)?;
             Ok(Backend {
                 shown,
-                factory: Arc::new(f),
+                factory: Arc::new(f.clone()),
                 reader: None,
                 polls: false,
+                native: Native::Zookeeper(f),
             })
         }
         #[allow(unreachable_patterns)]
@@ -344,6 +376,7 @@ fn lease_backend<S: simba_core::LeaseStore>(
     shown: String,
     f: simba_core::LeaseServiceFactory<S>,
     polls: bool,
+    native: Native,
 ) -> Backend {
     let store = f.store().clone();
     Backend {
@@ -351,6 +384,7 @@ fn lease_backend<S: simba_core::LeaseStore>(
         factory: Arc::new(f),
         reader: Some(Arc::new(StoreReader(store))),
         polls,
+        native,
     }
 }
 

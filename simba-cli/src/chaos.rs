@@ -38,6 +38,7 @@ pub(crate) fn timing() -> Result<Timing, Failure> {
         // Waiters on backends without push look again every 50 ms, so that handoffs happen
         // often enough to test.
         waiter_poll: Some(Duration::from_millis(50)),
+        jitter: None,
     })
 }
 

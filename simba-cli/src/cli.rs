@@ -61,6 +61,15 @@ pub(crate) enum Command {
     #[command(after_help = EXIT_STATUS_HELP)]
     Watch(WatchArgs),
 
+    /// Measure the backend: floors, uncontended latency, handoff, failover, scale.
+    ///
+    /// Every figure is printed beside the floor it compares to (a bare round trip of the
+    /// backend, measured in the same run): machines are noisy, ratios are what carry over.
+    /// Runs against a live backend; mutex names start with `bench-<pid>-`. With --json,
+    /// one JSON object is printed on stdout (progress goes to stderr).
+    #[command(after_help = BENCH_HELP)]
+    Bench(BenchArgs),
+
     /// A contender process of `simba-chaos` (orders come from SIMBA_CHAOS_* variables).
     #[cfg(feature = "chaos")]
     #[command(hide = true)]
@@ -90,6 +99,95 @@ pub(crate) struct ExecArgs {
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
+}
+
+const BENCH_HELP: &str = "\
+Scenarios (all by default; run in this order):
+  scale        --scale-mutexes mutexes held by one process (connections, renewals,
+               memory), and --scale-waiters waiters on one mutex (wake-ups per
+               release, handoff latency)
+  uncontended  acquire + release by one contender (Locker), back to back
+  handoff      --contenders contenders on separate connections, each holding --hold;
+               latency from a release returning to the next owner's acquisition
+  failover     an owner process (`simba exec`) is SIGKILLed; time from the end of
+               its lease to a waiter owning (ZooKeeper: from session expiry)
+
+Exit status: 0 when every scenario ran, 69 when one failed (the others still run and
+are reported), 70 when a safety check failed (two owners at once).";
+
+/// What `simba bench` runs, in the order it runs them (scale first, so that the memory it
+/// reports is that of a process that did nothing else yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub(crate) enum Scenario {
+    /// Many mutexes held, many waiters on one.
+    Scale,
+    /// Acquire + release by one contender.
+    Uncontended,
+    /// Contenders handing the mutex to each other.
+    Handoff,
+    /// An owner process killed; a waiter takes over.
+    Failover,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Scenarios to run (repeat or separate with commas) [default: all].
+    #[arg(
+        long = "scenario",
+        value_name = "NAME",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub(crate) scenarios: Vec<Scenario>,
+
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Samples per floor, uncontended acquire + release cycles, and handoff acquisitions
+    /// (all after a warm-up); lower it for a smoke run.
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) iterations: u32,
+
+    /// Contenders in the handoff scenario, each with its own connections.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub(crate) contenders: u32,
+
+    /// How long a handoff contender holds the mutex.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1ms")]
+    pub(crate) hold: Duration,
+
+    /// How often waiters look on backends that cannot push a release (SQLite, MySQL), in
+    /// the uncontended, handoff and failover scenarios.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10ms")]
+    pub(crate) poll: Duration,
+
+    /// Owner processes killed in the failover scenario (each measured twice: with the
+    /// default jitter of non-owners' wake-ups, and without jitter).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) failover_runs: u32,
+
+    /// The killed owner's ttl (its transition is half of it). On ZooKeeper, ttl +
+    /// transition is the session timeout (at least 2s).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "600ms")]
+    pub(crate) failover_ttl: Duration,
+
+    /// Mutexes held by one process in the scale scenario.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) scale_mutexes: u32,
+
+    /// Waiters on one mutex in the scale scenario.
+    #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    pub(crate) scale_waiters: u32,
+
+    /// The ttl of the scale scenario's held mutexes (transition: half of it); renewals are
+    /// counted over two ttls.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "3s")]
+    pub(crate) scale_ttl: Duration,
+
+    /// How often the scale scenario's waiters look on backends that cannot push a release.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1s")]
+    pub(crate) scale_poll: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -148,6 +246,33 @@ mod tests {
         assert_eq!(a.lease.ttl, Some(Duration::from_secs(1)));
         assert_eq!(a.grace, Duration::from_secs(2));
         assert_eq!(a.command, ["sh", "-c", "exit 7"]);
+    }
+
+    #[test]
+    fn bench_parses() {
+        let cli = Cli::try_parse_from([
+            "simba",
+            "bench",
+            "--scenario",
+            "handoff,uncontended",
+            "--scenario",
+            "scale",
+            "--iterations",
+            "10",
+            "--json",
+        ])
+        .expect("parses");
+        let Command::Bench(a) = cli.command else {
+            panic!("not bench");
+        };
+        assert_eq!(
+            a.scenarios,
+            [Scenario::Handoff, Scenario::Uncontended, Scenario::Scale]
+        );
+        assert_eq!((a.iterations, a.json, a.contenders), (10, true, 4));
+        assert_eq!(a.hold, Duration::from_millis(1));
+        assert!(Cli::try_parse_from(["simba", "bench", "--scenario", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["simba", "bench", "--iterations", "0"]).is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod backend;
+mod bench;
 #[cfg(feature = "chaos")]
 mod chaos;
 mod child;
@@ -59,25 +60,27 @@ fn run(cli: Cli) -> Outcome {
 
 async fn dispatch(cli: Cli) -> Outcome {
     let url = backend::resolve_url(cli.backend.as_deref())?;
-    let timing = match &cli.command {
-        Command::Exec(a) => backend::Timing {
-            ttl: a.lease.ttl,
-            transition: a.lease.transition,
-            ..backend::Timing::default()
-        },
-        #[cfg(feature = "chaos")]
-        Command::ChaosContender => chaos::timing()?,
-        _ => backend::Timing::default(),
-    };
-    let backend = backend::connect(&url, timing).await?;
-    tracing::debug!(?backend, "connected");
     match cli.command {
-        Command::Exec(args) => exec::run(backend, args).await,
-        Command::Owner(args) => show::owner(backend, args).await,
-        Command::Watch(args) => show::watch(backend, args).await,
+        Command::Exec(args) => {
+            let timing = backend::Timing {
+                ttl: args.lease.ttl,
+                transition: args.lease.transition,
+                ..backend::Timing::default()
+            };
+            exec::run(connect(&url, timing).await?, args).await
+        }
+        Command::Owner(args) => show::owner(connect(&url, Default::default()).await?, args).await,
+        Command::Watch(args) => show::watch(connect(&url, Default::default()).await?, args).await,
+        Command::Bench(args) => bench::run(url, args).await,
         #[cfg(feature = "chaos")]
-        Command::ChaosContender => chaos::contend(backend).await,
+        Command::ChaosContender => chaos::contend(connect(&url, chaos::timing()?).await?).await,
     }
+}
+
+async fn connect(url: &str, timing: backend::Timing) -> Result<backend::Backend, Failure> {
+    let backend = backend::connect(url, timing).await?;
+    tracing::debug!(?backend, "connected");
+    Ok(backend)
 }
 
 /// Tracing on stderr: warnings by default, `-v` info, `-vv` debug for simba, `-vvv` trace;

@@ -40,7 +40,8 @@ pub struct LeaseConfig {
     /// Pause before retrying after a failed call.
     pub retry_interval: Duration,
     /// When the store cannot push releases (SQLite, MySQL, Redis in polling mode): the
-    /// longest a non-owner sleeps between two looks, so that a released mutex is taken
+    /// longest a non-owner sleeps between two looks (a random time in the second half of
+    /// it, so that waiters do not poll in lockstep), so that a released mutex is taken
     /// within this time rather than at the end of the old lease. `None` keeps Simba's
     /// schedule (wake at the end of the owner's transition).
     pub waiter_poll: Option<Duration>,
@@ -430,6 +431,10 @@ impl<S: LeaseStore> RetrievalService for LeaseRetrievalService<S> {
     }
 }
 
+/// What a subscription came back with (bounded by the request timeout).
+type Subscribed =
+    std::result::Result<Result<Option<mpsc::Receiver<StoreEvent>>>, tokio::time::error::Elapsed>;
+
 /// What one attempt (acquire, renew or read) came back with.
 enum Outcome {
     Stop,
@@ -452,6 +457,12 @@ struct Driver<S> {
     owned: Option<Owned>,
     known: MutexOwner,
     next: Instant,
+    /// The next attempt was asked for at once (start, or a pushed event): it goes ahead
+    /// without waiting on a timer, because tokio rounds timer deadlines up to the next
+    /// millisecond, which would add up to 1 ms to every acquisition and handoff.
+    urgent: bool,
+    /// An attempt was made: from now on a non-owner subscribes to pushed events.
+    looked: bool,
     failures: u32,
 }
 
@@ -473,6 +484,8 @@ impl<S: LeaseStore> Driver<S> {
             owned: None,
             known,
             next: Instant::now(),
+            urgent: true,
+            looked: false,
             failures: 0,
         }
     }
@@ -491,31 +504,48 @@ impl<S: LeaseStore> Driver<S> {
                 break;
             }
             // Subscribing may take up to a request timeout, so it is tried only while not
-            // owning: an owner's lease deadline must never wait behind it.
-            if !self.subscribed
-                && self.owned.is_none()
-                && self.contending()
-                && !self.subscribe().await
-            {
-                break;
+            // owning: an owner's lease deadline must never wait behind it. The first attempt
+            // subscribes at the same time (see `attempt`); this is for later ones.
+            if !self.subscribed && self.owned.is_none() && self.contending() && self.looked {
+                if !self.subscribe().await {
+                    break;
+                }
+                self.look_again_if_subscribed();
             }
-            // Wait for the next attempt, an event, the lease deadline, or stop.
+            // Wait for the next attempt, an event, the lease deadline, or stop; an urgent
+            // attempt that is due goes ahead at once (the deadline checked by hand).
             let deadline = self.deadline();
-            tokio::select! {
-                biased;
-                _ = self.stop.changed() => break,
-                _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+            let now = Instant::now();
+            if self.urgent && self.next <= now {
+                if deadline.is_some_and(|d| d <= now) {
                     self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
-                    self.next = Instant::now();
                     continue;
                 }
-                ev = recv_event(&mut self.events) => {
-                    self.on_event(ev);
-                    continue;
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = self.stop.changed() => break,
+                    _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                        self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+                        self.next = Instant::now();
+                        continue;
+                    }
+                    ev = recv_event(&mut self.events) => {
+                        self.on_event(ev);
+                        continue;
+                    }
+                    _ = sleep_until(self.next) => {}
                 }
-                _ = sleep_until(self.next) => {}
             }
-            match self.attempt().await {
+            self.urgent = false;
+            let first = !self.looked;
+            self.looked = true;
+            let (outcome, subscribed) = self.attempt(first).await;
+            if let Some(result) = subscribed {
+                self.on_subscribed(result);
+            }
+            let answered = matches!(outcome, Outcome::Reply(_, Ok(_)));
+            match outcome {
                 Outcome::Stop => break,
                 Outcome::DeadlinePassed => {
                     self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
@@ -524,19 +554,38 @@ impl<S: LeaseStore> Driver<S> {
                 Outcome::Reply(sent, Ok(reply)) => self.on_reply(sent, reply),
                 Outcome::Reply(_, Err(e)) => self.on_failure(e),
             }
+            if first && answered && self.owned.is_none() {
+                self.look_again_if_subscribed();
+            }
         }
         self.shutdown().await;
+    }
+
+    /// A waiter that just subscribed looks again at once: a release between its last look
+    /// and the subscription was not heard.
+    fn look_again_if_subscribed(&mut self) {
+        if self.events.is_some() {
+            self.next = Instant::now();
+            self.urgent = true;
+        }
     }
 
     /// Subscribes to store events; returns false if stop was requested meanwhile.
     async fn subscribe(&mut self) -> bool {
         let shared = self.shared.clone();
-        let call = shared.store.subscribe(&shared.mutex, &shared.contender_id);
+        // Store futures are boxed: a driver lives as long as its service, and holding the
+        // largest store future inline would cost every idle service kilobytes.
+        let call = Box::pin(shared.store.subscribe(&shared.mutex, &shared.contender_id));
         let result = tokio::select! {
             biased;
             _ = self.stop.changed() => return false,
             r = timeout(shared.config.request_timeout, call) => r,
         };
+        self.on_subscribed(result);
+        true
+    }
+
+    fn on_subscribed(&mut self, result: Subscribed) {
         match result {
             Ok(Ok(rx)) => {
                 self.events = rx;
@@ -545,7 +594,6 @@ impl<S: LeaseStore> Driver<S> {
             Ok(Err(e)) => debug!("subscribe failed, polling until it succeeds: {e}"),
             Err(_) => debug!("subscribe timed out, polling until it succeeds"),
         }
-        true
     }
 
     fn on_event(&mut self, ev: Option<StoreEvent>) {
@@ -563,16 +611,23 @@ impl<S: LeaseStore> Driver<S> {
             Some(ev) => {
                 debug!(?ev, "store event: contending now");
                 self.next = Instant::now();
+                self.urgent = true;
             }
         }
     }
 
-    async fn attempt(&mut self) -> Outcome {
+    /// One backend call. A contender that has not subscribed yet and not looked yet
+    /// subscribes at the same time (the store may use another connection for it), so that
+    /// an uncontended acquisition waits for one round trip, not two; the subscription's
+    /// result comes back beside the outcome.
+    async fn attempt(&mut self, first: bool) -> (Outcome, Option<Subscribed>) {
         let shared = self.shared.clone();
         let lease = shared.config.lease();
         let sent = Instant::now();
         let owning = self.owned.is_some();
-        let call = async {
+        let subscribe = (first && !self.subscribed && !owning && self.contending())
+            .then(|| Box::pin(shared.store.subscribe(&shared.mutex, &shared.contender_id)));
+        let call = Box::pin(async {
             match (&shared.mode, owning) {
                 (Mode::Observe(_), _) => shared.store.owner(&shared.mutex).await,
                 (Mode::Contend(_), true) => {
@@ -588,7 +643,7 @@ impl<S: LeaseStore> Driver<S> {
                         .await
                 }
             }
-        };
+        });
         let bound = match self.deadline() {
             Some(d) => d
                 .saturating_duration_since(sent)
@@ -596,14 +651,24 @@ impl<S: LeaseStore> Driver<S> {
             None => shared.config.request_timeout,
         };
         let deadline = self.deadline();
+        let request_timeout = shared.config.request_timeout;
+        let both = async {
+            let subscribed = async {
+                match subscribe {
+                    Some(call) => Some(timeout(request_timeout, call).await),
+                    None => None,
+                }
+            };
+            tokio::join!(timeout(bound, call), subscribed)
+        };
         tokio::select! {
             biased;
-            _ = self.stop.changed() => Outcome::Stop,
-            _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => Outcome::DeadlinePassed,
-            r = timeout(bound, call) => Outcome::Reply(sent, r.unwrap_or_else(|_| Err(Error::backend(
+            _ = self.stop.changed() => (Outcome::Stop, None),
+            _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => (Outcome::DeadlinePassed, None),
+            (r, subscribed) = both => (Outcome::Reply(sent, r.unwrap_or_else(|_| Err(Error::backend(
                 shared.store.backend(),
                 format!("call did not answer within {bound:?}"),
-            )))),
+            )))), subscribed),
         }
     }
 
@@ -667,7 +732,11 @@ impl<S: LeaseStore> Driver<S> {
             if self.events.is_none()
                 && let Some(poll) = self.shared.config.waiter_poll
             {
-                delay = delay.min(poll);
+                // Somewhere in the second half of the poll period, so that waiters that
+                // started together do not poll in lockstep.
+                let ms = i64::try_from(poll.as_millis()).unwrap_or(i64::MAX);
+                let jittered = crate::owner::random_in(ms - ms / 2..ms + 1);
+                delay = delay.min(Duration::from_millis(u64::try_from(jittered).unwrap_or(0)));
             }
             self.next = now + delay;
         }
@@ -793,13 +862,13 @@ impl<S: LeaseStore> Driver<S> {
             let (mutex, me) = (&shared.mutex, &shared.contender_id);
             let bound = shared.config.request_timeout;
             // Always release: a call dropped in flight may have made us owner unknowingly.
-            match timeout(bound, shared.store.release(mutex, me)).await {
+            match timeout(bound, Box::pin(shared.store.release(mutex, me))).await {
                 Ok(Ok(done)) => debug!(released = done, "stop: release"),
                 Ok(Err(e)) => warn!("stop: release failed, the lease will free the mutex: {e}"),
                 Err(_) => warn!("stop: release timed out, the lease will free the mutex"),
             }
             if !was_owner {
-                let _ = timeout(bound, shared.store.leave(mutex, me)).await;
+                let _ = timeout(bound, Box::pin(shared.store.leave(mutex, me))).await;
             }
         }
         self.shared.status.send_modify(|s| {

@@ -8,6 +8,7 @@
 )]
 
 mod config;
+pub mod floor;
 #[cfg(feature = "postgres")]
 mod listen;
 mod sql;

@@ -93,8 +93,14 @@ pub(crate) fn lease_reply(what: &str, v: Value) -> Result<LeaseReply> {
     let owner_id = as_text(what, id)?;
     let now = as_i64(what, now)?;
     if owner_id.is_empty() {
+        // No owner. The times, when set, say when to look again: a free mutex that the
+        // restart quarantine or a handoff reservation keeps from the caller until then.
         return Ok(LeaseReply {
-            owner: MutexOwner::NONE,
+            owner: MutexOwner {
+                ttl_at: as_i64(what, ttl_at)?,
+                transition_at: as_i64(what, transition_at)?,
+                ..MutexOwner::NONE
+            },
             now,
         });
     }

@@ -24,13 +24,19 @@ impl KeySpace {
         }
     }
 
-    /// Every key of a mutex, in the order the scripts expect them (`KEYS[1..5]`): owner,
-    /// owner metadata, wait queue, waiter expiry, fence counter.
+    /// Every key of a mutex, in the order the scripts expect them (`KEYS[1..6]`): owner,
+    /// owner metadata, wait queue, waiter expiry, fence counter, handoff reservation.
     pub(crate) fn keys(&self, mutex: &str) -> Vec<String> {
         let owner = self.owner(mutex);
-        let others = [":owner", ":contender", ":contender:expires", ":fence"]
-            .map(|suffix| format!("{owner}{suffix}"));
-        let mut keys = Vec::with_capacity(5);
+        let others = [
+            ":owner",
+            ":contender",
+            ":contender:expires",
+            ":fence",
+            ":handoff",
+        ]
+        .map(|suffix| format!("{owner}{suffix}"));
+        let mut keys = Vec::with_capacity(6);
         keys.push(owner);
         keys.extend(others);
         keys
@@ -64,7 +70,8 @@ mod tests {
                 "simba:{m}:owner",
                 "simba:{m}:contender",
                 "simba:{m}:contender:expires",
-                "simba:{m}:fence"
+                "simba:{m}:fence",
+                "simba:{m}:handoff"
             ]
         );
         assert_eq!(k.contender_channel("m", "c1"), "simba:{m}:c1");

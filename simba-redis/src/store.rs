@@ -27,6 +27,10 @@ use crate::watchdog::Watchdog;
 /// How many queued waiters one release tries before it broadcasts instead.
 const HANDOFF_TRIES: u32 = 64;
 
+/// How long the waiter a release woke alone may take the mutex (no barging); a waiter that
+/// does not take it within this time (it died after its wake-up) leaves it to anyone.
+const HANDOFF_RESERVE: Duration = Duration::from_millis(250);
+
 /// Capacity of fred's pub/sub broadcast channel (its default, 32, loses messages under load).
 const BROADCAST_CAPACITY: usize = 4096;
 
@@ -376,6 +380,7 @@ impl LeaseStore for RedisStore {
             contender_id.to_owned(),
             self.inner.publish.to_owned(),
             HANDOFF_TRIES.to_string(),
+            HANDOFF_RESERVE.as_millis().to_string(),
         ];
         let reply = self
             .eval("release script", &self.inner.scripts.release, mutex, args)

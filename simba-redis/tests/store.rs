@@ -409,3 +409,60 @@ async fn keys_without_hash_tag() {
         "w"
     );
 }
+
+/// A release hands the mutex to the waiter it woke: while that waiter's reservation lasts,
+/// no other contender (the releaser included) can take the free mutex past the queue; once
+/// it ends, anyone can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_woken_waiter_cannot_be_barged() {
+    let server = server().await;
+    let prefix = random_prefix();
+    let store = RedisStore::connect(test_config(server.url(), &prefix))
+        .await
+        .unwrap();
+    let bound = Duration::from_secs(5);
+    for (m, reserved) in [("barge", true), ("late", false)] {
+        assert_eq!(
+            store.acquire(m, "a", LEASE).await.unwrap().owner.owner_id,
+            "a"
+        );
+        let mut rx = store.subscribe(m, "w").await.unwrap().unwrap();
+        assert_eq!(
+            store.acquire(m, "w", LEASE).await.unwrap().owner.owner_id,
+            "a"
+        );
+        assert!(store.release(m, "a").await.unwrap());
+        let ev = tokio::time::timeout(bound, rx.recv()).await.unwrap();
+        assert_eq!(ev, Some(simba_core::StoreEvent::Released));
+        if !reserved {
+            // The reservation is short (250 ms): a woken waiter that never comes back does
+            // not keep the mutex from the others for long.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let r = store.acquire(m, "a", LEASE).await.unwrap();
+            assert!(
+                r.owner.is_owner("a"),
+                "the reservation ended: {:?}",
+                r.owner
+            );
+            assert!(store.release(m, "a").await.unwrap());
+        } else {
+            // The releaser and a newcomer try to take it.
+            for other in ["a", "n"] {
+                let r = store.acquire(m, other, LEASE).await.unwrap();
+                assert!(
+                    !r.owner.is_owner(other),
+                    "{other} barged past the woken waiter: {:?}",
+                    r.owner
+                );
+                assert!(r.owner.transition_at > r.now, "told when to look again");
+            }
+            let r = store.acquire(m, "w", LEASE).await.unwrap();
+            assert!(
+                r.owner.is_owner("w"),
+                "the woken waiter takes it: {:?}",
+                r.owner
+            );
+            assert!(store.release(m, "w").await.unwrap());
+        }
+    }
+}

@@ -6,9 +6,11 @@
 -- KEYS[3] wait queue `P:{M}:contender` (sorted set: contender id -> arrival, server ms)
 -- KEYS[4] waiter expiry `P:{M}:contender:expires` (sorted set: contender id -> expiry, server ms)
 -- KEYS[5] fence counter `P:{M}:fence`
+-- KEYS[6] handoff reservation `P:{M}:handoff` (string: the waiter a release handed the
+--         mutex to, PX = a short window in which only that waiter may take the free mutex)
 -- ARGV[1] contender id, ARGV[2] ttl ms, ARGV[3] transition ms,
 -- ARGV[4] publish command: 'PUBLISH' (standalone, Sentinel) or 'SPUBLISH' (Cluster)
--- ARGV[5] '1': keep the restart quarantine, with KEYS[6] the boot marker `P:{}:boot`
+-- ARGV[5] '1': keep the restart quarantine, with KEYS[7] the boot marker `P:{}:boot`
 --         (standalone and Sentinel only); '0': no quarantine
 --
 -- Returns {owner id ('' when none), acquired_at, ttl_at, transition_at, fence, now}:
@@ -16,6 +18,7 @@
 --
 -- Safe to run twice: run again by the owner it is a renewal (same fence, same acquired_at).
 local owner_key, meta_key, queue_key, expires_key, fence_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local handoff_key = KEYS[6]
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local transition = tonumber(ARGV[3])
@@ -38,10 +41,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- marker is set. A server that kept its data kept the marker: no quarantine.
 local not_before = 0
 if ARGV[5] == '1' then
-    local boot = redis.call('GET', KEYS[6])
+    local boot = redis.call('GET', KEYS[7])
     if not boot then
         boot = now
-        redis.call('SET', KEYS[6], s(now))
+        redis.call('SET', KEYS[7], s(now))
     end
     not_before = tonumber(boot) + lease
 end
@@ -78,8 +81,22 @@ if owner == id then
     owner = false
 end
 
-if not owner and now >= not_before then
+-- A release handed the free mutex to a queued waiter: only that waiter may take it while
+-- the reservation lasts (no barging past the queue).
+local reserved = false
+if not owner then
+    reserved = redis.call('GET', handoff_key)
+end
+local for_me = reserved == id
+if for_me then
+    reserved = false
+end
+
+if not owner and not reserved and now >= not_before then
     if redis.call('SET', owner_key, id, 'NX', 'PX', s(lease)) then
+        if for_me then
+            redis.call('DEL', handoff_key)
+        end
         if redis.call('EXISTS', fence_key) == 0 then
             -- Larger than any fence issued before the key was lost (one per microsecond at most).
             redis.call('SET', fence_key, t[1] .. string.format('%06d', tonumber(t[2])))
@@ -120,6 +137,12 @@ if #dead > 0 then
 end
 
 if not owner then
+    if reserved then
+        -- Free, but handed to another waiter: look again when the reservation ends (its
+        -- release will wake us when we reach the head of the queue).
+        local left = math.max(redis.call('PTTL', handoff_key), 0)
+        return { '', 0, now + left, now + left, 0, now }
+    end
     -- Free, but in the restart quarantine: look again when it ends.
     return { '', 0, not_before, not_before, 0, now }
 end

@@ -2,18 +2,23 @@
 --
 -- KEYS as in acquire.lua.
 -- ARGV[1] contender id, ARGV[2] publish command ('PUBLISH' or 'SPUBLISH'),
--- ARGV[3] how many queued waiters to try at most.
+-- ARGV[3] how many queued waiters to try at most,
+-- ARGV[4] how long (ms) the notified waiter alone may take the mutex (the reservation).
 --
 -- Returns {1, notified waiter ('' if none)} when released, {0, ''} when the caller did not own
 -- the mutex (then it only leaves the queue). Safe to run twice: the second run returns {0, ''}.
 --
 -- Handoff: waiters are taken in arrival order; each gets `released@@<id>` on its own channel
 -- `P:{M}:<waiter>`. A waiter whose publish reaches no subscriber (it died) is dropped and the
--- next one is tried. If no waiter was reached, `released@@<id>` goes to the mutex channel.
+-- next one is tried. The waiter reached gets the reservation `P:{M}:handoff` for ARGV[4] ms:
+-- until it takes the mutex or the reservation ends, the acquire script lets nobody else take
+-- it (no barging). If no waiter was reached, `released@@<id>` goes to the mutex channel.
 local owner_key, meta_key, queue_key, expires_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local handoff_key = KEYS[6]
 local id = ARGV[1]
 local publish = ARGV[2]
 local tries = tonumber(ARGV[3])
+local reserve = ARGV[4]
 
 if redis.call('GET', owner_key) ~= id then
     redis.call('ZREM', queue_key, id)
@@ -41,6 +46,7 @@ for _ = 1, tries do
     redis.call('ZREM', queue_key, waiter)
     redis.call('ZREM', expires_key, waiter)
     if redis.call(publish, owner_key .. ':' .. waiter, message) > 0 then
+        redis.call('SET', handoff_key, waiter, 'PX', reserve)
         return { 1, waiter }
     end
 end

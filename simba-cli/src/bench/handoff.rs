@@ -1,0 +1,230 @@
+//! Handoff: contenders on separate connections (one factory each) take turns, each holding
+//! the mutex for `--hold`.
+//!
+//! Latency is measured from the previous owner's `release()` returning to the next
+//! owner's `acquire()` returning, and counted only when the next owner is another
+//! contender. A contender that gets the mutex again right after releasing it, while the
+//! others wait, *barged*.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde_json::json;
+use simba_core::Locker;
+use tokio::sync::{Mutex, watch};
+
+use super::stats::{self, Ownership, Samples};
+use super::{Ctx, Floors, Row, Section, num, num4, ratio, us};
+
+/// Bound of one acquisition: a stuck handoff fails the scenario instead of hanging.
+const ACQUIRE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Holds for `d`: on a blocking thread, because tokio's timers round up to the next
+/// millisecond (a 1 ms sleep would hold for 1-2 ms); no worker thread spins.
+async fn hold_for(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    if tokio::task::spawn_blocking(move || std::thread::sleep(d))
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(d).await;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    own: Ownership,
+    /// When `release()` returned.
+    released: Instant,
+}
+
+pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
+    let contenders = ctx.args.contenders as usize;
+    let target = ctx.iterations();
+    let warm = (target / 20).clamp(contenders, 100);
+    let hold = ctx.args.hold;
+    let mutex = ctx.mutex("handoff");
+    let mut lockers = Vec::new();
+    let mut polls = false;
+    for _ in 0..contenders {
+        let b = ctx.connect(ctx.timing()).await?;
+        polls = b.polls;
+        lockers.push(Locker::new(b.factory.clone(), &mutex)?);
+    }
+    let records = Arc::new(Mutex::new(Vec::with_capacity(warm + target + contenders)));
+    let count = Arc::new(AtomicUsize::new(0));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (c, locker) in lockers.into_iter().enumerate() {
+        let (records, count, stop_tx, mut stop_rx) = (
+            records.clone(),
+            count.clone(),
+            stop_tx.clone(),
+            stop_rx.clone(),
+        );
+        tasks.spawn(async move {
+            loop {
+                let guard = tokio::select! {
+                    biased;
+                    _ = stop_rx.wait_for(|s| *s) => return anyhow::Ok(()),
+                    g = locker.acquire_timeout(ACQUIRE_LIMIT) => g.context("acquire")?,
+                };
+                let start = Instant::now();
+                let fence = guard.fence();
+                hold_for(hold).await;
+                let end = Instant::now();
+                if count.fetch_add(1, Ordering::SeqCst) + 1 >= warm + target {
+                    stop_tx.send_replace(true);
+                }
+                guard.release().await.context("release")?;
+                let released = Instant::now();
+                records.lock().await.push(Record {
+                    own: Ownership {
+                        contender: c,
+                        fence,
+                        start,
+                        end,
+                    },
+                    released,
+                });
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r.context("contender task").and_then(|r| r) {
+            tasks.abort_all();
+            return Err(e);
+        }
+    }
+    let mut records = Arc::try_unwrap(records)
+        .map_err(|_| anyhow::anyhow!("records still shared"))?
+        .into_inner();
+    records.sort_by_key(|r| r.own.start);
+
+    let owns: Vec<Ownership> = records.iter().map(|r| r.own).collect();
+    let safety = stats::check(&owns);
+    let measured = &records[warm.min(records.len())..];
+    let mut handoff = Samples::with_capacity(measured.len());
+    let mut holds = Samples::with_capacity(measured.len());
+    let mut barged = 0usize;
+    for pair in records[warm.saturating_sub(1).min(records.len())..].windows(2) {
+        let (prev, next) = (&pair[0], &pair[1]);
+        if prev.own.contender == next.own.contender {
+            barged += 1;
+        } else {
+            handoff.push_between(prev.released, next.own.start);
+        }
+    }
+    let mut per = vec![0u64; contenders];
+    for r in measured {
+        per[r.own.contender] += 1;
+        holds.push(r.own.end - r.own.start);
+    }
+    let transitions = barged + handoff.len();
+    let barging = barged as f64 * 100.0 / transitions.max(1) as f64;
+    let jain = stats::jain(&per);
+    let window = match (measured.first(), measured.last()) {
+        (Some(a), Some(b)) => (b.released - a.own.start).as_secs_f64(),
+        _ => 0.0,
+    };
+    let acq_per_s = (window > 0.0).then(|| measured.len() as f64 / window);
+    let hold_mean = holds.mean();
+    let ideal = hold_mean.map(|h| 1e6 / h);
+    let goal = match (
+        floors.pubsub.as_ref().and_then(Samples::p50),
+        floors.rtt.p50(),
+    ) {
+        (Some(p), Some(r)) => Some(p + r),
+        _ => None,
+    };
+
+    let mut s = Section {
+        unsafe_: safety.overlaps > 0 || safety.fence_regressions > 0,
+        ..Section::default()
+    };
+    for (k, v) in [
+        ("contenders", json!(contenders)),
+        ("hold_us", num(Some(hold.as_secs_f64() * 1e6))),
+        ("hold_mean_us", num(hold_mean)),
+        ("acquisitions", json!(measured.len())),
+        ("handoffs", json!(handoff.len())),
+        ("p50_us", num(handoff.p50())),
+        ("p99_us", num(handoff.p99())),
+        ("max_us", num(handoff.max())),
+        ("barging_pct", num(Some(barging))),
+        ("jain", num4(jain)),
+        ("acq_per_s", num(acq_per_s)),
+        ("ideal_acq_per_s", num(ideal)),
+        (
+            "acq_pct_of_ideal",
+            num(ratio(acq_per_s, ideal).map(|r| r * 100.0)),
+        ),
+        ("per_contender", json!(per)),
+        ("overlaps", json!(safety.overlaps)),
+        ("fence_regressions", json!(safety.fence_regressions)),
+        ("pubsub_plus_rtt_us", num(goal)),
+        (
+            "waiters_poll_ms",
+            if polls {
+                json!(ctx.args.poll.as_millis() as u64)
+            } else {
+                json!(null)
+            },
+        ),
+    ] {
+        s.json.insert(k.into(), v);
+    }
+    let beside = match goal {
+        Some(g) => format!("pub/sub + round trip = {}", us(Some(g))),
+        None => format!(
+            "{:.1} round trips ({} p50 {}){}",
+            ratio(handoff.p50(), floors.rtt.p50()).unwrap_or(0.0),
+            floors.rtt_what,
+            us(floors.rtt.p50()),
+            if polls {
+                format!(
+                    "; waiters poll every {}",
+                    crate::duration::show(ctx.args.poll)
+                )
+            } else {
+                String::new()
+            }
+        ),
+    };
+    s.rows.push(Row::new(
+        "handoff p50 / p99",
+        format!("{} / {}", us(handoff.p50()), us(handoff.p99())),
+        beside,
+    ));
+    s.rows.push(Row::new(
+        "barging",
+        format!("{barging:.1} %"),
+        format!("{barged} of {transitions} acquisitions by the releaser"),
+    ));
+    s.rows.push(Row::new(
+        "Jain fairness",
+        jain.map_or("-".into(), |j| format!("{j:.4}")),
+        format!("acquisitions per contender {per:?}"),
+    ));
+    s.rows.push(Row::new(
+        "acquisitions per second",
+        acq_per_s.map_or("-".into(), |a| format!("{a:.0}")),
+        format!(
+            "{:.0} % of 1/hold ({} held {} on average)",
+            ratio(acq_per_s, ideal).unwrap_or(0.0) * 100.0,
+            contenders,
+            us(hold_mean)
+        ),
+    ));
+    s.rows.push(Row::new(
+        "overlaps / fence regressions",
+        format!("{} / {}", safety.overlaps, safety.fence_regressions),
+        format!("{} ownerships checked (must be 0)", owns.len()),
+    ));
+    Ok(s)
+}

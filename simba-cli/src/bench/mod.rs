@@ -1,0 +1,341 @@
+//! `simba bench`: the measurements of DESIGN §6 against any backend URL.
+//!
+//! Every figure is reported beside the floor it compares to, measured in the same run:
+//! one bare round trip of the backend (`PING`, `SELECT 1`, `exists`), and on Redis the
+//! pub/sub delivery and a raw `SET NX PX` + `DEL` lock. Timing uses the monotonic clock;
+//! percentiles are nearest-rank over the sorted samples.
+
+mod failover;
+mod floor;
+mod handoff;
+mod scale;
+mod stats;
+mod uncontended;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use crate::backend::{self, Backend, Timing};
+use crate::cli::{BenchArgs, Scenario};
+use crate::status::{Failure, Outcome, Status};
+
+pub(crate) use self::floor::Floors;
+
+/// What every scenario needs.
+pub(crate) struct Ctx {
+    /// The backend URL.
+    pub(crate) url: String,
+    /// The options.
+    pub(crate) args: BenchArgs,
+    /// The prefix of every mutex name of this run.
+    pub(crate) run: String,
+    /// The backend's name (`redis`, `postgres`, …).
+    pub(crate) kind: &'static str,
+}
+
+impl Ctx {
+    /// Connects anew (own connections) with `timing`.
+    pub(crate) async fn connect(&self, timing: Timing) -> anyhow::Result<Backend> {
+        backend::connect(&self.url, timing)
+            .await
+            .map_err(|f| f.error)
+    }
+
+    /// The default lease, with waiters polling every `--poll` where the backend cannot
+    /// push a release.
+    pub(crate) fn timing(&self) -> Timing {
+        Timing {
+            waiter_poll: Some(self.args.poll),
+            ..Timing::default()
+        }
+    }
+
+    /// A mutex name of this run.
+    pub(crate) fn mutex(&self, what: &str) -> String {
+        format!("{}-{what}", self.run)
+    }
+
+    /// `n` of `--iterations`.
+    pub(crate) fn iterations(&self) -> usize {
+        self.args.iterations as usize
+    }
+
+    /// Whether this is the ZooKeeper backend (sessions, not leases).
+    pub(crate) fn is_zookeeper(&self) -> bool {
+        self.kind == "zookeeper"
+    }
+
+    /// Progress on stderr.
+    pub(crate) fn progress(&self, what: impl std::fmt::Display) {
+        eprintln!("simba bench: {what}");
+    }
+}
+
+/// One line of the table: figure, value, and what it compares to.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub(crate) figure: String,
+    pub(crate) value: String,
+    pub(crate) beside: String,
+}
+
+impl Row {
+    pub(crate) fn new(
+        figure: impl Into<String>,
+        value: impl Into<String>,
+        beside: impl Into<String>,
+    ) -> Self {
+        Row {
+            figure: figure.into(),
+            value: value.into(),
+            beside: beside.into(),
+        }
+    }
+}
+
+/// What a scenario reports.
+#[derive(Debug, Default)]
+pub(crate) struct Section {
+    pub(crate) json: Map<String, Value>,
+    pub(crate) rows: Vec<Row>,
+    /// A safety check failed (two owners at once).
+    pub(crate) unsafe_: bool,
+}
+
+/// `µs` with no decimals, or `-`.
+pub(crate) fn us(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0} µs"))
+}
+
+/// A JSON number rounded to one decimal, or null.
+pub(crate) fn num(v: Option<f64>) -> Value {
+    v.filter(|v| v.is_finite())
+        .map_or(Value::Null, |v| json!((v * 10.0).round() / 10.0))
+}
+
+/// A JSON number rounded to four decimals, or null.
+pub(crate) fn num4(v: Option<f64>) -> Value {
+    v.filter(|v| v.is_finite())
+        .map_or(Value::Null, |v| json!((v * 1e4).round() / 1e4))
+}
+
+/// Milliseconds of a duration, as a JSON number.
+pub(crate) fn ms(d: Duration) -> Value {
+    json!(d.as_millis() as u64)
+}
+
+/// `a / b` when both are known and `b` is not zero.
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// Runs `simba bench`.
+pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
+    let mut scenarios = args.scenarios.clone();
+    if scenarios.is_empty() {
+        scenarios = vec![
+            Scenario::Scale,
+            Scenario::Uncontended,
+            Scenario::Handoff,
+            Scenario::Failover,
+        ];
+    }
+    scenarios.sort();
+    scenarios.dedup();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut ctx = Ctx {
+        url,
+        args,
+        run: format!("bench-{}-{nanos:x}", std::process::id()),
+        kind: "",
+    };
+    let main = ctx.connect(ctx.timing()).await.map_err(|e| Failure {
+        status: Status::Unavailable,
+        error: e,
+    })?;
+    ctx.kind = main.factory.backend();
+    let shown = main.shown.clone();
+
+    let mut out = Map::new();
+    out.insert("backend".into(), json!(ctx.kind));
+    out.insert("url".into(), json!(shown));
+    out.insert("simba_version".into(), json!(env!("CARGO_PKG_VERSION")));
+    out.insert("iterations".into(), json!(ctx.args.iterations));
+    let mut table: Vec<(&'static str, Result<Section, String>)> = Vec::new();
+
+    ctx.progress(format!("{shown} ({}): floors", ctx.kind));
+    let floors = match floor::measure(&main.native, ctx.iterations(), &ctx.run).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            table.push(("floor", Err(format!("{e:#}"))));
+            None
+        }
+    };
+    if let Some(f) = &floors {
+        table.push(("floor", Ok(floor_section(f))));
+    }
+    // One acquisition before the scenarios: a fresh Redis keeps every free mutex for one
+    // lease after its first use (the restart quarantine), which no scenario should time.
+    match first_acquisition(&ctx, &main).await {
+        Ok(took) => {
+            out.insert(
+                "first_acquire_ms".into(),
+                num(Some(took.as_secs_f64() * 1e3)),
+            );
+            if took > Duration::from_secs(1) {
+                ctx.progress(format!(
+                    "the first acquisition took {:.1} s (a fresh server's restart quarantine?)",
+                    took.as_secs_f64()
+                ));
+            }
+        }
+        Err(e) => table.push(("first_acquire", Err(format!("{e:#}")))),
+    }
+    let empty = Floors::default();
+    let floors_ref = floors.as_ref().unwrap_or(&empty);
+
+    for scenario in scenarios {
+        let name = match scenario {
+            Scenario::Uncontended => "uncontended",
+            Scenario::Handoff => "handoff",
+            Scenario::Failover => "failover",
+            Scenario::Scale => "scale",
+        };
+        ctx.progress(name);
+        let result = match scenario {
+            Scenario::Uncontended => uncontended::run(&ctx, &main, floors_ref).await,
+            Scenario::Handoff => handoff::run(&ctx, floors_ref).await,
+            Scenario::Failover => failover::run(&ctx).await,
+            Scenario::Scale => scale::run(&ctx, &main, floors_ref).await,
+        };
+        table.push((name, result.map_err(|e| format!("{e:#}"))));
+    }
+
+    let mut failed = false;
+    let mut unsafe_ = false;
+    for (name, section) in &table {
+        let value = match section {
+            Ok(s) => {
+                unsafe_ |= s.unsafe_;
+                Value::Object(s.json.clone())
+            }
+            Err(e) => {
+                failed = true;
+                json!({ "error": e })
+            }
+        };
+        out.insert((*name).to_owned(), value);
+    }
+    if ctx.args.json {
+        println!("{}", Value::Object(out));
+    } else {
+        print!("{}", render(&shown, ctx.kind, &ctx.args, &table));
+    }
+    if unsafe_ {
+        return Err(Failure::new(
+            Status::Internal,
+            "safety check failed: two contenders owned the mutex at once (see `overlaps`)",
+        ));
+    }
+    if failed {
+        return Err(Failure::new(
+            Status::Unavailable,
+            "a scenario failed (see its `error`)",
+        ));
+    }
+    Ok(0)
+}
+
+async fn first_acquisition(ctx: &Ctx, main: &Backend) -> anyhow::Result<Duration> {
+    let locker = simba_core::Locker::new(main.factory.clone(), &ctx.mutex("first"))?;
+    let t0 = std::time::Instant::now();
+    let guard = locker.acquire_timeout(Duration::from_secs(60)).await?;
+    let took = t0.elapsed();
+    guard.release().await?;
+    Ok(took)
+}
+
+fn floor_section(f: &Floors) -> Section {
+    let mut s = Section::default();
+    s.json.insert("rtt_op".into(), json!(f.rtt_what));
+    s.json.insert("rtt_p50_us".into(), num(f.rtt.p50()));
+    s.json.insert("rtt_p99_us".into(), num(f.rtt.p99()));
+    s.rows.push(Row::new(
+        format!("round trip ({}) p50 / p99", f.rtt_what),
+        format!("{} / {}", us(f.rtt.p50()), us(f.rtt.p99())),
+        format!("{} samples", f.rtt.len()),
+    ));
+    if let Some(p) = &f.pubsub {
+        s.json.insert("pubsub_p50_us".into(), num(p.p50()));
+        s.json.insert("pubsub_p99_us".into(), num(p.p99()));
+        s.rows.push(Row::new(
+            "PUBLISH → delivered p50 / p99",
+            format!("{} / {}", us(p.p50()), us(p.p99())),
+            "command → subscriber connection",
+        ));
+    }
+    if let Some(r) = &f.raw_lock {
+        s.json.insert("raw_lock_p50_us".into(), num(r.p50()));
+        s.json.insert("raw_lock_p99_us".into(), num(r.p99()));
+        s.rows.push(Row::new(
+            "raw lock p50 / p99",
+            format!("{} / {}", us(r.p50()), us(r.p99())),
+            "SET NX PX + DEL",
+        ));
+    }
+    s
+}
+
+fn render(
+    shown: &str,
+    kind: &str,
+    args: &BenchArgs,
+    table: &[(&'static str, Result<Section, String>)],
+) -> String {
+    let mut rows: Vec<[String; 4]> = vec![[
+        "scenario".into(),
+        "figure".into(),
+        "value".into(),
+        "compare with".into(),
+    ]];
+    for (name, section) in table {
+        match section {
+            Ok(s) => {
+                for (i, r) in s.rows.iter().enumerate() {
+                    let label = if i == 0 {
+                        (*name).to_owned()
+                    } else {
+                        String::new()
+                    };
+                    rows.push([label, r.figure.clone(), r.value.clone(), r.beside.clone()]);
+                }
+            }
+            Err(e) => rows.push([
+                (*name).to_owned(),
+                "FAILED".into(),
+                e.clone(),
+                String::new(),
+            ]),
+        }
+    }
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let (w0, w1, w2) = (width(0), width(1), width(2));
+    let mut out = format!(
+        "simba bench: {shown} ({kind}), {} iterations\n\n",
+        args.iterations
+    );
+    for (n, r) in rows.iter().enumerate() {
+        let _ = writeln!(out, "{:<w0$}  {:<w1$}  {:<w2$}  {}", r[0], r[1], r[2], r[3]);
+        if n == 0 {
+            let _ = writeln!(out, "{}", "-".repeat(w0 + w1 + w2 + 6 + width(3)));
+        }
+    }
+    out
+}
