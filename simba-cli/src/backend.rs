@@ -17,9 +17,20 @@ use simba_core::{BoxFuture, ContendServiceFactory, LeaseConfig, LeaseReply};
 
 use crate::status::{Failure, Status};
 
-/// How long opening a SQLite file is retried when it fails (see `connect`).
-#[allow(dead_code)] // unused without the sqlite feature
-const SQLITE_OPEN_RETRY: Duration = Duration::from_secs(3);
+/// How often a waiter looks again on backends that cannot push a release (SQLite, MySQL),
+/// unless the caller chose (`LeaseConfig::waiter_poll`; core jitters it in its second half):
+/// without it a waiter would sleep until the old owner's lease ends, up to 16 s after the
+/// owner is done.
+const WAITER_POLL: Duration = Duration::from_millis(200);
+
+/// `lease` with [`WAITER_POLL`] unless a poll was already chosen.
+#[allow(dead_code)] // unused without the sqlite and mysql features
+fn polling(lease: LeaseConfig) -> LeaseConfig {
+    LeaseConfig {
+        waiter_poll: lease.waiter_poll.or(Some(WAITER_POLL)),
+        ..lease
+    }
+}
 
 /// Every scheme `simba` knows, with the feature that compiles it in.
 const SCHEMES: &[(&str, &str, bool)] = &[
@@ -161,8 +172,8 @@ pub(crate) struct Backend {
     /// A one-call owner read, where the backend has one (lease backends); ZooKeeper is
     /// observed through a retrieval service instead.
     pub(crate) reader: Option<Arc<dyn OwnerReader>>,
-    /// Whether the backend cannot push a release to waiters (SQLite, MySQL): a waiting
-    /// `exec` then polls, instead of sleeping until the owner's lease would end.
+    /// Whether the backend cannot push a release to waiters (SQLite, MySQL): its waiters
+    /// poll (see [`WAITER_POLL`]).
     pub(crate) polls: bool,
     /// The concrete store or session.
     #[allow(dead_code)] // read by `bench` only
@@ -300,22 +311,11 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
         Target::Sqlite(path) => {
             check_sqlite_dir(&path)?;
             let url = format!("sqlite://{}", path.display());
-            // Processes that open a new SQLite file at the same instant can get "database
-            // is locked" at once (switching the file to WAL does not wait on the busy
-            // timeout): that contention is over within milliseconds, so try again, briefly.
-            let give_up = tokio::time::Instant::now() + SQLITE_OPEN_RETRY;
-            let f = loop {
-                match simba_jdbc::factory(&url, lease.clone()).await {
-                    Ok(f) => break f,
-                    Err(e @ simba_core::Error::Backend { .. })
-                        if tokio::time::Instant::now() < give_up =>
-                    {
-                        tracing::debug!("opening the SQLite file failed, retrying: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(e) => return Err(connect_failed(e)),
-                }
-            };
+            // simba-jdbc retries the WAL switch that races when processes open a new file
+            // together.
+            let f = simba_jdbc::factory(&url, polling(lease))
+                .await
+                .map_err(connect_failed)?;
             let native = Native::Sql((**f.store()).clone());
             Ok(lease_backend(shown, f, true, native))
         }
@@ -329,7 +329,7 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
         }
         #[cfg(feature = "mysql")]
         Target::Mysql(url) => {
-            let f = simba_jdbc::factory(&url, lease)
+            let f = simba_jdbc::factory(&url, polling(lease))
                 .await
                 .map_err(connect_failed)?;
             let native = Native::Sql((**f.store()).clone());

@@ -25,7 +25,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     let locker = Locker::new(backend.factory.clone(), mutex)
         .map_err(|e| Failure::simba(e, "bad mutex name"))?;
 
-    let acquire = acquire(&locker, &args, backend.polls);
+    let acquire = acquire(&locker, &args);
     debug!(mutex, backend = %backend.shown, "waiting for the mutex");
     let guard = tokio::select! {
         r = acquire => r.map_err(|e| not_acquired(e, mutex, &backend))?,
@@ -99,50 +99,16 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     Ok(Status::Lost.code())
 }
 
-/// How often a waiter polls a backend that cannot push releases (plus a per-process
-/// offset, so that waiters do not poll in lockstep).
-const POLL: Duration = Duration::from_millis(200);
-
-/// Acquires as the options say.
-///
-/// The library's `acquire` sleeps until the owner's lease would end when the backend
-/// cannot push a release (SQLite, MySQL): with the default lease a waiter would start up
-/// to 16 s after the owner is done. On those backends simba polls with one-shot tries
-/// instead, so the next command starts within [`POLL`] of the release.
-async fn acquire(locker: &Locker, args: &ExecArgs, polls: bool) -> simba_core::Result<LockGuard> {
+/// Acquires as the options say. On backends that cannot push a release (SQLite, MySQL)
+/// the factory was made with a short `LeaseConfig::waiter_poll` (see
+/// `backend::WAITER_POLL`), so a waiting command starts soon after the owner is done.
+async fn acquire(locker: &Locker, args: &ExecArgs) -> simba_core::Result<LockGuard> {
     if args.no_wait {
         return locker.try_acquire().await;
     }
-    let wait = async {
-        if !polls {
-            return locker.acquire().await;
-        }
-        let every = POLL + Duration::from_millis(u64::from(std::process::id() % 97));
-        let mut failing = false;
-        loop {
-            match locker.try_acquire().await {
-                Ok(guard) => return Ok(guard),
-                Err(simba_core::Error::WouldBlock { .. }) => failing = false,
-                Err(e) if e.is_retryable() => {
-                    if !failing {
-                        warn!("backend call failed, retrying every {}: {e}", show(every));
-                    }
-                    failing = true;
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::time::sleep(every).await;
-        }
-    };
     match args.timeout {
-        None => wait.await,
-        Some(limit) => match tokio::time::timeout(limit, wait).await {
-            Ok(r) => r,
-            Err(_) => Err(simba_core::Error::Timeout {
-                mutex: locker.mutex().to_owned(),
-                waited: limit,
-            }),
-        },
+        None => locker.acquire().await,
+        Some(limit) => locker.acquire_timeout(limit).await,
     }
 }
 
