@@ -353,15 +353,6 @@ impl<S: LeaseStore> LeaseContendService<S> {
         let _ = running.stop.send(true);
         Some(running.task)
     }
-
-    async fn stop_inner(&self) -> Result<()> {
-        if let Some(task) = self.signal_stop()
-            && let Err(e) = task.await
-        {
-            warn!(mutex = %self.shared.mutex, "contend task ended abnormally: {e}");
-        }
-        Ok(())
-    }
 }
 
 impl<S> Drop for LeaseContendService<S> {
@@ -424,7 +415,8 @@ impl<S: LeaseStore> RetrievalService for LeaseRetrievalService<S> {
         self.0.start_inner()
     }
     fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(self.0.stop_inner())
+        // One stop path for both services: signalled at once, awaited in the future.
+        ContendService::stop(&self.0)
     }
     fn state(&self) -> watch::Receiver<MutexState> {
         self.0.shared.owner_state.subscribe()
