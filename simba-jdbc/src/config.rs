@@ -11,6 +11,9 @@ pub const DEFAULT_TABLE: &str = "simba_mutex";
 pub const DEFAULT_POOL_SIZE: usize = 8;
 /// The default bound on one store call (pool checkout plus its statements).
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a waiter keeps first claim on a mutex after its last look; the default for
+/// [`SqlConfig::with_waiter_reservation`].
+pub const DEFAULT_WAITER_RESERVATION: Duration = Duration::from_millis(500);
 /// The width of the `mutex` column created by [`SqlStore::migrate`](crate::SqlStore::migrate),
 /// in characters; the default for [`SqlConfig::with_max_name_len`].
 pub const MUTEX_COLUMN_LEN: usize = 200;
@@ -344,6 +347,7 @@ pub struct SqlConfig {
     pool_size: usize,
     statement_timeout: Duration,
     max_name_len: usize,
+    waiter_reservation: Duration,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -354,6 +358,7 @@ impl fmt::Debug for SqlConfig {
             .field("pool_size", &self.pool_size)
             .field("statement_timeout", &self.statement_timeout)
             .field("max_name_len", &self.max_name_len)
+            .field("waiter_reservation", &self.waiter_reservation)
             .finish()
     }
 }
@@ -375,6 +380,7 @@ impl SqlConfig {
             pool_size: DEFAULT_POOL_SIZE,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             max_name_len: MUTEX_COLUMN_LEN,
+            waiter_reservation: DEFAULT_WAITER_RESERVATION,
         }
     }
 
@@ -409,6 +415,27 @@ impl SqlConfig {
     pub fn with_max_name_len(mut self, chars: usize) -> Self {
         self.max_name_len = chars;
         self
+    }
+
+    /// How long a waiter keeps first claim on the mutex after its last look (default
+    /// [`DEFAULT_WAITER_RESERVATION`]); `Duration::ZERO` turns claims off.
+    ///
+    /// A contender that finds the mutex held takes the table's one waiter slot if it is
+    /// free, and keeps it by looking again before the claim lapses. While the claim lasts,
+    /// only that waiter may take the mutex once it is free: without it, an owner that
+    /// releases and contends again at once wins nearly every time against waiters that
+    /// poll (MySQL, SQLite), and they starve. Set it above the waiters' poll period
+    /// ([`simba_core::LeaseConfig::waiter_poll`]). A waiter that stops cleanly gives up its
+    /// claim; one that dies holds up the next release by at most this long. Safety does
+    /// not depend on it: it only narrows who may take a free mutex.
+    pub fn with_waiter_reservation(mut self, reservation: Duration) -> Self {
+        self.waiter_reservation = reservation;
+        self
+    }
+
+    /// How long a waiter keeps first claim on the mutex (`Duration::ZERO`: off).
+    pub fn waiter_reservation(&self) -> Duration {
+        self.waiter_reservation
     }
 
     /// The database URL as given (it may hold a password: do not log it; `Debug` redacts it).
@@ -482,6 +509,9 @@ impl SqlConfig {
                     self.max_name_len
                 ),
             ));
+        }
+        if !self.waiter_reservation.is_zero() {
+            validate_duration("waiter_reservation", self.waiter_reservation)?;
         }
         Ok(target)
     }

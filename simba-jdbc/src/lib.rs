@@ -15,8 +15,9 @@ mod sql;
 mod store;
 
 pub use config::{
-    Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
-    MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
+    Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE,
+    DEFAULT_WAITER_RESERVATION, MAX_POOL_SIZE, MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN,
+    OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
 pub use sql::create_table_sql;
 pub use store::SqlStore;

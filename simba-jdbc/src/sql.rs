@@ -83,8 +83,12 @@ pub(crate) struct Statements {
     /// `true` when acquire and release statements take two more arguments, the NOTIFY
     /// channel and payload (PostgreSQL).
     pub(crate) notify: bool,
-    /// Args: me, me, ttl, ttl+transition, me, mutex, me [, channel, payload].
+    /// Args: me, me, me, me, ttl, ttl+transition, me, mutex, me, me [, channel, payload].
     pub(crate) acquire: String,
+    /// Args: reservation ms, me, mutex, me, me. Claims the waiter slot for `me`.
+    pub(crate) wait: String,
+    /// Args: mutex, me. Gives up `me`'s waiter slot.
+    pub(crate) leave: String,
     /// Args: ttl, ttl+transition, mutex, me.
     pub(crate) renew: String,
     /// Args: mutex, me [, channel, payload].
@@ -108,9 +112,18 @@ impl Statements {
             Backend::Sqlite => "MAX",
         };
         // MySQL runs SET assignments left to right and later ones see earlier results, so
-        // everything that reads the old owner_id / transition_at is assigned first.
+        // everything that reads the old owner_id / transition_at / waiter_id is assigned
+        // before those columns are.
+        //
+        // Taking the mutex: its owner renews it within the lease; anyone takes it once the
+        // lease is over, unless another waiter holds the waiter slot (`waiter_id` until
+        // `waiter_until`): a waiter that found the mutex held keeps first claim on it while
+        // it keeps polling, so a releaser that contends again at once cannot barge past it.
+        // Taking it frees the slot if it was the taker's.
         let acquire = format!(
             "UPDATE {t} SET \
+             waiter_until = CASE WHEN waiter_id = ? THEN 0 ELSE waiter_until END, \
+             waiter_id = CASE WHEN waiter_id = ? THEN '' ELSE waiter_id END, \
              version = CASE WHEN owner_id = ? AND transition_at > {now} \
                  THEN version ELSE {greatest}(version + 1, {now}) END, \
              acquired_at = CASE WHEN owner_id = ? AND transition_at > {now} \
@@ -118,7 +131,17 @@ impl Statements {
              ttl_at = {now} + ?, \
              transition_at = {now} + ?, \
              owner_id = ? \
-             WHERE mutex = ? AND (transition_at <= {now} OR owner_id = ?)"
+             WHERE mutex = ? AND ((owner_id = ? AND transition_at > {now}) \
+                 OR (transition_at <= {now} AND (waiter_id = ? OR waiter_until <= {now})))"
+        );
+        // Claims (or keeps) the waiter slot: only when it is free, lapsed or already ours,
+        // and never by the owner.
+        let wait = format!(
+            "UPDATE {t} SET waiter_until = {now} + ?, waiter_id = ? \
+             WHERE mutex = ? AND owner_id <> ? AND (waiter_id = ? OR waiter_until <= {now})"
+        );
+        let leave = format!(
+            "UPDATE {t} SET waiter_until = 0, waiter_id = '' WHERE mutex = ? AND waiter_id = ?"
         );
         let renew = format!(
             "UPDATE {t} SET ttl_at = {now} + ?, transition_at = {now} + ? \
@@ -141,12 +164,14 @@ impl Statements {
         };
         let select = format!(
             "SELECT n.now_ms AS now_ms, m.owner_id AS owner_id, m.acquired_at AS acquired_at, \
-             m.ttl_at AS ttl_at, m.transition_at AS transition_at, m.version AS version \
+             m.ttl_at AS ttl_at, m.transition_at AS transition_at, m.version AS version, \
+             m.waiter_id AS waiter_id, m.waiter_until AS waiter_until \
              FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} m ON m.mutex = ?"
         );
         let create = create_table_sql(backend, table).unwrap_or_default();
         let check = format!(
-            "SELECT mutex, acquired_at, ttl_at, transition_at, owner_id, version FROM {t} WHERE 1 = 0"
+            "SELECT mutex, acquired_at, ttl_at, transition_at, owner_id, version, waiter_id, \
+             waiter_until FROM {t} WHERE 1 = 0"
         );
         match backend {
             Backend::Postgres => Statements {
@@ -157,6 +182,8 @@ impl Statements {
                      SELECT pg_notify(?, ?) FROM u WHERE u.acquired_at = u.now_ms"
                 )),
                 renew: numbered(&renew),
+                wait: numbered(&wait),
+                leave: numbered(&leave),
                 release: numbered(&format!(
                     "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
                 )),
@@ -170,6 +197,8 @@ impl Statements {
                 notify: false,
                 acquire,
                 renew,
+                wait,
+                leave,
                 release,
                 insert,
                 select,
@@ -188,8 +217,10 @@ mod tests {
     fn postgres_placeholders_are_numbered() {
         let s = Statements::new(Backend::Postgres, "simba_mutex");
         assert!(!s.acquire.contains('?'), "{}", s.acquire);
-        assert!(s.acquire.contains("$9"), "{}", s.acquire);
-        assert!(!s.acquire.contains("$10"), "{}", s.acquire);
+        assert!(s.acquire.contains("$12"), "{}", s.acquire);
+        assert!(!s.acquire.contains("$13"), "{}", s.acquire);
+        assert!(s.wait.contains("$5") && !s.wait.contains("$6"));
+        assert!(s.leave.contains("$2") && !s.leave.contains("$3"));
         assert!(s.release.contains("$4") && !s.release.contains("$5"));
         assert!(s.renew.contains("$4") && !s.renew.contains("$5"));
     }
@@ -198,7 +229,9 @@ mod tests {
     fn placeholder_counts_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite] {
             let s = Statements::new(backend, "simba_mutex");
-            assert_eq!(s.acquire.matches('?').count(), 7);
+            assert_eq!(s.acquire.matches('?').count(), 10);
+            assert_eq!(s.wait.matches('?').count(), 5);
+            assert_eq!(s.leave.matches('?').count(), 2);
             assert_eq!(s.renew.matches('?').count(), 4);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.insert.matches('?').count(), 1);

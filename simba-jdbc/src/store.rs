@@ -60,6 +60,17 @@ struct OwnerRow {
     transition_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     version: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    waiter_id: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    waiter_until: Option<i64>,
+}
+
+impl OwnerRow {
+    /// Whether `me` owns the mutex within its lease, by this row.
+    fn owned_by(&self, me: &str) -> bool {
+        self.owner_id.as_deref() == Some(me) && self.transition_at.unwrap_or(0) > self.now_ms
+    }
 }
 
 fn bind_all<'a, DB>(sql: &str, args: &[Arg<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
@@ -138,6 +149,8 @@ struct Call<'a> {
     st: &'a Statements,
     mutex: &'a str,
     channel: &'a str,
+    /// How long a waiter's claim lasts after its last look, in ms; 0: no claims.
+    reservation_ms: i64,
 }
 
 impl Call<'_> {
@@ -148,8 +161,29 @@ impl Call<'_> {
     }
 
     /// Acquire: one conditional UPDATE on the database clock, then the owner and the
-    /// database's time. Inserts the row first when it does not exist yet.
+    /// database's time. Inserts the row first when it does not exist yet. When the mutex
+    /// stays with someone else, claims the waiter slot if it is free.
     async fn acquire<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        lease: Lease,
+    ) -> QueryResult<Option<OwnerRow>> {
+        let row = self.take(c, me, lease).await?;
+        if self.reservation_ms > 0 && !row.as_ref().is_some_and(|r| r.owned_by(me)) {
+            let args = [
+                Arg::Int(self.reservation_ms),
+                Arg::Text(me),
+                Arg::Text(self.mutex),
+                Arg::Text(me),
+                Arg::Text(me),
+            ];
+            c.exec(&self.st.wait, &args).await?;
+        }
+        Ok(row)
+    }
+
+    async fn take<C: SqlConn>(
         &self,
         c: &mut C,
         me: &str,
@@ -161,10 +195,13 @@ impl Call<'_> {
         let mut args = vec![
             Arg::Text(me),
             Arg::Text(me),
+            Arg::Text(me),
+            Arg::Text(me),
             Arg::Int(ttl),
             Arg::Int(total),
             Arg::Text(me),
             Arg::Text(self.mutex),
+            Arg::Text(me),
             Arg::Text(me),
         ];
         if self.st.notify {
@@ -200,6 +237,12 @@ impl Call<'_> {
         ];
         c.exec(&self.st.renew, &args).await?;
         self.select(c).await
+    }
+
+    /// Leave: gives up `me`'s claim as the waiter, if it has it.
+    async fn leave<C: SqlConn>(&self, c: &mut C, me: &str) -> QueryResult<usize> {
+        c.exec(&self.st.leave, &[Arg::Text(self.mutex), Arg::Text(me)])
+            .await
     }
 
     /// Release: owner-checked UPDATE (PostgreSQL: with NOTIFY in the same statement).
@@ -427,6 +470,8 @@ impl Inner {
             st: &self.st,
             mutex,
             channel: &self.channel,
+            reservation_ms: i64::try_from(self.config.waiter_reservation().as_millis())
+                .unwrap_or(i64::MAX),
         }
     }
 
@@ -464,7 +509,10 @@ impl Inner {
         Ok(())
     }
 
-    fn reply(&self, row: Option<OwnerRow>) -> Result<LeaseReply> {
+    /// The reply to `me` (`None`: a reader) from the row. A free mutex that another waiter
+    /// has first claim on is, to a contender, held by nobody (empty id) until the claim
+    /// lapses, so that it looks again then.
+    fn reply(&self, row: Option<OwnerRow>, me: Option<&str>) -> Result<LeaseReply> {
         let backend = self.kind.name();
         let Some(row) = row else {
             return Err(Error::backend(
@@ -498,6 +546,24 @@ impl Inner {
             }
             _ => MutexOwner::NONE,
         };
+        let claimed_until = row.waiter_until.unwrap_or(0);
+        let claimed_by_other = me.is_some_and(|me| {
+            row.waiter_id
+                .as_deref()
+                .is_some_and(|w| !w.is_empty() && w != me)
+        });
+        if !owner.has_owner() && claimed_by_other && claimed_until > now {
+            return Ok(LeaseReply {
+                owner: MutexOwner {
+                    owner_id: String::new(),
+                    acquired_at: 0,
+                    ttl_at: claimed_until,
+                    transition_at: claimed_until,
+                    fence: 0,
+                },
+                now,
+            });
+        }
         Ok(LeaseReply { owner, now })
     }
 }
@@ -782,7 +848,7 @@ impl LeaseStore for SqlStore {
                 on_conn!(inner, |c| call.acquire(c, contender_id, lease))
             })
             .await?;
-        inner.reply(row)
+        inner.reply(row, Some(contender_id))
     }
 
     /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
@@ -797,7 +863,7 @@ impl LeaseStore for SqlStore {
                 on_conn!(inner, |c| call.renew(c, contender_id, lease))
             })
             .await?;
-        inner.reply(row)
+        inner.reply(row, None)
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
@@ -823,7 +889,23 @@ impl LeaseStore for SqlStore {
                 on_conn!(inner, |c| call.select(c))
             })
             .await?;
-        inner.reply(row)
+        inner.reply(row, None)
+    }
+
+    /// Gives up the contender's first claim on the mutex (the waiter slot), so that a
+    /// contender that stopped waiting does not hold up the next release.
+    async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
+        let inner = &*self.inner;
+        inner.check_name(mutex)?;
+        inner.check_contender(contender_id)?;
+        let call = inner.call(mutex);
+        let what = format!("leave the wait for mutex {mutex:?}");
+        inner
+            .bounded(&what, inner.config.statement_timeout(), async {
+                on_conn!(inner, |c| call.leave(c, contender_id))
+            })
+            .await
+            .map(|_| ())
     }
 
     /// PostgreSQL: events from LISTEN/NOTIFY ([`StoreEvent::Released`] and

@@ -5,5 +5,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     transition_at BIGINT NOT NULL DEFAULT 0,
     owner_id      VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
     version       BIGINT NOT NULL DEFAULT 0,
+    waiter_id     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+    waiter_until  BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (mutex)
 ) ENGINE = InnoDB
