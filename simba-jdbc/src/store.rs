@@ -443,15 +443,21 @@ impl Inner {
         let missing_table = lower.contains("no such table")
             || (lower.contains("does not exist") && lower.contains("relation"))
             || (lower.contains("doesn't exist") && lower.contains("table"));
-        let permanent = missing_table
-            || lower.contains("no such column")
+        let missing_column = lower.contains("no such column")
             || lower.contains("unknown column")
-            || (lower.contains("column") && lower.contains("does not exist"))
-            || lower.contains("syntax");
+            || (lower.contains("column") && lower.contains("does not exist"));
+        let permanent = missing_table || missing_column || lower.contains("syntax");
         let hint = if missing_table {
             format!(
                 "; the table {} is missing: call SqlStore::migrate() or create it with the SQL \
                  in the simba-jdbc README",
+                self.config.table()
+            )
+        } else if missing_column {
+            format!(
+                "; the table {} lacks a column this version of simba-jdbc uses (made by an \
+                 older version?): compare it with create_table_sql() and add the column, or \
+                 drop the table while no contender runs and let migrate() create it",
                 self.config.table()
             )
         } else {

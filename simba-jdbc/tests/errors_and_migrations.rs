@@ -150,6 +150,43 @@ async fn missing_table_says_how_to_fix_it() {
     drop(store);
 }
 
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_waiter_columns_says_how_to_fix_it() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let h = SqlHarness::sqlite();
+    let path = h.url().strip_prefix("sqlite://").expect("a sqlite url");
+    // The table as an older simba-jdbc made it: no waiter_id / waiter_until.
+    let mut raw = diesel::SqliteConnection::establish(path).expect("open the file");
+    raw.batch_execute(
+        "CREATE TABLE old_mutex (mutex VARCHAR(200) NOT NULL PRIMARY KEY, \
+         acquired_at BIGINT NOT NULL DEFAULT 0, ttl_at BIGINT NOT NULL DEFAULT 0, \
+         transition_at BIGINT NOT NULL DEFAULT 0, owner_id VARCHAR(200) NOT NULL DEFAULT '', \
+         version BIGINT NOT NULL DEFAULT 0)",
+    )
+    .expect("create the old table");
+    let store = SqlStore::connect(h.config(h.url()).with_table("old_mutex"))
+        .await
+        .expect("connect");
+    let e = store.migrate().await.expect_err("the check finds the gap");
+    assert!(!e.is_retryable(), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("waiter"), "names the column: {text}");
+    assert!(
+        text.contains("create_table_sql"),
+        "says how to fix it: {text}"
+    );
+    let e = store
+        .acquire("m", "c", common::LEASE)
+        .await
+        .expect_err("no acquire on the old table");
+    assert!(
+        !e.is_retryable() && e.to_string().contains("lacks a column"),
+        "{e}"
+    );
+}
+
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_database_is_a_bounded_backend_error() {
