@@ -2,7 +2,7 @@
 //! chaos-contender`) write to a fenced resource while owners are killed and paused, the
 //! server restarts and connections are cut, delayed and partitioned. No two ownerships may
 //! overlap and no stale write may be accepted. Time is the subject here (leases of 1.5 s),
-//! so each run lasts 25 s; the long runs are in the README.
+//! so each run lasts 30 s; the long runs are in the README.
 
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ fn config(backend: ChaosBackend) -> ChaosConfig {
         env!("CARGO_BIN_EXE_simba"),
         vec!["chaos-contender".into()],
     );
-    cfg.duration = Duration::from_secs(25);
+    cfg.duration = Duration::from_secs(30);
     cfg.fault_every = Duration::from_secs(1);
     cfg.min_handoffs = 5;
     if backend == ChaosBackend::Sqlite {
