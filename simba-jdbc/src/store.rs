@@ -476,8 +476,12 @@ impl Inner {
             st: &self.st,
             mutex,
             channel: &self.channel,
-            reservation_ms: i64::try_from(self.config.waiter_reservation().as_millis())
-                .unwrap_or(i64::MAX),
+            reservation_ms: i64::try_from(
+                self.config
+                    .effective_waiter_reservation(self.kind)
+                    .as_millis(),
+            )
+            .unwrap_or(i64::MAX),
         }
     }
 
@@ -905,6 +909,9 @@ impl LeaseStore for SqlStore {
         inner.check_name(mutex)?;
         inner.check_contender(contender_id)?;
         let call = inner.call(mutex);
+        if call.reservation_ms == 0 {
+            return Ok(());
+        }
         let what = format!("leave the wait for mutex {mutex:?}");
         inner
             .bounded(&what, inner.config.statement_timeout(), async {
