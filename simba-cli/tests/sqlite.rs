@@ -339,3 +339,49 @@ fn an_unreachable_backend_is_unavailable() {
     assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
     assert!(text(&out.stderr).contains("redis://127.0.0.1:1"), "{out:?}");
 }
+
+/// `while true; do simba exec job -- …; done` in one shell must not starve a second shell
+/// waiting for `job`: on SQLite the waiter that looked keeps first claim on the mutex, so a
+/// new `simba exec` of the loop cannot take it past the waiter.
+#[test]
+fn a_waiter_is_not_starved_by_a_loop_of_execs() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "loop.db");
+    let mutex = mutex_name("loop");
+    let log = file(dir.path(), "log");
+    let looper = {
+        let (url, mutex, log) = (url.clone(), mutex.clone(), log.clone());
+        std::thread::spawn(move || {
+            for i in 1..=6 {
+                // Holds of 0.4 s: longer than the waiter's poll (0.1–0.2 s), so that it
+                // looks while the loop holds the mutex.
+                let script = format!("echo A{i} >> {}; sleep 0.4", log.display());
+                let out = run(
+                    simba(Some(&url)).args(["exec", &mutex]).args(sh(&script)),
+                    Duration::from_secs(30),
+                    "a simba exec of the loop",
+                );
+                assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            }
+        })
+    };
+    eventually(Duration::from_secs(30), "the loop's first command", || {
+        lines(&log).iter().any(|l| l == "A1")
+    });
+    let script = format!("echo B >> {}", log.display());
+    let out = run(
+        simba(Some(&url)).args(["exec", &mutex]).args(sh(&script)),
+        Duration::from_secs(30),
+        "the waiting simba exec",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    looper.join().expect("the loop");
+    let order = lines(&log);
+    let b = order.iter().position(|l| l == "B").expect("B ran");
+    let a3 = order.iter().position(|l| l == "A3").expect("A3 ran");
+    assert!(
+        b < a3,
+        "the waiter started during A1 and ran after at most one more turn of the loop: \
+         {order:?}"
+    );
+}
