@@ -24,6 +24,43 @@ use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent};
 /// The longest duration any setting accepts (one year): longer values are mistakes.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Checks a duration setting the way every simba config does: at least `min`, at most
+/// [`MAX_DURATION`], and a whole number of milliseconds (backends count in ms).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming `field` and what is wrong with `d`.
+///
+/// ```
+/// use std::time::Duration;
+/// use simba_core::validate_duration;
+///
+/// let ms = Duration::from_millis(1);
+/// assert!(validate_duration("ttl", Duration::from_secs(10), ms).is_ok());
+/// assert!(validate_duration("ttl", Duration::ZERO, ms).is_err());
+/// assert!(validate_duration("ttl", Duration::from_micros(1500), ms).is_err());
+/// ```
+pub fn validate_duration(field: &'static str, d: Duration, min: Duration) -> Result<()> {
+    if d < min {
+        return Err(Error::config(
+            field,
+            format!("{d:?} is shorter than {min:?}"),
+        ));
+    }
+    if d > MAX_DURATION {
+        return Err(Error::config(
+            field,
+            format!("{d:?} is longer than one year"),
+        ));
+    }
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(Error::config(
+            field,
+            format!("{d:?} is not a whole number of milliseconds (backends count in ms)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Timing of a lease contender. Defaults are Simba's (ttl 10 s, transition 6 s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -90,40 +127,19 @@ impl LeaseConfig {
     /// [`Error::InvalidConfig`] naming the first bad setting: zero or sub-millisecond ttl,
     /// durations over a year, a drift margin that eats the whole lease, empty jitter ranges.
     pub fn validate(&self) -> Result<()> {
-        let checks: [(&'static str, Duration); 5] = [
-            ("ttl", self.ttl),
-            ("transition", self.transition),
-            ("drift_margin", self.drift_margin),
-            ("request_timeout", self.request_timeout),
-            ("retry_interval", self.retry_interval),
+        let ms = Duration::from_millis(1);
+        let checks: [(&'static str, Duration, Duration); 5] = [
+            ("ttl", self.ttl, ms),
+            ("transition", self.transition, Duration::ZERO),
+            ("drift_margin", self.drift_margin, Duration::ZERO),
+            ("request_timeout", self.request_timeout, ms),
+            ("retry_interval", self.retry_interval, Duration::ZERO),
         ];
-        for (field, d) in checks {
-            if d > MAX_DURATION {
-                return Err(Error::config(
-                    field,
-                    format!("{d:?} is longer than one year"),
-                ));
-            }
-            if d.subsec_nanos() % 1_000_000 != 0 {
-                return Err(Error::config(
-                    field,
-                    format!("{d:?} is not a whole number of milliseconds (backends count in ms)"),
-                ));
-            }
+        for (field, d, min) in checks {
+            validate_duration(field, d, min)?;
         }
-        if let Some(p) = self.waiter_poll
-            && (p.is_zero() || p > MAX_DURATION || p.subsec_nanos() % 1_000_000 != 0)
-        {
-            return Err(Error::config(
-                "waiter_poll",
-                format!("{p:?} must be a whole number of milliseconds, at least 1 ms"),
-            ));
-        }
-        if self.ttl.is_zero() {
-            return Err(Error::config("ttl", "must be at least 1 ms"));
-        }
-        if self.request_timeout.is_zero() {
-            return Err(Error::config("request_timeout", "must be at least 1 ms"));
+        if let Some(p) = self.waiter_poll {
+            validate_duration("waiter_poll", p, ms)?;
         }
         if self.drift_margin * 2 >= self.ttl + self.transition {
             return Err(Error::config(

@@ -19,6 +19,7 @@ pub use id::{
 };
 pub use lease::{
     LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,
+    validate_duration,
 };
 pub use locker::{LockGuard, Locker};
 pub use memory::MemoryStore;

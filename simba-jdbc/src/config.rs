@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use simba_core::{Error, MAX_DURATION, MAX_MUTEX_NAME_LEN, Result};
+use simba_core::{Error, MAX_MUTEX_NAME_LEN, Result, validate_duration};
 
 /// The table name used when none is configured (as in Simba).
 pub const DEFAULT_TABLE: &str = "simba_mutex";
@@ -303,25 +303,6 @@ pub(crate) fn validate_table(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn validate_duration(field: &'static str, d: Duration) -> Result<()> {
-    if d.is_zero() {
-        return Err(Error::config(field, "must be at least 1 ms"));
-    }
-    if d > MAX_DURATION {
-        return Err(Error::config(
-            field,
-            format!("{d:?} is longer than one year"),
-        ));
-    }
-    if !d.subsec_nanos().is_multiple_of(1_000_000) {
-        return Err(Error::config(
-            field,
-            format!("{d:?} is not a whole number of milliseconds"),
-        ));
-    }
-    Ok(())
-}
-
 /// How a [`SqlStore`](crate::SqlStore) connects: database URL, table, pool and timeouts.
 ///
 /// Timing of leases (ttl, transition, …) is not here: it lives in
@@ -514,7 +495,11 @@ impl SqlConfig {
                 ),
             ));
         }
-        validate_duration("statement_timeout", self.statement_timeout)?;
+        validate_duration(
+            "statement_timeout",
+            self.statement_timeout,
+            Duration::from_millis(1),
+        )?;
         if self.max_name_len == 0 || self.max_name_len > MAX_MUTEX_NAME_LEN {
             return Err(Error::config(
                 "max_name_len",
@@ -524,10 +509,8 @@ impl SqlConfig {
                 ),
             ));
         }
-        if let Some(r) = self.waiter_reservation
-            && !r.is_zero()
-        {
-            validate_duration("waiter_reservation", r)?;
+        if let Some(r) = self.waiter_reservation {
+            validate_duration("waiter_reservation", r, Duration::ZERO)?;
         }
         Ok(target)
     }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use fred::types::config::{Config as FredConfig, ServerConfig};
-use simba_core::{Error, MAX_DURATION, Result};
+use simba_core::{Error, Result, validate_duration};
 
 /// The default key prefix, as in the JVM Simba: keys are `simba:{mutex}`, ….
 pub const DEFAULT_KEY_PREFIX: &str = "simba";
@@ -206,18 +206,7 @@ impl RedisConfig {
             ("reconnect_max_delay", self.reconnect_max_delay),
         ];
         for (field, d) in checks {
-            if d < Duration::from_millis(1) {
-                return Err(Error::config(
-                    field,
-                    format!("{d:?} is shorter than 1 ms; give at least 1 ms"),
-                ));
-            }
-            if d > MAX_DURATION {
-                return Err(Error::config(
-                    field,
-                    format!("{d:?} is longer than one year"),
-                ));
-            }
+            validate_duration(field, d, Duration::from_millis(1))?;
         }
         validate_prefix(&self.key_prefix)?;
         let mut config = parse_url(&self.url)?;
@@ -350,6 +339,7 @@ fn redact_query(url: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use simba_core::MAX_DURATION;
 
     fn field(e: Error) -> &'static str {
         match e {

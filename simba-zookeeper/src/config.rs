@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use simba_core::{Error, Result};
+use simba_core::{Error, Result, validate_duration};
 
 /// The shortest session timeout accepted.
 ///
@@ -195,12 +195,7 @@ impl ZkConfig {
             ("connect_timeout", self.connect_timeout),
             ("drift_margin", self.drift_margin),
         ] {
-            if d.subsec_nanos() % 1_000_000 != 0 {
-                return Err(Error::config(
-                    field,
-                    format!("{d:?} is not a whole number of milliseconds"),
-                ));
-            }
+            validate_duration(field, d, Duration::ZERO)?;
         }
         if self.session_timeout < MIN_SESSION_TIMEOUT {
             return Err(Error::config(
