@@ -389,12 +389,27 @@ macro_rules! on_conn {
     }};
 }
 
+/// Runs one store call (`$body` on a pooled connection `$c`) bounded by the statement
+/// timeout, its failure described as `$what`.
+macro_rules! run {
+    ($inner:expr, $what:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        inner
+            .bounded(&$what, inner.config.statement_timeout(), async {
+                on_conn!(inner, |$c| $body)
+            })
+            .await
+    }};
+}
+
 struct Inner {
     kind: Backend,
     config: SqlConfig,
     pool: Pool,
     st: Statements,
     channel: String,
+    /// How long a waiter's claim lasts after its last look, in ms; 0: no claims.
+    reservation_ms: i64,
     /// Close connections whose call failed or was cut off (not SQLite: its calls run to
     /// completion on a blocking thread, and an in-memory database lives in its connection).
     discard: bool,
@@ -471,17 +486,21 @@ impl Inner {
         )
     }
 
+    /// Checks the inputs of a call on `mutex` (by `contender`, if any) before any SQL runs.
+    fn start<'a>(&'a self, mutex: &'a str, contender: Option<&str>) -> Result<Call<'a>> {
+        self.check_name(mutex)?;
+        if let Some(c) = contender {
+            self.check_contender(c)?;
+        }
+        Ok(self.call(mutex))
+    }
+
     fn call<'a>(&'a self, mutex: &'a str) -> Call<'a> {
         Call {
             st: &self.st,
             mutex,
             channel: &self.channel,
-            reservation_ms: i64::try_from(
-                self.config
-                    .effective_waiter_reservation(self.kind)
-                    .as_millis(),
-            )
-            .unwrap_or(i64::MAX),
+            reservation_ms: self.reservation_ms,
         }
     }
 
@@ -557,23 +576,19 @@ impl Inner {
             _ => MutexOwner::NONE,
         };
         let claimed_until = row.waiter_until.unwrap_or(0);
-        let claimed_by_other = me.is_some_and(|me| {
-            row.waiter_id
-                .as_deref()
-                .is_some_and(|w| !w.is_empty() && w != me)
-        });
-        if !owner.has_owner() && claimed_by_other && claimed_until > now {
-            return Ok(LeaseReply {
-                owner: MutexOwner {
+        let claimant = row.waiter_id.as_deref().filter(|w| !w.is_empty());
+        let owner = match (me, claimant) {
+            (Some(me), Some(w)) if w != me && !owner.has_owner() && claimed_until > now => {
+                MutexOwner {
                     owner_id: String::new(),
                     acquired_at: 0,
                     ttl_at: claimed_until,
                     transition_at: claimed_until,
                     fence: 0,
-                },
-                now,
-            });
-        }
+                }
+            }
+            _ => owner,
+        };
         Ok(LeaseReply { owner, now })
     }
 }
@@ -614,11 +629,7 @@ impl SqlStore {
     pub async fn connect(config: SqlConfig) -> Result<SqlStore> {
         let store = SqlStore::connect_lazy(config)?;
         let inner = &*store.inner;
-        inner
-            .bounded("connect", inner.config.statement_timeout(), async {
-                on_conn!(inner, |c| c.batch("SELECT 1"))
-            })
-            .await?;
+        run!(inner, "connect", |c| c.batch("SELECT 1"))?;
         Ok(store)
     }
 
@@ -646,6 +657,10 @@ impl SqlStore {
             inner: Arc::new(Inner {
                 kind,
                 discard: kind != Backend::Sqlite,
+                reservation_ms: i64::try_from(
+                    config.effective_waiter_reservation(kind).as_millis(),
+                )
+                .unwrap_or(i64::MAX),
                 config,
                 pool,
                 st,
@@ -849,56 +864,39 @@ impl LeaseStore for SqlStore {
     /// closed); acquiring again is idempotent for the same contender.
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         let inner = &*self.inner;
-        inner.check_name(mutex)?;
-        inner.check_contender(contender_id)?;
-        let call = inner.call(mutex);
-        let what = format!("acquire mutex {mutex:?}");
-        let row = inner
-            .bounded(&what, inner.config.statement_timeout(), async {
-                on_conn!(inner, |c| call.acquire(c, contender_id, lease))
-            })
-            .await?;
+        let call = inner.start(mutex, Some(contender_id))?;
+        let row = run!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
+            c,
+            contender_id,
+            lease
+        ))?;
         inner.reply(row, Some(contender_id))
     }
 
     /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
     async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         let inner = &*self.inner;
-        inner.check_name(mutex)?;
-        inner.check_contender(contender_id)?;
-        let call = inner.call(mutex);
-        let what = format!("renew mutex {mutex:?}");
-        let row = inner
-            .bounded(&what, inner.config.statement_timeout(), async {
-                on_conn!(inner, |c| call.renew(c, contender_id, lease))
-            })
-            .await?;
+        let call = inner.start(mutex, Some(contender_id))?;
+        let row = run!(inner, format!("renew mutex {mutex:?}"), |c| call.renew(
+            c,
+            contender_id,
+            lease
+        ))?;
         inner.reply(row, None)
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
         let inner = &*self.inner;
-        inner.check_name(mutex)?;
-        inner.check_contender(contender_id)?;
-        let call = inner.call(mutex);
-        let what = format!("release mutex {mutex:?}");
-        inner
-            .bounded(&what, inner.config.statement_timeout(), async {
-                on_conn!(inner, |c| call.release(c, contender_id))
-            })
-            .await
+        let call = inner.start(mutex, Some(contender_id))?;
+        run!(inner, format!("release mutex {mutex:?}"), |c| call
+            .release(c, contender_id))
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
         let inner = &*self.inner;
-        inner.check_name(mutex)?;
-        let call = inner.call(mutex);
-        let what = format!("read owner of mutex {mutex:?}");
-        let row = inner
-            .bounded(&what, inner.config.statement_timeout(), async {
-                on_conn!(inner, |c| call.select(c))
-            })
-            .await?;
+        let call = inner.start(mutex, None)?;
+        let row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
+            .select(c))?;
         inner.reply(row, None)
     }
 
@@ -906,19 +904,14 @@ impl LeaseStore for SqlStore {
     /// contender that stopped waiting does not hold up the next release.
     async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
         let inner = &*self.inner;
-        inner.check_name(mutex)?;
-        inner.check_contender(contender_id)?;
-        let call = inner.call(mutex);
-        if call.reservation_ms == 0 {
+        let call = inner.start(mutex, Some(contender_id))?;
+        if inner.reservation_ms == 0 {
             return Ok(());
         }
-        let what = format!("leave the wait for mutex {mutex:?}");
-        inner
-            .bounded(&what, inner.config.statement_timeout(), async {
-                on_conn!(inner, |c| call.leave(c, contender_id))
-            })
-            .await
-            .map(|_| ())
+        run!(inner, format!("leave the wait for mutex {mutex:?}"), |c| {
+            call.leave(c, contender_id)
+        })
+        .map(|_| ())
     }
 
     /// PostgreSQL: events from LISTEN/NOTIFY ([`StoreEvent::Released`] and
