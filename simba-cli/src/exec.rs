@@ -84,7 +84,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
         }
     };
 
-    eprintln!(
+    say!(
         "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; stopping the \
          command (SIGTERM to its process group {}, SIGKILL after {})",
         group.pgid(),

@@ -1,5 +1,14 @@
 #![doc = include_str!("../README.md")]
 
+/// `eprintln!` that never panics: a closed stderr (the reader of a pipe gone) must not turn
+/// simba's exit status into a panic's.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod backend;
 mod bench;
 #[cfg(feature = "chaos")]
@@ -39,7 +48,7 @@ fn main() -> ExitCode {
     let code = match run(cli) {
         Ok(code) => code,
         Err(f) => {
-            eprintln!("simba: {:#}", f.error);
+            say!("simba: {:#}", f.error);
             f.status.code()
         }
     };
@@ -101,6 +110,8 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::new(directives))
         .with_writer(std::io::stderr)
+        // Its own complaint about a failed write would go to a closed stderr and panic.
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(verbose >= 2)
         .init();

@@ -212,9 +212,10 @@ pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
             Ok(s) => s,
             Err(f) if f.status == Status::Unavailable && matches!(source, Source::Read(_)) => {
                 if !failing {
-                    eprintln!(
+                    say!(
                         "simba: watch: {:#}; retrying every {:?}",
-                        f.error, args.interval
+                        f.error,
+                        args.interval
                     );
                     failing = true;
                 }
@@ -226,7 +227,7 @@ pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
             }
         };
         if failing {
-            eprintln!("simba: watch: the backend answers again");
+            say!("simba: watch: the backend answers again");
             failing = false;
         }
         if snap.key() == known.key() {
@@ -279,7 +280,7 @@ fn line(
 }
 
 /// Prints a line on stdout; false when stdout is gone (a closed pipe ends the command).
-fn emit(line: &str) -> bool {
+pub(crate) fn emit(line: &str) -> bool {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
 }

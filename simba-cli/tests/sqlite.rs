@@ -150,15 +150,29 @@ fn no_wait_and_timeout_on_a_held_mutex_are_not_acquired() {
 
     // A waiter that gets SIGTERM gives up with 128+15 and never runs its command.
     let mut waiter = simba(Some(&url))
-        .args(["exec", &mutex])
+        .args(["-vv", "exec", &mutex])
         .args(sh(&format!("touch {}", ran.display())))
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start waiter");
-    std::thread::sleep(Duration::from_millis(500));
+    // Signal it once it says it waits (its signal handler is installed before that line).
+    // Its stderr is read to the end, so that what it writes after that line finds a reader.
+    let stderr = waiter.stderr.take().expect("piped stderr");
+    let (said_tx, said) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            if line.contains("waiting for the mutex") {
+                let _ = said_tx.send(());
+            }
+        }
+    });
+    said.recv_timeout(Duration::from_secs(10))
+        .expect("the waiter says it waits");
     send(waiter.id(), Signal::SIGTERM);
     let status = wait_for(&mut waiter, Duration::from_secs(10), "waiter after SIGTERM");
     assert_eq!(status.code(), Some(143));
     assert!(!ran.exists(), "a command ran without the mutex");
+    reader.join().expect("stderr reader");
 
     // SIGTERM to the holder reaches `sleep` (the whole group): the holder ends with 143.
     send(holder.id(), Signal::SIGTERM);
@@ -384,4 +398,38 @@ fn a_waiter_is_not_starved_by_a_loop_of_execs() {
         "the waiter started during A1 and ran after at most one more turn of the loop: \
          {order:?}"
     );
+}
+
+/// simba whose stderr reader went away (a pipe closed early) still exits with the status it
+/// means: here a waiter given SIGTERM logs that it gives up, to a closed pipe, and ends with
+/// 128+15 rather than a panic's 101.
+#[test]
+fn a_closed_stderr_does_not_change_the_exit_status() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "stderr.db");
+    let mutex = mutex_name("stderr");
+    let held = file(dir.path(), "held");
+    let mut holder = simba(Some(&url))
+        .args(["exec", &mutex])
+        .args(sh(&format!("touch {}; sleep 30", held.display())))
+        .spawn()
+        .expect("start holder");
+    eventually(Duration::from_secs(30), "the holder runs", || held.exists());
+    let mut waiter = simba(Some(&url))
+        .args(["-vv", "exec", &mutex, "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start waiter");
+    let stderr = waiter.stderr.take().expect("piped stderr");
+    let said = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map_while(Result::ok)
+        .any(|line| line.contains("waiting for the mutex"));
+    // The reader is dropped here: the pipe is closed before the signal.
+    assert!(said, "the waiter says it waits");
+    send(waiter.id(), Signal::SIGTERM);
+    let status = wait_for(&mut waiter, Duration::from_secs(10), "waiter after SIGTERM");
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    send(holder.id(), Signal::SIGTERM);
+    let status = wait_for(&mut holder, Duration::from_secs(10), "holder after SIGTERM");
+    assert_eq!(status.code(), Some(143));
 }

@@ -69,7 +69,7 @@ impl Ctx {
 
     /// Progress on stderr.
     pub(crate) fn progress(&self, what: impl std::fmt::Display) {
-        eprintln!("simba bench: {what}");
+        say!("simba bench: {what}");
     }
 }
 
@@ -233,10 +233,11 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         };
         out.insert((*name).to_owned(), value);
     }
+    // A reader that went away (`| head`) is no reason to fail the bench.
     if ctx.args.json {
-        println!("{}", Value::Object(out));
+        crate::show::emit(&Value::Object(out).to_string());
     } else {
-        print!("{}", render(&shown, ctx.kind, &ctx.args, &table));
+        crate::show::emit(render(&shown, ctx.kind, &ctx.args, &table).trim_end_matches('\n'));
     }
     if unsafe_ {
         return Err(Failure::new(
