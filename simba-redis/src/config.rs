@@ -191,7 +191,8 @@ impl RedisConfig {
     /// # Errors
     /// [`Error::InvalidConfig`] naming the first bad setting and saying what is wrong: an
     /// unparsable URL or unknown scheme, `rediss://` without the `tls` feature, a bad key
-    /// prefix, a duration under 1 ms or over a year, `hash_tag = false` with Cluster.
+    /// prefix, a duration under 1 ms, over a year or not whole milliseconds, `hash_tag = false`
+    /// with Cluster.
     pub fn validate(&self) -> Result<()> {
         self.fred_config().map(|_| ())
     }

@@ -182,7 +182,7 @@ impl ZkConfig {
     /// unparsable connect string, a session timeout outside
     /// [`MIN_SESSION_TIMEOUT`]`..=`[`MAX_SESSION_TIMEOUT`], a zero or huge connect timeout,
     /// a root that is not a valid absolute ZooKeeper path, bad credentials, or a drift
-    /// margin of half the session timeout or more.
+    /// margin of half the session timeout or more; any duration that is not whole milliseconds.
     pub fn validate(&self) -> Result<()> {
         self.resolve().map(|_| ())
     }
