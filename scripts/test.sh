@@ -1,16 +1,59 @@
 #!/usr/bin/env bash
-# The whole check, as CI runs it: installs what is missing, starts one shared Redis,
-# MariaDB, PostgreSQL and ZooKeeper for the tests (fault tests start private ones), then
-# format, lints, docs, every test (doctests too), cargo-deny, and short chaos/bench smokes.
+# The whole check, as CI runs it, on a machine that has only Rust (rustup) and Debian:
+# installs what is missing (server packages, cargo-nextest, cargo-deny, the crates of every
+# platform), starts one shared Redis, MariaDB, PostgreSQL and ZooKeeper for the tests (fault
+# tests start private ones), then format, lints (also of the kit's `containers` feature),
+# dependency rules, docs, cargo-deny, packaging of every crate, every test (doctests too),
+# and prints how long each step took.
 #
 #   scripts/test.sh            # everything
 #   SIMBA_SKIP_INSTALL=1 ...   # do not apt-get (servers already installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+export PATH="$PATH:$cargo_bin"
 
-step() { printf '\n== %s (%s)\n' "$*" "$(date +%T)"; }
+# --- step timing ---------------------------------------------------------------------------
+step_names=()
+step_secs=()
+current_step=
+step_started=$SECONDS
+end_step() {
+  if [ -n "$current_step" ]; then
+    step_names+=("$current_step")
+    step_secs+=($((SECONDS - step_started)))
+  fi
+  current_step=
+}
+step() {
+  end_step
+  current_step="$*"
+  step_started=$SECONDS
+  printf '\n== %s (%s)\n' "$*" "$(date +%T)"
+}
+report() {
+  end_step
+  echo
+  echo "== time per step"
+  local i
+  for i in "${!step_names[@]}"; do
+    printf '%6ss  %s\n' "${step_secs[$i]}" "${step_names[$i]}"
+  done
+  printf '%6ss  total\n' "$SECONDS"
+}
 
+cleanup_actions=()
+on_exit() {
+  local rc=$?
+  local a
+  for a in "${cleanup_actions[@]}"; do eval "$a" || true; done
+  report
+  exit $rc
+}
+trap on_exit EXIT
+
+# --- server packages -----------------------------------------------------------------------
 need_install=()
 command -v redis-server >/dev/null || need_install+=(redis-server)
 command -v mariadbd >/dev/null || command -v mysqld >/dev/null || need_install+=(mariadb-server)
@@ -37,19 +80,50 @@ if [ ${#need_install[@]} -gt 0 ] && [ -z "${SIMBA_SKIP_INSTALL:-}" ]; then
   fi
 fi
 
-if ! command -v cargo-deny >/dev/null; then
-  step "installing cargo-deny"
-  cargo install cargo-deny --locked --quiet
+# --- cargo tools and crates ----------------------------------------------------------------
+if command -v rustup >/dev/null; then
+  missing_components=()
+  cargo fmt --version >/dev/null 2>&1 || missing_components+=(rustfmt)
+  cargo clippy --version >/dev/null 2>&1 || missing_components+=(clippy)
+  if [ ${#missing_components[@]} -gt 0 ]; then
+    step "installing ${missing_components[*]}"
+    rustup component add "${missing_components[@]}"
+  fi
 fi
+for tool in cargo-nextest cargo-deny; do
+  if ! command -v "$tool" >/dev/null; then
+    step "installing $tool"
+    cargo install "$tool" --locked --quiet
+  fi
+done
 
+# A build fetches only the crates of this platform; cargo-deny and cargo package read the
+# whole graph, every platform's crates included (windows-sys, wasm-bindgen, …). Fetch them
+# all, so that no later step depends on what an earlier build happened to download.
+step "cargo fetch (every platform)"
+cargo fetch --locked
+
+# The proof that the line above is enough: the deny step again, from an empty cargo
+# registry cache (a fresh machine's), with nothing but that fetch before it. It runs in the
+# background (it is network-bound) and is waited for at the deny step.
+fresh_home=$(mktemp -d)
+fresh_log=$(mktemp)
+cleanup_actions+=('rm -rf "$fresh_home" "$fresh_log"')
+[ -f "$HOME/.cargo/config.toml" ] && cp "$HOME/.cargo/config.toml" "$fresh_home/"
+(
+  export CARGO_HOME="$fresh_home"
+  cargo fetch --locked --quiet && cargo-deny --offline check licenses bans sources
+) >"$fresh_log" 2>&1 &
+fresh_pid=$!
+
+# --- servers -------------------------------------------------------------------------------
 # Started first: the Redis restart quarantine keeps a freshly started Redis from granting
 # ownership for one lease, so the servers get to age while the code is checked and built.
 step "shared test servers"
 servers_env=$(mktemp)
 cargo run --quiet -p simba-test-kit --bin simba-test-servers -- --env-file "$servers_env" &
 servers_pid=$!
-cleanup() { kill "$servers_pid" 2>/dev/null || true; wait "$servers_pid" 2>/dev/null || true; rm -f "$servers_env"; }
-trap cleanup EXIT
+cleanup_actions+=('kill "$servers_pid" 2>/dev/null; wait "$servers_pid" 2>/dev/null; rm -f "$servers_env"')
 for _ in $(seq 1 600); do
   grep -q '^READY' "$servers_env" 2>/dev/null && break
   kill -0 "$servers_pid" 2>/dev/null || { echo "test servers failed to start" >&2; exit 1; }
@@ -62,24 +136,47 @@ set -a
 set +a
 env | grep '^SIMBA_TEST_' || true
 
+# --- static checks -------------------------------------------------------------------------
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-step "simba-core depends on no backend"
+step "clippy, the kit's containers feature"
+cargo clippy -p simba-test-kit --features containers --all-targets --quiet -- -D warnings
+
+step "dependency rules"
 if cargo tree -p simba-core -e normal --prefix none | grep -E '^(fred|diesel|zookeeper)' ; then
   echo "simba-core must not depend on a backend crate" >&2
   exit 1
 fi
+# The product links no test tooling, with its default features or all of them.
+for features in "" "--all-features"; do
+  # shellcheck disable=SC2086
+  if cargo tree -p simba-cli -e normal --prefix none $features | grep -E '^simba-(test-kit|chaos) '; then
+    echo "simba-cli ($features) must not depend on simba-test-kit or simba-chaos" >&2
+    exit 1
+  fi
+done
+echo "simba-core: no backend; simba-cli: no test tooling"
 
 step "docs"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --quiet
 
 step "cargo deny"
-cargo deny --offline check licenses bans sources
+cargo-deny --offline check licenses bans sources
+if ! wait "$fresh_pid"; then
+  cat "$fresh_log" >&2
+  echo "cargo deny fails from an empty registry cache after 'cargo fetch': a fresh machine would fail here" >&2
+  exit 1
+fi
+echo "cargo deny also passes from an empty registry cache ($(du -sh "$fresh_home" | cut -f1) fetched)"
 
+step "cargo package (every crate, verified)"
+cargo package --workspace --locked --allow-dirty --quiet
+
+# --- tests ---------------------------------------------------------------------------------
 step "build tests"
 cargo build --workspace --all-targets --quiet
 

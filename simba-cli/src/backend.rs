@@ -7,7 +7,7 @@
 //! | `rediss://…` | Redis over TLS | `tls` |
 //! | `mysql://USER:PASS@HOST[:PORT]/DB` | MySQL / MariaDB | `mysql` |
 //! | `postgres://USER:PASS@HOST[:PORT]/DB` | PostgreSQL | `postgres` |
-//! | `zk://HOST:PORT[,HOST:PORT…][/CHROOT]` | ZooKeeper | `zookeeper` |
+//! | `zk://[USER:PASS@]HOST:PORT[,HOST:PORT…][/CHROOT]` | ZooKeeper (a userinfo is digest auth) | `zookeeper` |
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,7 +71,7 @@ pub(crate) enum Target {
     Mysql(String),
     /// A PostgreSQL URL.
     Postgres(String),
-    /// A ZooKeeper connect string (without `zk://`).
+    /// A ZooKeeper URL (`zk://[user:password@]hosts[/chroot]`).
     Zookeeper(String),
 }
 
@@ -110,7 +110,7 @@ impl Target {
                         "backend `{shown}` names no server: write zk://HOST:PORT[,HOST:PORT]/CHROOT"
                     )));
                 }
-                (Target::Zookeeper(rest.to_owned()), "zookeeper")
+                (Target::Zookeeper(url.to_owned()), "zookeeper")
             }
             other => {
                 return Err(Failure::usage(format!(
@@ -345,8 +345,8 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
             Ok(lease_backend(shown, f, false, native))
         }
         #[cfg(feature = "zookeeper")]
-        Target::Zookeeper(connect) => {
-            let mut config = simba_zookeeper::ZkConfig::new(connect);
+        Target::Zookeeper(url) => {
+            let mut config = simba_zookeeper::ZkConfig::from_url(&url).map_err(connect_failed)?;
             if timing.ttl.is_some() || timing.transition.is_some() {
                 // ZooKeeper has sessions, not leases: the session timeout plays the part
                 // of ttl + transition (how long a silent owner keeps the mutex).
@@ -411,20 +411,29 @@ fn check_sqlite_dir(path: &Path) -> Result<(), Failure> {
     }
 }
 
-/// `url` with the password of `scheme://user:password@host` replaced by `***`.
+/// `url` with its secrets replaced by `***`, by the rules of the backend crate that parses
+/// it (each knows where its URL forms carry passwords); a URL of no compiled-in backend gets
+/// the common rule of `simba-core`.
 pub(crate) fn redact(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(start) = out.find("://").map(|i| i + 3) {
-        let end = out[start..]
-            .find(['/', '?', '#'])
-            .map_or(out.len(), |i| start + i);
-        if let Some(at) = out[start..end].rfind('@').map(|i| start + i)
-            && let Some(colon) = out[start..at].find(':').map(|i| start + i)
-        {
-            out.replace_range(colon + 1..at, "***");
+    let scheme = url
+        .trim()
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        #[cfg(feature = "redis")]
+        Some(
+            "redis" | "valkey" | "redis-cluster" | "valkey-cluster" | "redis-sentinel"
+            | "valkey-sentinel" | "rediss" | "valkeys" | "rediss-cluster" | "valkeys-cluster"
+            | "rediss-sentinel" | "valkeys-sentinel",
+        ) => simba_redis::redact_url(url),
+        #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+        Some("sqlite" | "mysql" | "mariadb" | "postgres" | "postgresql") => {
+            simba_jdbc::redact_url(url)
         }
+        #[cfg(feature = "zookeeper")]
+        Some("zk" | "zookeeper") => simba_zookeeper::redact_url(url),
+        _ => simba_core::redact_url_with(url, simba_core::is_secret_key),
     }
-    out
 }
 
 #[cfg(test)]
@@ -461,7 +470,7 @@ mod tests {
         ));
         assert_eq!(
             Target::parse("zk://a:2181,b:2181/apps").ok(),
-            Some(Target::Zookeeper("a:2181,b:2181/apps".into()))
+            Some(Target::Zookeeper("zk://a:2181,b:2181/apps".into()))
         );
     }
 
@@ -496,7 +505,14 @@ mod tests {
             "postgres://app:***@db:5432/x"
         );
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
-        let m = usage_message("bogus://u:secret@h");
+        let m = usage_message("bogus://u:secret@h?token=secret");
         assert!(!m.contains("secret"), "{m}");
+        for url in [
+            "mysql://u@h/db?password=secret",
+            "redis-sentinel://h:1/0?sentinelServiceName=m&sentinelPassword=secret",
+            "zk://u:secret@h:2181/c",
+        ] {
+            assert!(!redact(url).contains("secret"), "{url}");
+        }
     }
 }

@@ -69,11 +69,6 @@ pub(crate) enum Command {
     /// one JSON object is printed on stdout (progress goes to stderr).
     #[command(after_help = BENCH_HELP)]
     Bench(BenchArgs),
-
-    /// A contender process of `simba-chaos` (orders come from SIMBA_CHAOS_* variables).
-    #[cfg(feature = "chaos")]
-    #[command(hide = true)]
-    ChaosContender,
 }
 
 #[derive(Debug, Args)]

@@ -11,8 +11,6 @@ macro_rules! say {
 
 mod backend;
 mod bench;
-#[cfg(feature = "chaos")]
-mod chaos;
 mod child;
 mod cli;
 mod duration;
@@ -81,8 +79,6 @@ async fn dispatch(cli: Cli) -> Outcome {
         Command::Owner(args) => show::owner(connect(&url, Default::default()).await?, args).await,
         Command::Watch(args) => show::watch(connect(&url, Default::default()).await?, args).await,
         Command::Bench(args) => bench::run(url, args).await,
-        #[cfg(feature = "chaos")]
-        Command::ChaosContender => chaos::contend(connect(&url, chaos::timing()?).await?).await,
     }
 }
 

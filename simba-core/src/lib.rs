@@ -8,6 +8,7 @@ mod lease;
 mod locker;
 mod memory;
 mod owner;
+mod redact;
 mod scheduler;
 mod service;
 mod store;
@@ -26,6 +27,7 @@ pub use memory::MemoryStore;
 pub use owner::{
     ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, MutexOwner, MutexState,
 };
+pub use redact::{is_secret_key, redact_url_with};
 pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
 pub use service::{
     BoxFuture, ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss,

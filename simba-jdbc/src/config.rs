@@ -238,37 +238,19 @@ fn check_postgres_url(_url: &str) -> Result<()> {
     Ok(())
 }
 
-/// The URL with its password (userinfo and `password=` parameters) replaced by `***`.
+/// `url` with every secret replaced by `***`, for errors and logs: the userinfo password
+/// (`mysql://user:password@…`, `postgres://user:password@…`) and every parameter named like
+/// a password (`password=`, `pass=`, `sslpassword=`, …), in URLs and in PostgreSQL's
+/// `key=value` connection strings alike.
+///
+/// ```
+/// assert_eq!(
+///     simba_jdbc::redact_url("postgres://app:hunter2@db/x?sslmode=require&password=hunter2"),
+///     "postgres://app:***@db/x?sslmode=require&password=***",
+/// );
+/// ```
 pub fn redact_url(url: &str) -> String {
-    let mut out = url.to_owned();
-    // userinfo: scheme://user:password@host
-    if let Some(start) = out.find("://").map(|i| i + 3) {
-        let end = out[start..]
-            .find(['/', '?', '#'])
-            .map_or(out.len(), |i| start + i);
-        if let Some(at) = out[start..end].rfind('@').map(|i| start + i)
-            && let Some(colon) = out[start..at].find(':').map(|i| start + i)
-        {
-            out.replace_range(colon + 1..at, "***");
-        }
-    }
-    // query parameters: ?password=...&...
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let redacted: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _))
-                    if k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("pass") =>
-                {
-                    format!("{k}=***")
-                }
-                _ => kv.to_owned(),
-            })
-            .collect();
-        out = format!("{head}{}", redacted.join("&"));
-    }
-    out
+    simba_core::redact_url_with(url, simba_core::is_secret_key)
 }
 
 /// Checks a table name: `[schema.]table`, each part an ASCII letter or `_` followed by

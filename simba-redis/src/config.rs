@@ -303,37 +303,19 @@ fn parse_url(url: &str) -> Result<FredConfig> {
     Ok(config)
 }
 
-/// The URL with any password replaced by `***`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let Some(at) = authority.rfind('@') else {
-        return redact_query(url);
-    };
-    let (userinfo, host) = authority.split_at(at);
-    let userinfo = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => "***".to_owned(),
-    };
-    redact_query(&format!("{scheme}://{userinfo}{host}{tail}"))
-}
-
-/// Hides `sentinelPassword=…` query values.
-fn redact_query(url: &str) -> String {
-    let Some((base, query)) = url.split_once('?') else {
-        return url.to_owned();
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if k.to_ascii_lowercase().contains("password") => format!("{k}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{base}?{}", query.join("&"))
+/// `url` with every secret replaced by `***`, for errors and logs: the userinfo password
+/// (`redis://user:password@…`, `redis://:password@…`) and every query parameter named like a
+/// password (`sentinelPassword=`, `password=`, …), in every URL form this crate accepts
+/// (`redis`, `rediss`, `valkey(s)`, `-cluster`, `-sentinel`).
+///
+/// ```
+/// assert_eq!(
+///     simba_redis::redact_url("redis-sentinel://:pw@h:26379/0?sentinelServiceName=m&sentinelPassword=x"),
+///     "redis-sentinel://:***@h:26379/0?sentinelServiceName=m&sentinelPassword=***",
+/// );
+/// ```
+pub fn redact_url(url: &str) -> String {
+    simba_core::redact_url_with(url, simba_core::is_secret_key)
 }
 
 #[cfg(test)]

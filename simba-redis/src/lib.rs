@@ -11,7 +11,7 @@ mod watchdog;
 
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 
-pub use config::{DEFAULT_KEY_PREFIX, MAX_KEY_PREFIX_LEN, RedisConfig, WaitMode};
+pub use config::{DEFAULT_KEY_PREFIX, MAX_KEY_PREFIX_LEN, RedisConfig, WaitMode, redact_url};
 pub use floor::PubSubProbe;
 pub use store::RedisStore;
 

@@ -145,6 +145,57 @@ impl ZkConfig {
         }
     }
 
+    /// Defaults for a URL `zk://[user:password@]host:port[,host:port…][/chroot]` (also
+    /// `zookeeper://`): the hosts and chroot become [`ZkConfig::connect`], and a userinfo
+    /// becomes [`ZkConfig::digest`] credentials (taken as written, not percent-decoded; the
+    /// password may hold `@` but not `/`).
+    /// Use [`redact_url`] to show such a URL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] (field `url`) when `url` has another scheme, or a userinfo
+    /// without a `:` between user and password; the message never holds the password.
+    /// The rest is checked by [`ZkConfig::validate`].
+    ///
+    /// ```
+    /// let c = simba_zookeeper::ZkConfig::from_url("zk://app:s3cret@zk1:2181,zk2:2181/apps")?;
+    /// assert_eq!(c.connect, "zk1:2181,zk2:2181/apps");
+    /// assert_eq!(c.digest.as_ref().map(|d| d.user()), Some("app"));
+    /// # Ok::<(), simba_core::Error>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let url = url.trim();
+        let rest = ["zk://", "zookeeper://"]
+            .iter()
+            .find_map(|scheme| {
+                url.get(..scheme.len())
+                    .filter(|s| s.eq_ignore_ascii_case(scheme))
+                    .map(|_| &url[scheme.len()..])
+            })
+            .ok_or_else(|| {
+                Error::config(
+                    "url",
+                    format!(
+                        "`{}` is not a ZooKeeper URL: expected \
+                         zk://[user:password@]host:port[,host:port…][/chroot]",
+                        redact_url(url)
+                    ),
+                )
+            })?;
+        // The chroot starts at the first `/`: a password may hold `@` but not `/`.
+        let hosts_end = rest.find('/').unwrap_or(rest.len());
+        let Some(at) = rest[..hosts_end].rfind('@') else {
+            return Ok(ZkConfig::new(rest));
+        };
+        let (userinfo, connect) = (&rest[..at], &rest[at + 1..]);
+        let Some((user, password)) = userinfo.split_once(':') else {
+            return Err(Error::config(
+                "url",
+                "the userinfo of a zk:// URL must be user:password (digest credentials)",
+            ));
+        };
+        Ok(ZkConfig::new(connect).with_digest(user, password))
+    }
+
     /// Sets [`ZkConfig::session_timeout`].
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
@@ -258,6 +309,27 @@ impl ZkConfig {
     }
 }
 
+/// `url` with the password of a `zk://user:password@hosts/chroot` URL replaced by `***`,
+/// for errors and logs.
+///
+/// ```
+/// assert_eq!(simba_zookeeper::redact_url("zk://app:s3cret@zk1:2181/apps"), "zk://app:***@zk1:2181/apps");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let shown = simba_core::redact_url_with(url, simba_core::is_secret_key);
+    // A zk:// userinfo is `user:password`; one without `:` is malformed and may well be a
+    // bare password, so it is hidden whole.
+    if let Some((scheme, rest)) = shown.split_once("://") {
+        let hosts_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..hosts_end].rfind('@')
+            && !rest[..at].contains(':')
+        {
+            return format!("{scheme}://***{}", &rest[at..]);
+        }
+    }
+    shown
+}
+
 /// A validated configuration's parsed parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Resolved {
@@ -283,6 +355,13 @@ fn connect_error(reason: impl Into<String>) -> Error {
 fn parse_connect(s: &str) -> Result<ConnectSpec> {
     let s = s.trim();
     let s = s.strip_prefix("zk://").unwrap_or(s);
+    if s.split('/').next().is_some_and(|hosts| hosts.contains('@')) {
+        // Never echo it: what stands before the `@` is likely a password.
+        return Err(connect_error(
+            "the connect string holds credentials (`…@host`): give them to \
+             ZkConfig::with_digest, or use ZkConfig::from_url with a zk:// URL",
+        ));
+    }
     if s.is_empty() {
         return Err(connect_error(
             "the connect string is empty; expected host:port[,host:port…][/chroot]",
@@ -584,5 +663,28 @@ mod tests {
             assert!(validate_path(&path).is_ok(), "{n:?} -> {path}");
         }
         assert_ne!(encode_name("a/b"), encode_name("a%2Fb"));
+    }
+
+    #[test]
+    fn urls_carry_digest_credentials_and_never_show_them() {
+        let c = ZkConfig::from_url("zk://app:p@ss@h1:2181,h2/apps").expect("a valid URL");
+        assert_eq!(c.connect, "h1:2181,h2/apps");
+        assert_eq!(c.digest, Some(DigestAuth::new("app", "p@ss")));
+        assert!(c.validate().is_ok());
+        let c = ZkConfig::from_url("ZooKeeper://h1").expect("a valid URL");
+        assert_eq!((c.connect.as_str(), c.digest), ("h1", None));
+        for bad in ["zk://justuser@h1", "redis://u:p@ss@h", "h1:2181"] {
+            let e = ZkConfig::from_url(bad).expect_err(bad);
+            assert!(!e.to_string().contains("p@ss"), "{e}");
+            assert_eq!(field(e), "url", "{bad}");
+        }
+        // Credentials given as a bare connect string are refused without echoing them.
+        let e = ZkConfig::new("app:s3cret@h1:2181")
+            .validate()
+            .expect_err("credentials in a connect string");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        assert_eq!(field(e), "connect");
+        assert_eq!(redact_url("zk://app:s3cret@h1/c"), "zk://app:***@h1/c");
+        assert_eq!(redact_url("zk://s3cret@h1/c"), "zk://***@h1/c");
     }
 }

@@ -11,7 +11,7 @@ mod session;
 
 pub use config::{
     DEFAULT_PORT, DEFAULT_ROOT, DigestAuth, MAX_CONNECT_TIMEOUT, MAX_SESSION_TIMEOUT,
-    MIN_SESSION_TIMEOUT, ZkConfig,
+    MIN_SESSION_TIMEOUT, ZkConfig, redact_url,
 };
 pub use contend::ZkContendService;
 pub use factory::ZkFactory;

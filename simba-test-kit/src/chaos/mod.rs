@@ -2,8 +2,8 @@
 //! to a [`FencedResource`] while faults hit the owner and the server; the history of
 //! ownerships is then checked.
 //!
-//! The engine does not link any backend: it runs a contender program (the `simba` binary's
-//! `chaos-contender` subcommand) that reads its orders from the environment:
+//! The engine does not link any backend: it runs a contender program (the `simba-chaos`
+//! binary's `contender` mode) that reads its orders from the environment:
 //!
 //! | variable | meaning |
 //! |---|---|
@@ -126,7 +126,7 @@ pub struct ChaosConfig {
     pub faults: Vec<FaultKind>,
     /// How many contender processes.
     pub contenders: usize,
-    /// The contender program and its leading arguments (e.g. `simba chaos-contender`).
+    /// The contender program and its leading arguments (e.g. `simba-chaos contender`).
     pub program: PathBuf,
     /// Arguments before the contender's own.
     pub args: Vec<String>,

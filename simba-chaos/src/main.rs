@@ -5,11 +5,14 @@
 //! ```text
 //! simba-chaos --backend redis|mysql|postgres|sqlite|zookeeper [--url URL] [--duration 60s]
 //!             [--faults kill,pause,restart,cut,delay,partition] [--contenders 3]
-//!             [--min-handoffs N] [--simba PATH] [--unsafe]
+//!             [--min-handoffs N] [--unsafe]
+//! simba-chaos contender      # one contender process; the run starts these itself
 //! ```
 //!
-//! Contenders are `simba chaos-contender` processes; `--simba` defaults to the `simba`
-//! binary next to this one.
+//! Contenders are `simba-chaos contender` processes: this same binary, which links the
+//! backend crates directly (the `simba` command links no test tooling).
+
+mod contender;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -31,13 +34,38 @@ fn usage(msg: &str) -> ExitCode {
     eprintln!("simba-chaos: {msg}");
     eprintln!(
         "usage: simba-chaos --backend redis|mysql|postgres|sqlite|zookeeper [--url URL] [--duration 60s] \
-         [--faults kill,pause,restart,cut,delay,partition] [--contenders N] [--min-handoffs N] [--simba PATH] [--unsafe]"
+         [--faults kill,pause,restart,cut,delay,partition] [--contenders N] [--min-handoffs N] [--unsafe]"
     );
     ExitCode::from(64)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("contender") {
+        return contend().await;
+    }
+    orchestrate().await
+}
+
+/// The contender mode: logs (warnings, or `SIMBA_LOG`) go to stderr, which the run
+/// collects per contender.
+async fn contend() -> ExitCode {
+    let filter = std::env::var("SIMBA_LOG").unwrap_or_else(|_| "warn".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    match contender::run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("simba-chaos contender: {e:#}");
+            ExitCode::from(69)
+        }
+    }
+}
+
+async fn orchestrate() -> ExitCode {
     let mut backend = None;
     let mut url = None;
     let mut duration = Duration::from_secs(60);
@@ -45,10 +73,14 @@ async fn main() -> ExitCode {
     let mut contenders = 3;
     let mut min_handoffs = None;
     let mut unsafe_contenders = false;
-    let mut simba = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join("simba")));
-    let mut args = std::env::args().skip(1);
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("simba-chaos: cannot find its own binary to run contenders: {e}");
+            return ExitCode::from(70);
+        }
+    };
+    let mut args = std::env::args().skip(1).collect::<Vec<_>>().into_iter();
     while let Some(a) = args.next() {
         let mut value = || args.next();
         match a.as_str() {
@@ -80,7 +112,6 @@ async fn main() -> ExitCode {
                 Some(n) => min_handoffs = Some(n),
                 None => return usage("--min-handoffs takes a number"),
             },
-            "--simba" => simba = value().map(Into::into),
             "--unsafe" => unsafe_contenders = true,
             other => return usage(&format!("unknown argument {other:?}")),
         }
@@ -88,12 +119,7 @@ async fn main() -> ExitCode {
     let Some(backend) = backend else {
         return usage("--backend is required");
     };
-    let Some(simba) = simba.filter(|p| p.exists()) else {
-        return usage(
-            "the simba binary was not found next to simba-chaos; build it (cargo build -p simba-cli) or pass --simba PATH",
-        );
-    };
-    let mut cfg = ChaosConfig::new(backend, simba, vec!["chaos-contender".into()]);
+    let mut cfg = ChaosConfig::new(backend, program, vec!["contender".into()]);
     cfg.url = url;
     cfg.duration = duration;
     if let Some(f) = faults {

@@ -1,5 +1,5 @@
-//! Short fault-injection safety runs, one per backend: contender processes (`simba
-//! chaos-contender`) write to a fenced resource while owners are killed and paused, the
+//! Short fault-injection safety runs, one per backend: contender processes
+//! (`simba-chaos contender`) write to a fenced resource while owners are killed and paused, the
 //! server restarts and connections are cut, delayed and partitioned. No two ownerships may
 //! overlap and no stale write may be accepted. Time is the subject here (leases of 1.5 s),
 //! so each run lasts 30 s; the long runs are in the README.
@@ -11,8 +11,8 @@ use simba_test_kit::chaos::{ChaosBackend, ChaosConfig, FaultKind, run};
 fn config(backend: ChaosBackend) -> ChaosConfig {
     let mut cfg = ChaosConfig::new(
         backend,
-        env!("CARGO_BIN_EXE_simba"),
-        vec!["chaos-contender".into()],
+        env!("CARGO_BIN_EXE_simba-chaos"),
+        vec!["contender".into()],
     );
     cfg.duration = Duration::from_secs(30);
     cfg.fault_every = Duration::from_secs(1);

@@ -1,0 +1,139 @@
+//! `simba-chaos contender`: one contender process of a chaos run.
+//!
+//! It loops: acquire, report the ownership to the fenced resource, write under its fence
+//! for a few milliseconds (checking before every write that it still owns), then release
+//! — or, now and then, exit without releasing, as a crashing process would. Its orders
+//! come from the `SIMBA_BACKEND` and `SIMBA_CHAOS_*` variables that the run sets (see
+//! `simba_test_kit::chaos`).
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use simba_core::{ContendServiceFactory, LeaseConfig, LockGuard, Locker, LossReason};
+use simba_test_kit::chaos::ResourceClient;
+
+fn var(name: &str) -> Result<String> {
+    std::env::var(name)
+        .with_context(|| format!("{name} is not set (the contender is started by simba-chaos)"))
+}
+
+fn ms_var(name: &str) -> Result<Duration> {
+    var(name)?
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .with_context(|| format!("{name} must be a number of milliseconds"))
+}
+
+/// The lease ordered by the run.
+fn lease() -> Result<LeaseConfig> {
+    Ok(LeaseConfig {
+        // Waiters on backends without push look again every 50 ms, so that handoffs
+        // happen often enough to test.
+        waiter_poll: Some(Duration::from_millis(50)),
+        ..LeaseConfig::with_lease(
+            ms_var("SIMBA_CHAOS_TTL_MS")?,
+            ms_var("SIMBA_CHAOS_TRANSITION_MS")?,
+        )
+    })
+}
+
+/// A factory for the backend of `url`, through the backend crates themselves.
+async fn connect(url: &str, lease: LeaseConfig) -> Result<Arc<dyn ContendServiceFactory>> {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    let factory: Arc<dyn ContendServiceFactory> = match scheme {
+        "redis" => Arc::new(simba_redis::factory(url, lease).await?),
+        "sqlite" | "mysql" | "postgres" => Arc::new(simba_jdbc::factory(url, lease).await?),
+        "zk" => {
+            let connect = url.trim_start_matches("zk://");
+            // ZooKeeper has sessions, not leases: the session timeout plays the part of
+            // ttl + transition.
+            let config = simba_zookeeper::ZkConfig::new(connect)
+                .with_session_timeout(lease.ttl + lease.transition);
+            Arc::new(simba_zookeeper::ZkFactory::connect(config).await?)
+        }
+        other => anyhow::bail!("simba-chaos has no backend for the scheme {other:?}"),
+    };
+    Ok(factory)
+}
+
+fn roll(n: u64) -> u64 {
+    RandomState::new().hash_one(std::time::SystemTime::now()) % n.max(1)
+}
+
+/// What the holder may still count on; an unsafe contender claims an hour.
+fn valid(guard: &LockGuard, lease: Duration, unsafe_mode: bool) -> Duration {
+    if unsafe_mode {
+        Duration::from_secs(3600)
+    } else {
+        guard.valid_for().unwrap_or(lease)
+    }
+}
+
+/// Runs the contender loop until killed.
+pub(crate) async fn run() -> Result<()> {
+    let addr: SocketAddr = var("SIMBA_CHAOS_RESOURCE")?
+        .parse()
+        .context("SIMBA_CHAOS_RESOURCE must be host:port")?;
+    let id = var("SIMBA_CHAOS_ID")?;
+    let mutex = var("SIMBA_CHAOS_MUTEX")?;
+    let unsafe_mode = var("SIMBA_CHAOS_UNSAFE").is_ok_and(|v| v == "1");
+    let lease_config = lease()?;
+    let lease = lease_config.ttl + lease_config.transition;
+    let factory = connect(&var("SIMBA_BACKEND")?, lease_config).await?;
+    let mut resource = ResourceClient::connect(addr, &id)
+        .await
+        .context("the fenced resource")?;
+    let locker = Locker::new(factory, &mutex)?;
+    loop {
+        let guard = locker.acquire().await.context("acquire")?;
+        let fence = guard.fence();
+        resource
+            .begin(fence, valid(&guard, lease, unsafe_mode))
+            .await
+            .context("the fenced resource")?;
+        let until = tokio::time::Instant::now() + Duration::from_millis(5 + roll(40));
+        let mut lost: Option<LossReason> = None;
+        while tokio::time::Instant::now() < until {
+            // The check right before the write is what keeps a woken, paused process
+            // from writing after its lease: `is_held` looks at the local deadline itself.
+            if !unsafe_mode && !guard.is_held() {
+                lost = Some(guard.lost().await);
+                break;
+            }
+            let accepted = resource
+                .write(fence, valid(&guard, lease, unsafe_mode))
+                .await
+                .context("the fenced resource")?;
+            if !accepted {
+                tracing::warn!(fence, "write fenced off by the resource");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        match lost {
+            Some(reason) => {
+                resource
+                    .end(fence, reason)
+                    .await
+                    .context("the fenced resource")?;
+                drop(guard);
+            }
+            None if roll(100) < 3 => {
+                // Crash while owning: no release, no END.
+                std::process::exit(3);
+            }
+            None => {
+                // Stop believing before the mutex is free for others.
+                resource
+                    .end(fence, LossReason::Released)
+                    .await
+                    .context("the fenced resource")?;
+                let _ = guard.release().await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(roll(20))).await;
+    }
+}
