@@ -173,8 +173,8 @@ if ! wait "$fresh_pid"; then
 fi
 echo "cargo deny also passes from an empty registry cache ($(du -sh "$fresh_home" | cut -f1) fetched)"
 
-step "cargo package (every crate, verified)"
-cargo package --workspace --locked --allow-dirty --quiet
+step "cargo package (every published crate, verified)"
+cargo package --workspace --exclude simba-chaos --locked --allow-dirty --quiet
 
 # --- tests ---------------------------------------------------------------------------------
 step "build tests"
