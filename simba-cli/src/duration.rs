@@ -90,9 +90,29 @@ pub(crate) fn show(d: Duration) -> String {
     }
 }
 
+/// Body of the fuzz target `cli_duration` (see `fuzz/`, which includes this file): any
+/// text parses or is refused without panicking, and what parses is shown as a duration that
+/// parses back to the same value.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn fuzz_body(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(d) = parse(s) {
+        assert!(d <= MAX, "{s:?} -> {d:?}");
+        assert_eq!(parse(&show(d)), Ok(d), "{s:?} -> {d:?} -> {}", show(d));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn corpus_cli_duration() {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        simba_core::fuzzing::replay(root, "cli_duration", fuzz_body);
+    }
 
     #[test]
     fn accepts_common_forms() {

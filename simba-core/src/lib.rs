@@ -3,6 +3,9 @@
 
 mod error;
 pub mod fault;
+#[cfg(any(test, fuzzing, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod id;
 mod lease;
 mod locker;

@@ -9,6 +9,9 @@
 
 mod config;
 pub mod floor;
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "postgres")]
 mod listen;
 mod sql;

@@ -4,6 +4,9 @@
 mod config;
 mod error;
 mod floor;
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod keys;
 mod store;
 mod subscriptions;

@@ -36,12 +36,12 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 /// A message of the JVM Simba format `event@@contenderId`.
 #[derive(Debug, PartialEq, Eq)]
-enum Notice<'a> {
+pub(crate) enum Notice<'a> {
     Acquired(&'a str),
     Released(&'a str),
 }
 
-fn parse_notice(text: &str) -> Option<Notice<'_>> {
+pub(crate) fn parse_notice(text: &str) -> Option<Notice<'_>> {
     let (event, id) = text.split_once(simba_core::MESSAGE_SEPARATOR)?;
     match event {
         "acquired" => Some(Notice::Acquired(id)),

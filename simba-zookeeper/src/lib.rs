@@ -6,6 +6,9 @@ mod config;
 mod contend;
 mod factory;
 pub mod floor;
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod retrieve;
 mod session;
 

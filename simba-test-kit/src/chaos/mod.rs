@@ -16,6 +16,9 @@
 
 mod resource;
 
+#[cfg(any(test, fuzzing))]
+#[doc(hidden)]
+pub use resource::fuzz_lines;
 pub use resource::{FencedResource, ResourceClient, ResourceReport};
 
 use std::fmt;

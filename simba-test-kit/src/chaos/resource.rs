@@ -241,6 +241,33 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
     }
 }
 
+/// Body of the fuzz target `chaos_lines` (see `fuzz/`): any sequence of request lines,
+/// from any number of connections (a line `@N` switches to connection `N`), is answered
+/// `OK`, `REJECT` or `ERR` without panicking, and a rejected write is never counted as
+/// accepted.
+#[cfg(any(test, fuzzing))]
+pub fn fuzz_lines(data: &[u8]) {
+    let state = Mutex::new(State::default());
+    let mut who: Vec<Option<String>> = vec![None; 4];
+    let mut conn = 0;
+    for line in String::from_utf8_lossy(data).split('\n') {
+        if let Some(n) = line.strip_prefix('@') {
+            conn = n.trim().parse::<usize>().unwrap_or(0) % who.len();
+            continue;
+        }
+        let before = state.lock().map(|s| s.writes_accepted).unwrap_or(0);
+        let answer = apply(&state, &mut who[conn], line);
+        assert!(
+            matches!(answer, "OK" | "REJECT" | "ERR"),
+            "{line:?} -> {answer}"
+        );
+        let after = state.lock().map(|s| s.writes_accepted).unwrap_or(0);
+        if answer != "OK" {
+            assert_eq!(before, after, "{line:?} -> {answer} counted as accepted");
+        }
+    }
+}
+
 async fn serve(sock: TcpStream, state: Arc<Mutex<State>>) {
     let _ = sock.set_nodelay(true);
     let (r, mut w) = sock.into_split();
@@ -326,6 +353,12 @@ impl ResourceClient {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn corpus_chaos_lines() {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        simba_core::fuzzing::replay(root, "chaos_lines", super::fuzz_lines);
+    }
+
     use super::*;
 
     #[tokio::test]
