@@ -49,9 +49,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     let fence = guard.fence();
     info!(mutex, fence, owner = locker.contender_id(), "acquired");
     // --hold-at-most counts from the acquisition, like --hold-at-least.
-    let at_most = args
-        .hold_at_most
-        .map(|d| tokio::time::Instant::now() + d);
+    let at_most = args.hold_at_most.map(|d| tokio::time::Instant::now() + d);
 
     if !guard.is_held() {
         return Err(Failure::new(

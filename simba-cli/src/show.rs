@@ -388,7 +388,9 @@ mod tests {
         };
         let text = describe("m", &held_snap, true);
         assert!(
-            text.starts_with("m: held until 1970-01-01T00:01:01.000Z (in 1m 0s) after a release by a (fence 4)"),
+            text.starts_with(
+                "m: held until 1970-01-01T00:01:01.000Z (in 1m 0s) after a release by a (fence 4)"
+            ),
             "{text}"
         );
         let l = line("m", "held", &held_snap, Some(&owner), false);

@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use simba_test_kit::servers;
+use std::time::Duration;
 
 /// Runs blocking test code off the runtime's threads.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -32,4 +33,44 @@ async fn not_acquired_while_held_on_redis() {
     let server = servers::redis().await.expect("a Redis server");
     let url = server.url().to_owned();
     blocking(move || not_acquired_while_held(&url, "redis-held")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_at_least_on_redis() {
+    let server = servers::redis().await.expect("a Redis server");
+    let url = server.url().to_owned();
+    blocking(move || hold_at_least_runs_once_per_period(&url, "redis-hold")).await;
+}
+
+/// `simba watch` is pushed on Redis: with reads only every 30 s it still reports an
+/// acquisition and a release (16 s before the lease would end) within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_is_pushed_on_redis() {
+    let server = servers::redis().await.expect("a Redis server");
+    let url = server.url().to_owned();
+    blocking(move || {
+        let dir = tempdir();
+        let mutex = mutex_name("redis-watch-push");
+        let go = file(dir.path(), "go");
+        let watcher = Watcher::start_with(&url, &mutex, "30s");
+        let first = watcher.next(Duration::from_secs(30));
+        assert_eq!(first["event"], "current", "{first}");
+        let mut exec = simba(Some(&url))
+            .args(["exec", &mutex])
+            .args(sh(&format!(
+                "while [ ! -e {go} ]; do sleep 0.05; done",
+                go = go.display()
+            )))
+            .spawn()
+            .expect("start simba exec");
+        let acquired = watcher.next(Duration::from_secs(2));
+        assert_eq!(acquired["event"], "acquired", "{acquired}");
+        std::fs::write(&go, b"").expect("write go");
+        let status = wait_for(&mut exec, Duration::from_secs(30), "simba exec");
+        assert_eq!(status.code(), Some(0));
+        let released = watcher.next(Duration::from_secs(2));
+        assert_eq!(released["event"], "released", "{released}");
+        assert_eq!(watcher.interrupt().code(), Some(0));
+    })
+    .await;
 }

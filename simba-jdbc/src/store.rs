@@ -247,7 +247,12 @@ impl Call<'_> {
 
     /// Release with a hold: one owner-checked UPDATE that hands the ownership to the hold's
     /// id until `now + hold_ms` on the database clock (PostgreSQL: with NOTIFY).
-    async fn release_after<C: SqlConn>(&self, c: &mut C, me: &str, hold_ms: i64) -> QueryResult<bool> {
+    async fn release_after<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        hold_ms: i64,
+    ) -> QueryResult<bool> {
         let holder = held_owner_id(me);
         let payload;
         let mut args = vec![
@@ -920,8 +925,9 @@ impl LeaseStore for SqlStore {
         if ms == 0 {
             return self.release(mutex, contender_id).await;
         }
-        run!(inner, format!("release mutex {mutex:?} with a hold"), |c| call
-            .release_after(c, contender_id, ms))
+        run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
+            call.release_after(c, contender_id, ms)
+        })
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {

@@ -497,7 +497,10 @@ async fn release_after_holds_the_owner_key() {
     let pttl = cmd(&r, "PTTL", &[&key]).await.as_i64().unwrap_or(-1);
     assert!((55_000..=60_000).contains(&pttl), "PTTL {pttl}");
     let jvm = cmd(&r, "SET", &[&key, "jvm-contender", "NX", "PX", "16000"]).await;
-    assert!(jvm.is_null(), "a JVM contender's SET NX took a held mutex: {jvm:?}");
+    assert!(
+        jvm.is_null(),
+        "a JVM contender's SET NX took a held mutex: {jvm:?}"
+    );
 }
 
 /// An observer (retrieval service) on Redis is pushed: it sees an early release within
@@ -530,5 +533,6 @@ async fn observer_is_pushed_and_does_not_spin() {
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
+    eprintln!("observer case: {evalsha} EVALSHA calls on the server in total");
     assert!(evalsha < 60, "{evalsha} scripts run: {info}");
 }

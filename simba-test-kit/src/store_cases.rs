@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use simba_core::fault::{FaultStore, Op};
 use simba_core::{
-    ContendServiceFactory, Lease, LeaseConfig, LeaseServiceFactory, LeaseStore, Locker,
-    MutexState, SilentRetriever,
+    ContendServiceFactory, Lease, LeaseConfig, LeaseServiceFactory, LeaseStore, Locker, MutexState,
+    SilentRetriever,
 };
 use tokio::time::{Instant, sleep, timeout};
 
@@ -45,9 +45,10 @@ pub async fn release_after_contract<S: LeaseStore>(a: &S, b: &S, m: &str) -> Cas
     check(held.held_after_release_by() == Some("a"), || {
         format!("not held for a after the release: {held:?}")
     })?;
-    check(held.fence == got.fence && held.acquired_at == got.acquired_at, || {
-        format!("the hold changed the fence or acquired_at: {got:?} -> {held:?}")
-    })?;
+    check(
+        held.fence == got.fence && held.acquired_at == got.acquired_at,
+        || format!("the hold changed the fence or acquired_at: {got:?} -> {held:?}"),
+    )?;
     let left = held.transition_at - reply.now;
     // The hold ends 1500 ms after the store evaluated the call; this read came a little
     // later (a round trip at most, bounded generously for a loaded machine).
@@ -57,11 +58,17 @@ pub async fn release_after_contract<S: LeaseStore>(a: &S, b: &S, m: &str) -> Cas
     )?;
     for (who, s) in [("a", a), ("b", b)] {
         let r = s.acquire(m, who, lease).await?.owner;
-        check(!r.is_owner(who), || format!("{who} took a held mutex: {r:?}"))?;
+        check(!r.is_owner(who), || {
+            format!("{who} took a held mutex: {r:?}")
+        })?;
         let r = s.guard(m, who, lease).await?.owner;
-        check(!r.is_owner(who), || format!("{who} renewed a held mutex: {r:?}"))?;
+        check(!r.is_owner(who), || {
+            format!("{who} renewed a held mutex: {r:?}")
+        })?;
     }
-    check(!a.release(m, "a").await?, || "the releaser released its hold".into())?;
+    check(!a.release(m, "a").await?, || {
+        "the releaser released its hold".into()
+    })?;
     check(!a.release_after(m, "a", hold).await?, || {
         "release_after ran twice".into()
     })?;

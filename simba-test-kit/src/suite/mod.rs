@@ -730,7 +730,11 @@ pub async fn retriever_sees_release(h: &dyn Harness) -> CaseResult {
     let seen = within(
         "the retriever sees the release (the lease would end 7 s later)",
         bound,
-        async { rx.wait_for(|s: &MutexState| !s.after.has_owner()).await.is_ok() },
+        async {
+            rx.wait_for(|s: &MutexState| !s.after.has_owner())
+                .await
+                .is_ok()
+        },
     )
     .await?;
     ensure!(seen, "retriever channel closed");
@@ -786,7 +790,10 @@ pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
     let took = acquired.elapsed();
     // The backend adds the time left to its own clock after the call, so the hold ends
     // a little after `acquired + hold` by this clock, never before.
-    ensure!(took >= hold, "the mutex was free after {took:?}, held for {hold:?}");
+    ensure!(
+        took >= hold,
+        "the mutex was free after {took:?}, held for {hold:?}"
+    );
     ensure!(g.fence() > fence, "fence {} after {fence}", g.fence());
     g.release().await?;
     Ok(())
