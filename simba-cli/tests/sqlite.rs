@@ -437,7 +437,7 @@ fn a_closed_stderr_does_not_change_the_exit_status() {
 #[test]
 fn hold_at_least_with_no_wait_runs_once_per_period_on_sqlite() {
     let dir = tempdir();
-    hold_at_least_runs_once_per_period(&sqlite_url(dir.path(), "x.db"), "hold");
+    hold_at_least_runs_once_per_period(&sqlite_url(dir.path(), "x.db"), "hold", &[]);
 }
 
 #[test]

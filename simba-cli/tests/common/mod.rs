@@ -413,7 +413,8 @@ pub fn not_acquired_while_held(url: &str, test: &str) {
 /// `simba exec --no-wait --hold-at-least 3s`, run again and again: the command runs once
 /// per 3 s — the later runs within the hold exit 75 without running it, though the first
 /// command ended at once — and `simba owner` shows the hold meanwhile.
-pub fn hold_at_least_runs_once_per_period(url: &str, test: &str) {
+/// `lease`: extra lease options of every exec (e.g. `--ttl 1s --transition 1s`).
+pub fn hold_at_least_runs_once_per_period(url: &str, test: &str, lease: &[&str]) {
     let dir = tempdir();
     let mutex = mutex_name(test);
     let log = file(dir.path(), "runs");
@@ -421,6 +422,7 @@ pub fn hold_at_least_runs_once_per_period(url: &str, test: &str) {
         run(
             simba(Some(url))
                 .args(["exec", &mutex, "--no-wait", "--hold-at-least", "3s"])
+                .args(lease)
                 .args(sh(&format!("echo ran >> {}", log.display()))),
             Duration::from_secs(30),
             "simba exec --no-wait --hold-at-least",
