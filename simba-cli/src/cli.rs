@@ -80,9 +80,21 @@ pub(crate) struct ExecArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
     pub(crate) timeout: Option<Duration>,
 
-    /// Do not wait: exit with 75 at once if another contender holds the mutex.
+    /// Do not wait: exit with 75 at once if another contender holds the mutex. With
+    /// --hold-at-least: run at most once per period, and skip if someone else did.
     #[arg(long)]
     pub(crate) no_wait: bool,
+
+    /// Keep the mutex held for at least this long from its acquisition, even when the
+    /// command ends earlier (ShedLock's lockAtLeastFor): nobody, this host included, can
+    /// take it before then, whatever their clocks say. Not on ZooKeeper (exits 64).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub(crate) hold_at_least: Option<Duration>,
+
+    /// Stop the command (SIGTERM, then SIGKILL after --grace) once it has held the mutex
+    /// this long, as when ownership is lost, and exit with 79.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub(crate) hold_at_most: Option<Duration>,
 
     #[command(flatten)]
     pub(crate) lease: LeaseArgs,
@@ -213,8 +225,9 @@ pub(crate) struct WatchArgs {
     #[command(flatten)]
     pub(crate) show: ShowArgs,
 
-    /// How often lease backends (SQL, Redis) are read; an ownership shorter than this may
-    /// go unseen. ZooKeeper pushes changes.
+    /// How often the owner is read on backends that cannot push changes (SQLite, MySQL,
+    /// Redis in polling mode); an ownership shorter than this may go unseen there. Redis,
+    /// PostgreSQL and ZooKeeper push every change as it happens.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "250ms")]
     pub(crate) interval: Duration,
 }
@@ -241,6 +254,25 @@ mod tests {
         assert_eq!(a.lease.ttl, Some(Duration::from_secs(1)));
         assert_eq!(a.grace, Duration::from_secs(2));
         assert_eq!(a.command, ["sh", "-c", "exit 7"]);
+        let cli = Cli::try_parse_from([
+            "simba",
+            "exec",
+            "m",
+            "--no-wait",
+            "--hold-at-least",
+            "1h",
+            "--hold-at-most",
+            "50m",
+            "--",
+            "true",
+        ])
+        .expect("parses");
+        let Command::Exec(a) = cli.command else {
+            panic!("not exec");
+        };
+        assert!(a.no_wait);
+        assert_eq!(a.hold_at_least, Some(Duration::from_secs(3600)));
+        assert_eq!(a.hold_at_most, Some(Duration::from_secs(3000)));
     }
 
     #[test]

@@ -24,6 +24,18 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     let mutex = args.mutex.as_str();
     let locker = Locker::new(backend.factory.clone(), mutex)
         .map_err(|e| Failure::simba(e, "bad mutex name"))?;
+    if let Some(hold) = args.hold_at_least {
+        // Refused before waiting: a hold the backend cannot keep would be silently lost.
+        backend
+            .factory
+            .check_hold()
+            .and_then(|()| simba_core::validate_duration("hold-at-least", hold, Duration::ZERO))
+            .map_err(|e| Failure::simba(e, "--hold-at-least"))?;
+    }
+    if let Some(most) = args.hold_at_most {
+        simba_core::validate_duration("hold-at-most", most, Duration::from_millis(1))
+            .map_err(|e| Failure::simba(e, "--hold-at-most"))?;
+    }
 
     let acquire = acquire(&locker, &args);
     debug!(mutex, backend = %backend.shown, "waiting for the mutex");
@@ -36,6 +48,8 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     };
     let fence = guard.fence();
     info!(mutex, fence, owner = locker.contender_id(), "acquired");
+    // --hold-at-most counts from the acquisition, like --hold-at-least.
+    let at_most = args.hold_at_most.map(|d| tokio::time::Instant::now() + d);
 
     if !guard.is_held() {
         return Err(Failure::new(
@@ -54,7 +68,8 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     let mut group = match child::spawn(&args.command, &env) {
         Ok(g) => g,
         Err(f) => {
-            release(guard, None).await;
+            // The command never ran: nothing to keep held.
+            release(guard, None, None).await;
             return Err(f);
         }
     };
@@ -66,13 +81,13 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
                 Ok(status) => {
                     group.restore_terminal();
                     debug!(?status, "command ended");
-                    release(guard, None).await;
+                    release(guard, None, args.hold_at_least).await;
                     return Ok(child::exit_code(status));
                 }
                 Err(e) => {
                     group.stop(args.grace).await;
                     group.restore_terminal();
-                    release(guard, None).await;
+                    release(guard, None, args.hold_at_least).await;
                     return Err(Failure::with(Status::Internal, e, "waiting for the command failed"));
                 }
             },
@@ -80,22 +95,35 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
                 debug!(%sig, "passing the signal on to the command");
                 group.signal(sig);
             }
-            reason = guard.lost() => break reason,
+            reason = guard.lost() => break Some(reason),
+            _ = sleep_until_opt(at_most) => break None,
         }
     };
 
-    say!(
-        "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; stopping the \
-         command (SIGTERM to its process group {}, SIGKILL after {})",
-        group.pgid(),
-        show(args.grace)
-    );
+    match lost {
+        Some(lost) => say!(
+            "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; stopping the \
+             command (SIGTERM to its process group {}, SIGKILL after {})",
+            group.pgid(),
+            show(args.grace)
+        ),
+        None => say!(
+            "simba: the command held mutex {mutex:?} (fence {fence}) for --hold-at-most {}; \
+             stopping it (SIGTERM to its process group {}, SIGKILL after {})",
+            show(args.hold_at_most.unwrap_or_default()),
+            group.pgid(),
+            show(args.grace)
+        ),
+    }
     let status = group.stop(args.grace).await;
     group.restore_terminal();
     if let Some(status) = status {
         info!(?status, "command stopped");
     }
-    release(guard, Some(RELEASE_AFTER_LOSS)).await;
+    match lost {
+        Some(_) => release(guard, Some(RELEASE_AFTER_LOSS), None).await,
+        None => release(guard, None, args.hold_at_least).await,
+    }
     Ok(Status::Lost.code())
 }
 
@@ -131,14 +159,38 @@ fn not_acquired(e: simba_core::Error, mutex: &str, backend: &Backend) -> Failure
     }
 }
 
-/// Releases the mutex, waiting at most `bound` when given (the core bounds it otherwise).
-async fn release(guard: LockGuard, bound: Option<Duration>) {
+/// Sleeps until `at`, or forever when there is none.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Releases the mutex, waiting at most `bound` when given (the core bounds it otherwise);
+/// with `hold`, keeps it held until `hold` after its acquisition.
+async fn release(guard: LockGuard, bound: Option<Duration>, hold: Option<Duration>) {
+    let call = async {
+        match hold {
+            Some(d) => {
+                let r = guard.release_at_least(d).await;
+                if r.is_ok() {
+                    debug!(hold = %show(d), "released; held until the hold ends");
+                }
+                r
+            }
+            None => guard.release().await,
+        }
+    };
     let done = match bound {
-        Some(b) => tokio::time::timeout(b, guard.release()).await.ok(),
-        None => Some(guard.release().await),
+        Some(b) => tokio::time::timeout(b, call).await.ok(),
+        None => Some(call.await),
     };
     match done {
         Some(Ok(())) => debug!("released"),
+        Some(Err(e)) if hold.is_some() => {
+            warn!("keeping the mutex held failed (its lease still ends it): {e}")
+        }
         Some(Err(e)) => warn!("release failed (the lease frees the mutex): {e}"),
         None => debug!("release did not finish in time (the lease frees the mutex)"),
     }

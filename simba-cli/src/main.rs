@@ -77,7 +77,14 @@ async fn dispatch(cli: Cli) -> Outcome {
             exec::run(connect(&url, timing).await?, args).await
         }
         Command::Owner(args) => show::owner(connect(&url, Default::default()).await?, args).await,
-        Command::Watch(args) => show::watch(connect(&url, Default::default()).await?, args).await,
+        Command::Watch(args) => {
+            // The observer reads at --interval where the backend cannot push changes.
+            let timing = backend::Timing {
+                waiter_poll: Some(args.interval),
+                ..backend::Timing::default()
+            };
+            show::watch(connect(&url, timing).await?, args).await
+        }
         Command::Bench(args) => bench::run(url, args).await,
     }
 }

@@ -17,7 +17,7 @@ use crate::status::{Failure, Outcome, Status};
 /// "no owner" is concluded.
 const FIRST_READ: Duration = Duration::from_millis(1500);
 
-/// Upper bound for one owner read while watching (the stores bound their calls too).
+/// Upper bound for one owner read (the stores bound their calls too).
 const READ_BOUND: Duration = Duration::from_secs(10);
 
 /// What is known about a mutex's owner at one moment.
@@ -35,20 +35,24 @@ impl Snapshot {
     }
 }
 
-/// Where snapshots come from: one read per call (lease backends), or a retrieval
-/// service's state (ZooKeeper).
+/// Where snapshots come from: one read (`simba owner` on lease backends), or a retrieval
+/// service's state (`simba watch`, and ZooKeeper). The retrieval service is pushed where
+/// the backend pushes and reads at a bounded interval otherwise (`--interval`).
 enum Source {
     Read(Arc<dyn crate::backend::OwnerReader>),
     Observe {
         service: Arc<dyn RetrievalService>,
         state: watch::Receiver<simba_core::MutexState>,
+        /// A one-call read for the first snapshot (lease backends).
+        reader: Option<Arc<dyn crate::backend::OwnerReader>>,
     },
 }
 
 impl Source {
-    async fn open(backend: &Backend, mutex: &str) -> Result<Source, Failure> {
+    /// `observe`: follow changes (watch) rather than read once (owner).
+    async fn open(backend: &Backend, mutex: &str, observe: bool) -> Result<Source, Failure> {
         validate_mutex_name(mutex).map_err(|e| Failure::simba(e, "bad mutex name"))?;
-        if let Some(reader) = &backend.reader {
+        if let Some(reader) = backend.reader.as_ref().filter(|_| !observe) {
             return Ok(Source::Read(reader.clone()));
         }
         let service = backend
@@ -59,14 +63,22 @@ impl Source {
         service
             .start()
             .map_err(|e| Failure::simba(e, "cannot observe the mutex"))?;
-        Ok(Source::Observe { service, state })
+        Ok(Source::Observe {
+            service,
+            state,
+            reader: backend.reader.clone(),
+        })
     }
 
     /// The current owner. For an observed backend, waits up to [`FIRST_READ`] for the
     /// first report and treats silence as "no owner".
     async fn first(&mut self, mutex: &str) -> Result<Snapshot, Failure> {
         match self {
-            Source::Read(reader) => read(reader.as_ref(), mutex).await,
+            Source::Read(reader)
+            | Source::Observe {
+                reader: Some(reader),
+                ..
+            } => read(reader.as_ref(), mutex).await,
             Source::Observe { state, .. } => {
                 let _ = tokio::time::timeout(FIRST_READ, state.changed()).await;
                 Ok(observed(&state.borrow_and_update().after))
@@ -74,13 +86,13 @@ impl Source {
         }
     }
 
-    /// The next snapshot: after `interval` (reads), or at the next change (observed).
-    async fn next(&mut self, mutex: &str, interval: Duration) -> Result<Snapshot, Failure> {
+    /// The next snapshot: at the next change the observer reports.
+    async fn next(&mut self) -> Result<Snapshot, Failure> {
         match self {
-            Source::Read(reader) => {
-                tokio::time::sleep(interval).await;
-                read(reader.as_ref(), mutex).await
-            }
+            Source::Read(_) => Err(Failure::new(
+                Status::Internal,
+                "a one-read source cannot follow changes",
+            )),
             Source::Observe { state, .. } => {
                 if state.changed().await.is_err() {
                     return Err(Failure::new(
@@ -126,7 +138,7 @@ fn observed(owner: &MutexOwner) -> Snapshot {
 
 /// Runs `simba owner`.
 pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
-    let mut source = Source::open(&backend, &args.mutex).await?;
+    let mut source = Source::open(&backend, &args.mutex, false).await?;
     let snap = source.first(&args.mutex).await;
     source.close().await;
     let snap = snap?;
@@ -159,6 +171,15 @@ fn describe(mutex: &str, snap: &Snapshot, leases: bool) -> String {
             format!("{} ago", secs(-d))
         }
     };
+    if let Some(by) = o.held_after_release_by() {
+        return format!(
+            "{mutex}: held until {} ({}) after a release by {by} (fence {}); nobody can take \
+             it before then",
+            iso(o.transition_at),
+            rel(o.transition_at),
+            o.fence
+        );
+    }
     let mut out = format!(
         "{mutex}: owned by {} (fence {})\n  acquired:   {} ({})",
         o.owner_id,
@@ -183,7 +204,7 @@ pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
     let mut signals = Signals::new()?;
     let mutex = args.show.mutex.as_str();
     let json = args.show.json;
-    let mut source = Source::open(&backend, mutex).await?;
+    let mut source = Source::open(&backend, mutex, true).await?;
     let first = tokio::select! {
         r = source.first(mutex) => r,
         _ = signals.recv() => {
@@ -202,39 +223,24 @@ pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
         source.close().await;
         return Ok(0);
     }
-    let mut failing = false;
     loop {
         let next = tokio::select! {
-            r = source.next(mutex, args.interval) => r,
+            r = source.next() => r,
             _ = signals.recv() => break,
         };
         let snap = match next {
             Ok(s) => s,
-            Err(f) if f.status == Status::Unavailable && matches!(source, Source::Read(_)) => {
-                if !failing {
-                    say!(
-                        "simba: watch: {:#}; retrying every {:?}",
-                        f.error,
-                        args.interval
-                    );
-                    failing = true;
-                }
-                continue;
-            }
             Err(f) => {
                 source.close().await;
                 return Err(f);
             }
         };
-        if failing {
-            say!("simba: watch: the backend answers again");
-            failing = false;
-        }
         if snap.key() == known.key() {
             known = snap;
             continue;
         }
         let event = match (&known.owner, &snap.owner) {
+            (_, Some(o)) if o.held_after_release_by().is_some() => "held",
             (None, Some(_)) => "acquired",
             (Some(_), None) => "released",
             _ => "changed",
@@ -272,6 +278,12 @@ fn line(
     let what = match (event, &snap.owner, previous) {
         (_, None, Some(p)) => format!("released by {}", who(p)),
         (_, None, None) => "no owner".to_owned(),
+        (_, Some(o), _) if o.held_after_release_by().is_some() => format!(
+            "released by {} (fence {}), held until {}",
+            o.held_after_release_by().unwrap_or_default(),
+            o.fence,
+            iso(o.transition_at)
+        ),
         ("current", Some(o), _) => format!("owned by {}", who(o)),
         (_, Some(o), Some(p)) => format!("taken by {} from {}", who(o), who(p)),
         (_, Some(o), None) => format!("acquired by {}", who(o)),
@@ -364,6 +376,28 @@ mod tests {
             now: 0,
         };
         assert_eq!(describe("m", &none, true), "m: no owner");
+        let held = MutexOwner {
+            owner_id: simba_core::held_owner_id("a"),
+            ttl_at: 61_000,
+            transition_at: 61_000,
+            ..owner.clone()
+        };
+        let held_snap = Snapshot {
+            owner: Some(held),
+            now: 1_000,
+        };
+        let text = describe("m", &held_snap, true);
+        assert!(
+            text.starts_with(
+                "m: held until 1970-01-01T00:01:01.000Z (in 1m 0s) after a release by a (fence 4)"
+            ),
+            "{text}"
+        );
+        let l = line("m", "held", &held_snap, Some(&owner), false);
+        assert!(
+            l.ends_with("m held: released by a (fence 4), held until 1970-01-01T00:01:01.000Z"),
+            "{l}"
+        );
         let l = line("m", "released", &none, Some(&owner), false);
         assert!(l.ends_with("m released: released by a (fence 4)"), "{l}");
         let j: serde_json::Value =

@@ -19,7 +19,8 @@ pub(crate) enum Status {
     /// 75 (EX_TEMPFAIL): the mutex was not acquired within `--timeout`, or it is held and
     /// `--no-wait` was given.
     NotAcquired,
-    /// 79: ownership was lost while the command ran; the command was stopped.
+    /// 79: ownership was lost while the command ran (or `--hold-at-most` passed); the
+    /// command was stopped.
     Lost,
     /// 126: the command was found but could not be started.
     CannotRun,
@@ -46,9 +47,10 @@ impl Status {
     pub(crate) fn of(e: &simba_core::Error) -> Status {
         use simba_core::Error as E;
         match e {
-            E::InvalidName { .. } | E::InvalidContenderId { .. } | E::InvalidConfig { .. } => {
-                Status::Usage
-            }
+            E::InvalidName { .. }
+            | E::InvalidContenderId { .. }
+            | E::InvalidConfig { .. }
+            | E::Unsupported { .. } => Status::Usage,
             E::Timeout { .. } | E::WouldBlock { .. } => Status::NotAcquired,
             E::Lost { .. } => Status::Lost,
             E::Backend { .. } | E::Shutdown { .. } => Status::Unavailable,
@@ -63,13 +65,14 @@ Exit status:
   exec exits with the command's own status, or 128+N when the command was killed
   by signal N. Otherwise:
     0    success (owner, watch ended by SIGINT/SIGTERM)
-    64   usage error: bad option, backend URL, duration or mutex name
+    64   usage error: bad option, backend URL, duration or mutex name, or an option
+         the backend cannot do (--hold-at-least on ZooKeeper)
     69   backend unavailable: cannot connect, or it failed
     70   internal error (a bug: please report it)
     73   cannot create the state directory or the SQLite file's directory
     75   not acquired: --timeout passed, or --no-wait and the mutex is held
-    79   ownership lost while the command ran; the command's process group was
-         sent SIGTERM, then SIGKILL after --grace
+    79   ownership lost while the command ran, or --hold-at-most passed; the
+         command's process group was sent SIGTERM, then SIGKILL after --grace
     126  the command could not be started (e.g. not executable)
     127  the command was not found
     128+N  simba got signal N while waiting for the mutex";

@@ -433,3 +433,15 @@ fn a_closed_stderr_does_not_change_the_exit_status() {
     let status = wait_for(&mut holder, Duration::from_secs(10), "holder after SIGTERM");
     assert_eq!(status.code(), Some(143));
 }
+
+#[test]
+fn hold_at_least_with_no_wait_runs_once_per_period_on_sqlite() {
+    let dir = tempdir();
+    hold_at_least_runs_once_per_period(&sqlite_url(dir.path(), "x.db"), "hold", &[]);
+}
+
+#[test]
+fn hold_at_most_stops_the_command_on_sqlite() {
+    let dir = tempdir();
+    hold_at_most_stops_the_command(&sqlite_url(dir.path(), "x.db"), "at-most");
+}

@@ -95,6 +95,17 @@ pub enum Error {
     /// The service was started twice, or some other call came in the wrong state.
     #[error("invalid state: {0}")]
     InvalidState(String),
+    /// The backend cannot do what was asked (e.g. keep a released mutex held on ZooKeeper,
+    /// which has sessions, not leases). Fails the same way every time.
+    #[error("{what} is not supported on {backend}: {reason}")]
+    Unsupported {
+        /// Which backend, as people write it (`"ZooKeeper"`).
+        backend: &'static str,
+        /// The feature asked for (`"hold-at-least"`).
+        what: &'static str,
+        /// Why not, and what to do instead.
+        reason: String,
+    },
     /// The backend failed.
     #[error("{backend} backend: {message}")]
     Backend {
@@ -144,10 +155,24 @@ impl Error {
         }
     }
 
+    /// An operation the backend cannot do.
+    pub fn unsupported(
+        backend: &'static str,
+        what: &'static str,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::Unsupported {
+            backend,
+            what,
+            reason: reason.into(),
+        }
+    }
+
     /// Whether trying the same operation again later may succeed.
     ///
     /// True for backend trouble marked retryable and for timeouts / would-block; false for
-    /// invalid input, shutdown and state errors, which fail the same way every time.
+    /// invalid input, unsupported operations, shutdown and state errors, which fail the same
+    /// way every time.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Backend { retryable, .. } => *retryable,

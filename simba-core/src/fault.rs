@@ -23,14 +23,17 @@ pub enum Op {
     Owner,
     /// [`LeaseStore::subscribe`].
     Subscribe,
+    /// [`LeaseStore::release_after`].
+    ReleaseAfter,
 }
 
-const OPS: [Op; 5] = [
+const OPS: [Op; 6] = [
     Op::Acquire,
     Op::Guard,
     Op::Release,
     Op::Owner,
     Op::Subscribe,
+    Op::ReleaseAfter,
 ];
 
 /// What a call does.
@@ -51,8 +54,8 @@ pub enum Behavior {
 
 #[derive(Debug, Default)]
 struct State {
-    behavior: [Behavior; 5],
-    calls: [u64; 5],
+    behavior: [Behavior; OPS.len()],
+    calls: [u64; OPS.len()],
 }
 
 /// Changes the behaviour of a [`FaultStore`] from the outside. Clones share the control.
@@ -75,7 +78,7 @@ impl FaultControl {
 
     /// Sets the behaviour of every operation.
     pub fn set_all(&self, behavior: Behavior) {
-        self.lock().behavior = [behavior; 5];
+        self.lock().behavior = [behavior; OPS.len()];
     }
 
     /// How many times `op` was called.
@@ -154,6 +157,14 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
         self.run(Op::Release, self.inner.release(mutex, contender_id))
             .await
+    }
+
+    async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
+        self.run(
+            Op::ReleaseAfter,
+            self.inner.release_after(mutex, contender_id, hold),
+        )
+        .await
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {

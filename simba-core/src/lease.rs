@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{Instrument, debug, info, warn};
@@ -81,6 +81,10 @@ pub struct LeaseConfig {
     /// it, so that waiters do not poll in lockstep), so that a released mutex is taken
     /// within this time rather than at the end of the old lease. `None` keeps Simba's
     /// schedule (wake at the end of the owner's transition).
+    ///
+    /// Retrieval services (observers) on such stores read the owner every `waiter_poll`
+    /// too; with `None` they read every `max(ttl / 2, 500 ms)` and at the end of each
+    /// lease they saw (see [`LeaseRetrievalService`]).
     pub waiter_poll: Option<Duration>,
     /// Jitter (ms) for non-owners when the owner has a transition period.
     pub jitter: Range<i64>,
@@ -233,6 +237,11 @@ impl<S: LeaseStore> ContendServiceFactory for LeaseServiceFactory<S> {
         self.store.backend()
     }
 
+    /// Every lease store can keep a released mutex held ([`LeaseStore::release_after`]).
+    fn check_hold(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn create_contend_service(
         &self,
         mutex: &str,
@@ -268,7 +277,15 @@ struct Running {
     task: JoinHandle<()>,
 }
 
+/// A stop that keeps the mutex held until `until`, and where its outcome goes.
+struct HoldRequest {
+    until: Instant,
+    reply: oneshot::Sender<Result<()>>,
+}
+
 struct Shared<S> {
+    /// Set by `stop_holding_until` before it signals stop; taken by the driver's shutdown.
+    hold: StdMutex<Option<HoldRequest>>,
     store: Arc<S>,
     mutex: String,
     contender_id: String,
@@ -315,6 +332,7 @@ impl<S: LeaseStore> LeaseContendService<S> {
     ) -> Self {
         LeaseContendService {
             shared: Arc::new(Shared {
+                hold: StdMutex::new(None),
                 store,
                 mutex,
                 contender_id,
@@ -407,12 +425,58 @@ impl<S: LeaseStore> ContendService for LeaseContendService<S> {
         })
     }
 
+    fn stop_holding_until(&self, until: Instant) -> BoxFuture<'_, Result<()>> {
+        if let Err(e) = crate::store::hold_millis(until.saturating_duration_since(Instant::now())) {
+            return Box::pin(async { Err(e) });
+        }
+        let (reply, outcome) = oneshot::channel();
+        *self.shared.hold.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(HoldRequest { until, reply });
+        // Signalled at once, so that dropping the returned future still stops and holds.
+        let task = self.signal_stop();
+        if task.is_none() {
+            self.shared
+                .hold
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+        }
+        let mutex = self.shared.mutex.clone();
+        // Not running: the ownership ended before (e.g. lost, and the service stopped).
+        let ended = self.shared.status.borrow().last_loss.map(|l| l.reason);
+        Box::pin(async move {
+            let Some(task) = task else {
+                return Err(match ended {
+                    Some(reason) if reason != LossReason::Released => Error::Lost { mutex, reason },
+                    _ => Error::Shutdown { mutex },
+                });
+            };
+            if let Err(e) = task.await {
+                warn!(%mutex, "contend task ended abnormally: {e}");
+            }
+            outcome
+                .await
+                .unwrap_or_else(|_| Err(Error::Shutdown { mutex }))
+        })
+    }
+
     fn status(&self) -> watch::Receiver<ContenderStatus> {
         self.shared.status.subscribe()
     }
 }
 
+/// The shortest interval at which an observer reads an idle mutex by itself.
+const OBSERVE_FLOOR: Duration = Duration::from_millis(500);
+
 /// A retrieval service driven by the lease engine (reads the owner, never contends).
+///
+/// Where the store pushes ([`LeaseStore::subscribe`]: Redis pub/sub, PostgreSQL NOTIFY,
+/// the memory store) it re-reads the owner on every pushed event, so a release or a new
+/// owner is seen within milliseconds; besides, it reads when the lease it last saw ends
+/// and at least every `max(ttl / 2, 500 ms)`. Where the store cannot push it reads every
+/// [`LeaseConfig::waiter_poll`] (or `max(ttl / 2, 500 ms)` when unset), and at the end of
+/// each lease it saw. Either way an idle observer costs a few reads per lease; it never
+/// loops on a free mutex.
 pub struct LeaseRetrievalService<S>(LeaseContendService<S>);
 
 impl<S: LeaseStore> fmt::Debug for LeaseRetrievalService<S> {
@@ -514,7 +578,7 @@ impl<S: LeaseStore> Driver<S> {
             // Subscribing may take up to a request timeout, so it is tried only while not
             // owning: an owner's lease deadline must never wait behind it. The first attempt
             // subscribes at the same time (see `attempt`); this is for later ones.
-            if !self.subscribed && self.owned.is_none() && self.contending() && self.looked {
+            if !self.subscribed && self.owned.is_none() && self.looked {
                 if !self.subscribe().await {
                     break;
                 }
@@ -612,12 +676,15 @@ impl<S: LeaseStore> Driver<S> {
                 self.subscribed = false;
                 self.next = Instant::now();
             }
-            Some(StoreEvent::Acquired { owner_id }) if self.owned.is_none() => {
+            Some(StoreEvent::Acquired { owner_id })
+                if self.owned.is_none() && self.contending() =>
+            {
                 debug!(%owner_id, "acquired elsewhere");
                 // Nothing to do now: the next attempt is due when that lease ends.
             }
             Some(ev) => {
-                debug!(?ev, "store event: contending now");
+                // Observers re-read on every event, contenders contend again.
+                debug!(?ev, "store event: looking now");
                 self.next = Instant::now();
                 self.urgent = true;
             }
@@ -633,7 +700,7 @@ impl<S: LeaseStore> Driver<S> {
         let lease = shared.config.lease();
         let sent = Instant::now();
         let owning = self.owned.is_some();
-        let subscribe = (first && !self.subscribed && !owning && self.contending())
+        let subscribe = (first && !self.subscribed && !owning)
             .then(|| Box::pin(shared.store.subscribe(&shared.mutex, &shared.contender_id)));
         let call = Box::pin(async {
             match (&shared.mode, owning) {
@@ -680,9 +747,33 @@ impl<S: LeaseStore> Driver<S> {
         }
     }
 
+    /// When an observer reads next, after it saw `owner` at backend time `now`: at the end
+    /// of that owner's lease, and at least every interval (see [`LeaseRetrievalService`]).
+    fn observe_delay(&self, owner: &MutexOwner, now: i64) -> Duration {
+        let config = &self.shared.config;
+        let idle = (config.ttl / 2).max(OBSERVE_FLOOR);
+        let interval = match (&self.events, config.waiter_poll) {
+            (None, Some(poll)) => poll,
+            _ => idle,
+        };
+        if owner.is_in_lease(now) {
+            // One millisecond past the end, so that the read sees the lease over.
+            let left = owner.transition_at.saturating_sub(now).saturating_add(1);
+            interval.min(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+        } else {
+            interval
+        }
+    }
+
     fn on_reply(&mut self, sent: Instant, reply: LeaseReply) {
         self.failures = 0;
         let now = Instant::now();
+        if !self.contending() {
+            self.observe(reply.owner.clone());
+            self.next = now + self.observe_delay(&reply.owner, reply.now);
+            self.count_attempt(None);
+            return;
+        }
         let me = self.shared.contender_id.clone();
         let mine = reply.owner.is_owned_by_at(&me, reply.now);
         if mine && self.contending() {
@@ -862,28 +953,100 @@ impl<S: LeaseStore> Driver<S> {
 
     async fn shutdown(mut self) {
         self.events = None;
+        let hold = self
+            .shared
+            .hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if self.contending() {
             let was_owner = self.owned.is_some();
+            let now = Instant::now();
+            // The ownership a hold can keep: one that stands by the local deadline.
+            let standing = self.owned.as_ref().is_some_and(|o| o.deadline > now);
+            let earlier_loss = self.shared.status.borrow().last_loss.map(|l| l.reason);
             // Stop acting as owner before the mutex is freed for others.
             self.lose(LossReason::Released, MutexOwner::NONE);
-            let shared = self.shared.clone();
-            let (mutex, me) = (&shared.mutex, &shared.contender_id);
-            let bound = shared.config.request_timeout;
-            // Always release: a call dropped in flight may have made us owner unknowingly.
-            match timeout(bound, Box::pin(shared.store.release(mutex, me))).await {
-                Ok(Ok(done)) => debug!(released = done, "stop: release"),
-                Ok(Err(e)) => warn!("stop: release failed, the lease will free the mutex: {e}"),
-                Err(_) => warn!("stop: release timed out, the lease will free the mutex"),
+            match hold {
+                Some(req) if standing => {
+                    let outcome = self.hold_remotely(req.until).await;
+                    let _ = req.reply.send(outcome);
+                }
+                Some(req) => {
+                    self.release_remotely(was_owner).await;
+                    let reason = if was_owner {
+                        LossReason::LeaseExpired
+                    } else {
+                        earlier_loss.unwrap_or(LossReason::LeaseExpired)
+                    };
+                    let _ = req.reply.send(Err(Error::Lost {
+                        mutex: self.shared.mutex.clone(),
+                        reason,
+                    }));
+                }
+                None => self.release_remotely(was_owner).await,
             }
-            if !was_owner {
-                let _ = timeout(bound, Box::pin(shared.store.leave(mutex, me))).await;
-            }
+        } else if let Some(req) = hold {
+            let _ = req.reply.send(Err(Error::InvalidState(
+                "an observer holds nothing".to_owned(),
+            )));
         }
         self.shared.status.send_modify(|s| {
             s.running = false;
             s.held = None;
             s.deadline = None;
         });
+    }
+
+    /// Releases on the backend, bounded by the request timeout (best effort: the lease
+    /// frees the mutex anyway).
+    async fn release_remotely(&self, was_owner: bool) {
+        let shared = self.shared.clone();
+        let (mutex, me) = (&shared.mutex, &shared.contender_id);
+        let bound = shared.config.request_timeout;
+        // Always release: a call dropped in flight may have made us owner unknowingly.
+        match timeout(bound, Box::pin(shared.store.release(mutex, me))).await {
+            Ok(Ok(done)) => debug!(released = done, "stop: release"),
+            Ok(Err(e)) => warn!("stop: release failed, the lease will free the mutex: {e}"),
+            Err(_) => warn!("stop: release timed out, the lease will free the mutex"),
+        }
+        if !was_owner {
+            let _ = timeout(bound, Box::pin(shared.store.leave(mutex, me))).await;
+        }
+    }
+
+    /// Ends the ownership at `until` instead of now ([`LeaseStore::release_after`]).
+    async fn hold_remotely(&self, until: Instant) -> Result<()> {
+        let shared = self.shared.clone();
+        let (mutex, me) = (&shared.mutex, &shared.contender_id);
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            self.release_remotely(true).await;
+            return Ok(());
+        }
+        let bound = shared.config.request_timeout;
+        let call = Box::pin(shared.store.release_after(mutex, me, left));
+        match timeout(bound, call).await {
+            Ok(Ok(true)) => {
+                info!(?left, "released; the mutex stays held until the hold ends");
+                Ok(())
+            }
+            Ok(Ok(false)) => Err(Error::Lost {
+                mutex: mutex.clone(),
+                reason: LossReason::TakenOver,
+            }),
+            Ok(Err(e)) => {
+                warn!("stop: hold failed, the lease ends the ownership: {e}");
+                Err(e)
+            }
+            Err(_) => Err(Error::backend(
+                shared.store.backend(),
+                format!(
+                    "keeping mutex {mutex:?} held: no answer within {bound:?}; the ownership \
+                     ends with its lease (maybe before the hold would have)"
+                ),
+            )),
+        }
     }
 }
 

@@ -28,7 +28,8 @@ pub use lease::{
 pub use locker::{LockGuard, Locker};
 pub use memory::MemoryStore;
 pub use owner::{
-    ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, MutexOwner, MutexState,
+    ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, HELD_PREFIX, MutexOwner,
+    MutexState, held_owner_id,
 };
 pub use redact::{is_secret_key, redact_url_with};
 pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
@@ -36,4 +37,4 @@ pub use service::{
     BoxFuture, ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss,
     MutexRetriever, RetrievalService, SilentContender, SilentRetriever,
 };
-pub use store::{Lease, LeaseReply, LeaseStore, StoreEvent};
+pub use store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
 
 use crate::error::{Error, LossReason, Result};
 use crate::id::{generate_contender_id, validate_contender_id, validate_mutex_name};
@@ -62,14 +63,29 @@ impl fmt::Debug for Locker {
 struct Hold {
     fence: u64,
     status: watch::Receiver<ContenderStatus>,
-    stop: StdMutex<Option<oneshot::Sender<()>>>,
+    stop: StdMutex<Option<oneshot::Sender<Option<Instant>>>>,
+    /// When the acquisition returned (local clock): where `release_at_least` counts from.
+    acquired: Instant,
+    service: Arc<dyn ContendService>,
+    /// The latest instant a holder asked the mutex to stay held until.
+    hold_until: StdMutex<Option<Instant>>,
+}
+
+impl Hold {
+    fn hold_until(&self, until: Instant) -> Instant {
+        let mut h = self.hold_until.lock().unwrap_or_else(|p| p.into_inner());
+        let until = h.map_or(until, |t| t.max(until));
+        *h = Some(until);
+        until
+    }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        // The watcher task stops the service (and so releases remotely).
+        // The watcher task stops the service (and so releases remotely, or holds).
+        let until = self.hold_until.get_mut().ok().and_then(|h| *h);
         if let Some(tx) = self.stop.get_mut().ok().and_then(Option::take) {
-            let _ = tx.send(());
+            let _ = tx.send(until);
         }
     }
 }
@@ -239,6 +255,9 @@ impl Locker {
             fence: held.fence,
             status: status.clone(),
             stop: StdMutex::new(Some(stop_tx)),
+            acquired: Instant::now(),
+            service: service.clone(),
+            hold_until: StdMutex::new(None),
         });
         tokio::spawn(watch_hold(service, status, held.fence, stop_rx));
         *self.inner.held.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&hold);
@@ -255,11 +274,17 @@ async fn watch_hold(
     service: Arc<dyn ContendService>,
     mut status: watch::Receiver<ContenderStatus>,
     fence: u64,
-    stop: oneshot::Receiver<()>,
+    stop: oneshot::Receiver<Option<Instant>>,
 ) {
-    tokio::select! {
-        _ = stop => {}
-        _ = status.wait_for(|s| !held_with(s, fence)) => {}
+    let hold = tokio::select! {
+        until = stop => until.ok().flatten(),
+        _ = status.wait_for(|s| !held_with(s, fence)) => None,
+    };
+    if let Some(until) = hold {
+        match service.stop_holding_until(until).await {
+            Ok(()) => return,
+            Err(e) => tracing::warn!("keeping the mutex held failed: {e}"),
+        }
     }
     let _ = service.stop().await;
 }
@@ -346,6 +371,72 @@ impl LockGuard {
             },
             Err(_) => LossReason::Released,
         }
+    }
+
+    /// Releases so that the mutex stays held until `until` (ShedLock's `lockAtLeastFor`):
+    /// nobody — this process included — can take it before then, and nothing renews it.
+    /// Typical use: a job that several hosts run on a schedule, which must run once per
+    /// period even when it finishes early and the hosts' clocks disagree. An `until` that
+    /// has passed is a plain [`release`](LockGuard::release).
+    ///
+    /// The backend is told the time left (`until - now` on this process's monotonic
+    /// clock) and adds it to its own clock, so no wall clock of this process matters.
+    /// When other holds of the same handle remain, the mutex is kept held from the last
+    /// one's release until the latest instant any of them asked for.
+    ///
+    /// # Errors
+    /// - [`Error::Lost`] when the ownership had ended before: nothing was held;
+    /// - [`Error::Unsupported`] on ZooKeeper (sessions, not leases): the mutex is then
+    ///   released as by [`release`](LockGuard::release);
+    /// - [`Error::Backend`] when the backend call failed: the ownership then ends with its
+    ///   current lease, maybe before `until`;
+    /// - [`Error::InvalidConfig`] for a hold longer than a year (the mutex is then
+    ///   released as by [`release`](LockGuard::release)).
+    ///
+    /// # Cancel safety
+    /// Dropping the future after the first poll still applies the hold, in the background.
+    pub async fn release_holding_until(mut self, until: Instant) -> Result<()> {
+        let Some(hold) = self.hold.take() else {
+            return Ok(());
+        };
+        let until = hold.hold_until(until);
+        if Arc::strong_count(&hold) > 1 {
+            // Another hold of the handle releases (and holds) later.
+            return Ok(());
+        }
+        let outcome = hold.service.stop_holding_until(until).await;
+        // Stops the service if the hold could not be applied (ZooKeeper): a release.
+        *hold.hold_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let mut status = hold.status.clone();
+        drop(hold);
+        let _ = status.wait_for(|s| !s.running).await;
+        outcome
+    }
+
+    /// Releases so that the mutex stays held until `at_least` after it was acquired
+    /// (counted from when [`Locker::acquire`] returned, on this process's clock), like
+    /// ShedLock's `lockAtLeastFor`. See [`release_holding_until`](LockGuard::release_holding_until).
+    ///
+    /// # Errors
+    /// As [`release_holding_until`](LockGuard::release_holding_until).
+    ///
+    /// # Cancel safety
+    /// As [`release_holding_until`](LockGuard::release_holding_until).
+    pub async fn release_at_least(self, at_least: Duration) -> Result<()> {
+        let Some(acquired) = self.hold().map(|h| h.acquired) else {
+            return Ok(());
+        };
+        // An `at_least` so long that the instant overflows is over a year: the store's
+        // check of the hold rejects it.
+        let until = acquired
+            .checked_add(at_least)
+            .unwrap_or_else(|| Instant::now() + crate::MAX_DURATION * 2);
+        self.release_holding_until(until).await
+    }
+
+    /// When this guard's acquisition returned, on this process's monotonic clock.
+    pub fn acquired_at(&self) -> Option<Instant> {
+        self.hold().map(|h| h.acquired)
     }
 
     /// Releases this hold; when it is the last hold of the handle, releases the mutex on

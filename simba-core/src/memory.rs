@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::Result;
-use crate::owner::MutexOwner;
-use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent};
+use crate::owner::{MutexOwner, held_owner_id};
+use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 
 #[derive(Default)]
 struct Entry {
@@ -142,6 +142,25 @@ impl LeaseStore for MemoryStore {
         }))
     }
 
+    async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
+        let ms = hold_millis(hold)?;
+        if ms == 0 {
+            return self.release(mutex, contender_id).await;
+        }
+        Ok(self.with(mutex, |e, now| {
+            if !e.owner.is_owned_by_at(contender_id, now) {
+                return false;
+            }
+            let holder = held_owner_id(contender_id);
+            e.owner.owner_id = holder.clone();
+            e.owner.ttl_at = now.saturating_add(ms);
+            e.owner.transition_at = e.owner.ttl_at;
+            // Observers re-read on it; waiters ignore an acquisition by someone else.
+            notify(e, contender_id, &StoreEvent::Acquired { owner_id: holder });
+            true
+        }))
+    }
+
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
         Ok(self.with(mutex, |e, now| LeaseReply {
             owner: visible(&e.owner, now),
@@ -212,6 +231,48 @@ mod tests {
         assert!(s.release("m", "b").await.expect("release"));
         assert!(!s.owner("m").await.expect("owner").owner.has_owner());
         assert_eq!(s.acquire("m", "a", LEASE).await.expect("a").owner.fence, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_after_keeps_it_held_from_everyone() {
+        let s = MemoryStore::new();
+        let a = s.acquire("m", "a", LEASE).await.expect("a").owner;
+        assert!(
+            !s.release_after("m", "b", Duration::from_secs(5))
+                .await
+                .expect("not b's")
+        );
+        assert!(
+            s.release_after("m", "a", Duration::from_secs(5))
+                .await
+                .expect("a's")
+        );
+        let held = s.owner("m").await.expect("owner").owner;
+        assert_eq!(held.held_after_release_by(), Some("a"));
+        assert_eq!((held.fence, held.acquired_at), (a.fence, a.acquired_at));
+        // Past a's old lease (1.5 s): still held, from a too, and nobody can renew it.
+        tokio::time::advance(Duration::from_millis(4990)).await;
+        for who in ["a", "b"] {
+            let r = s.acquire("m", who, LEASE).await.expect("acquire");
+            assert!(!r.owner.is_owner(who), "{who} took a held mutex");
+            let r = s.guard("m", who, LEASE).await.expect("guard");
+            assert!(!r.owner.is_owner(who));
+        }
+        assert!(
+            !s.release_after("m", "a", Duration::from_secs(5))
+                .await
+                .expect("twice")
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let b = s.acquire("m", "b", LEASE).await.expect("b").owner;
+        assert!(b.is_owner("b"));
+        assert_eq!(b.fence, a.fence + 1);
+        assert!(
+            s.release_after("m", "b", Duration::ZERO)
+                .await
+                .expect("zero")
+        );
+        assert!(!s.owner("m").await.expect("owner").owner.has_owner());
     }
 
     #[tokio::test(start_paused = true)]

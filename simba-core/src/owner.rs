@@ -68,6 +68,36 @@ impl MutexOwner {
     }
 }
 
+/// The prefix of the owner id a mutex carries while it is kept held after a release with a
+/// hold ([`LeaseStore::release_after`](crate::LeaseStore::release_after)):
+/// `held@@<the releaser's id>`.
+///
+/// Contender ids cannot contain `@@`, so no contender ever has this id: nobody can renew
+/// or release the hold, and everyone (the releaser included) can take the mutex only once
+/// the hold's `transition_at` has passed.
+pub const HELD_PREFIX: &str = "held@@";
+
+/// The owner id of a mutex that `contender_id` released with a hold: [`HELD_PREFIX`]
+/// followed by the id, cut to [`MAX_CONTENDER_ID_LEN`](crate::MAX_CONTENDER_ID_LEN) bytes
+/// so that it fits where contender ids fit (a SQL column, a Redis key).
+pub fn held_owner_id(contender_id: &str) -> String {
+    let mut id = format!("{HELD_PREFIX}{contender_id}");
+    let mut end = id.len().min(crate::MAX_CONTENDER_ID_LEN);
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    id.truncate(end);
+    id
+}
+
+impl MutexOwner {
+    /// If this owner is a hold left by a release with a hold ([`HELD_PREFIX`]), the id of
+    /// the contender that released it (cut short if it was very long).
+    pub fn held_after_release_by(&self) -> Option<&str> {
+        self.owner_id.strip_prefix(HELD_PREFIX)
+    }
+}
+
 impl Default for MutexOwner {
     fn default() -> Self {
         MutexOwner::NONE
@@ -201,6 +231,25 @@ mod tests {
             transition_at,
             fence: 1,
         }
+    }
+
+    #[test]
+    fn held_ids() {
+        let id = held_owner_id("3:41@h:ab");
+        assert_eq!(id, "held@@3:41@h:ab");
+        let o = MutexOwner {
+            owner_id: id,
+            ..MutexOwner::NONE
+        };
+        assert_eq!(o.held_after_release_by(), Some("3:41@h:ab"));
+        assert_eq!(owner("x", 0, 0).held_after_release_by(), None);
+        let long = "é".repeat(150);
+        let cut = held_owner_id(&long);
+        assert!(cut.len() <= crate::MAX_CONTENDER_ID_LEN && cut.starts_with(HELD_PREFIX));
+        assert!(
+            crate::validate_contender_id(&cut).is_err(),
+            "never a contender's id"
+        );
     }
 
     #[test]

@@ -136,6 +136,31 @@ pub trait ContendService: Send + Sync + fmt::Debug {
     /// finishes in the background.
     fn stop(&self) -> BoxFuture<'_, Result<()>>;
 
+    /// Stops contending like [`stop`](ContendService::stop), but if this contender owns
+    /// the mutex, keeps it held until `until` (ShedLock's `lockAtLeastFor`): the backend
+    /// is told, owner-checked and atomically, to end the ownership `until - now` from its
+    /// own `now`, and nobody — this contender included — can renew or take it before that
+    /// (see [`LeaseStore::release_after`](crate::LeaseStore::release_after)). An `until`
+    /// already past is a plain release.
+    ///
+    /// # Errors
+    /// - [`Error::Lost`](crate::Error::Lost) when the ownership had already ended (or never
+    ///   began): nothing was held;
+    /// - [`Error::Unsupported`](crate::Error::Unsupported) on a backend that has no leases
+    ///   (ZooKeeper); the service then keeps running: call `stop` to release;
+    /// - [`Error::Backend`](crate::Error::Backend) when the backend call failed or did not
+    ///   answer: the ownership is then neither renewed nor released, so it ends when its
+    ///   current lease does — maybe before `until`;
+    /// - [`Error::Shutdown`](crate::Error::Shutdown) when the service was not running.
+    ///
+    /// # Cancel safety
+    /// Dropping the future after the first poll still stops the service and applies the
+    /// hold in the background.
+    fn stop_holding_until(&self, until: tokio::time::Instant) -> BoxFuture<'_, Result<()>> {
+        let _ = until;
+        Box::pin(async { Err(unsupported_hold("this backend")) })
+    }
+
     /// A receiver of this service's status.
     fn status(&self) -> watch::Receiver<ContenderStatus>;
 
@@ -145,7 +170,20 @@ pub trait ContendService: Send + Sync + fmt::Debug {
     }
 }
 
+fn unsupported_hold(backend: &'static str) -> crate::Error {
+    crate::Error::unsupported(
+        backend,
+        "hold-at-least",
+        "this backend cannot keep a released mutex held (it has no leases); release it \
+         instead",
+    )
+}
+
 /// Observes one mutex without contending.
+///
+/// An observer is pushed where the backend pushes (Redis pub/sub, PostgreSQL NOTIFY,
+/// ZooKeeper watches) and reads at a bounded interval otherwise: an idle observer costs a
+/// few reads per lease, never a loop.
 pub trait RetrievalService: Send + Sync + fmt::Debug {
     /// The mutex observed.
     fn mutex(&self) -> &str;
@@ -174,6 +212,16 @@ pub trait RetrievalService: Send + Sync + fmt::Debug {
 pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     /// The backend's name.
     fn backend(&self) -> &'static str;
+
+    /// Whether this backend can keep a released mutex held for a while
+    /// ([`ContendService::stop_holding_until`], [`LockGuard::release_holding_until`](crate::LockGuard::release_holding_until)).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) saying why not (ZooKeeper has
+    /// sessions, not leases).
+    fn check_hold(&self) -> Result<()> {
+        Err(unsupported_hold(self.backend()))
+    }
 
     /// A new contend service for `mutex`, reporting to `contender`. Not started.
     ///

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::owner::MutexOwner;
 
 /// The lease asked for by an acquisition or renewal.
@@ -47,6 +47,30 @@ pub struct LeaseReply {
     pub now: i64,
 }
 
+/// The whole milliseconds a store keeps a mutex held for [`LeaseStore::release_after`]:
+/// `hold` rounded **up** (a hold never ends early), `0` for a zero hold (a plain release).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a hold longer than [`MAX_DURATION`](crate::MAX_DURATION)
+/// (one year): longer values are mistakes.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(simba_core::hold_millis(Duration::from_micros(1001)).unwrap(), 2);
+/// assert_eq!(simba_core::hold_millis(Duration::ZERO).unwrap(), 0);
+/// assert!(simba_core::hold_millis(Duration::from_secs(400 * 24 * 3600)).is_err());
+/// ```
+pub fn hold_millis(hold: Duration) -> Result<i64> {
+    if hold > crate::MAX_DURATION {
+        return Err(Error::config(
+            "hold",
+            format!("{hold:?} is longer than one year"),
+        ));
+    }
+    let ms = hold.as_nanos().div_ceil(1_000_000);
+    Ok(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
 /// A push notification from a store that can push (Redis pub/sub, PostgreSQL NOTIFY).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -77,7 +101,18 @@ pub enum StoreEvent {
 ///   within its lease. The default runs `acquire`.
 /// - `release(m, c)` frees `m` only if `c` owns it (owner-checked and atomic) and returns
 ///   whether it did; a stale release never frees another owner's mutex.
-/// - `owner(m)` reads the owner without changing anything.
+/// - `release_after(m, c, hold)` ends `c`'s ownership of `m` at `hold` after the backend's
+///   `now`, and not before: only if `c` owns `m` within its lease (owner-checked and
+///   atomic, like `release`), it sets `ttl_at = transition_at = now + hold` and hands the
+///   ownership to the id [`held_owner_id(c)`](crate::held_owner_id), which no contender
+///   has, keeping the fence and `acquired_at`. From then on nobody — `c` included — can
+///   renew, release or take `m` until `now + hold` has passed; the backend frees it then
+///   by itself (no renewals, no release call, no push). Returns whether `c` owned it; when
+///   it did not, nothing changes. `hold` is a remaining duration, not an instant, so no
+///   application clock enters the backend: the caller computes it from its monotonic
+///   clock, the backend adds it to its own `now`. A `hold` of zero is a plain `release`;
+///   see [`hold_millis`] for the accepted range. Safe to run twice (the second run finds
+///   `c` no longer owner and returns `false`).
 /// - `subscribe(m, c)` may return a channel of [`StoreEvent`]s for `c`; `None` means the
 ///   store cannot push and the engine polls on the contend period. Dropping the receiver
 ///   unsubscribes. A store that may have lost messages sends [`StoreEvent::Resync`].
@@ -110,6 +145,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Releases the mutex if `contender_id` owns it; returns whether it did.
     fn release(&self, mutex: &str, contender_id: &str)
     -> impl Future<Output = Result<bool>> + Send;
+
+    /// Releases the mutex so that it stays held for `hold` more (backend clock), without
+    /// renewals, if `contender_id` owns it; returns whether it did (see the trait's
+    /// contract). ShedLock's `lockAtLeastFor`.
+    fn release_after(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Reads the current owner.
     fn owner(&self, mutex: &str) -> impl Future<Output = Result<LeaseReply>> + Send;
@@ -157,6 +202,14 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
         contender_id: &str,
     ) -> impl Future<Output = Result<bool>> + Send {
         (**self).release(mutex, contender_id)
+    }
+    fn release_after(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        (**self).release_after(mutex, contender_id, hold)
     }
     fn owner(&self, mutex: &str) -> impl Future<Output = Result<LeaseReply>> + Send {
         (**self).owner(mutex)

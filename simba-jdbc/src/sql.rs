@@ -93,6 +93,9 @@ pub(crate) struct Statements {
     pub(crate) renew: String,
     /// Args: mutex, me [, channel, payload].
     pub(crate) release: String,
+    /// Args: holder, hold ms, hold ms, mutex, me [, channel, payload]. Hands `me`'s
+    /// ownership to the hold's id until `now + hold`.
+    pub(crate) release_after: String,
     /// Args: mutex.
     pub(crate) insert: String,
     /// Args: mutex. One row: now_ms, and the nullable columns of the mutex's row.
@@ -151,6 +154,12 @@ impl Statements {
             "UPDATE {t} SET acquired_at = 0, ttl_at = 0, transition_at = 0, owner_id = '' \
              WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
         );
+        // Keeps version (the fence) and acquired_at: the same ownership, ending at a fixed
+        // instant, by an id no contender has, so nobody renews it.
+        let release_after = format!(
+            "UPDATE {t} SET owner_id = ?, ttl_at = {now} + ?, transition_at = {now} + ? \
+             WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
+        );
         let columns = "(mutex, acquired_at, ttl_at, transition_at, owner_id, version)";
         let insert = match backend {
             Backend::Mysql => format!(
@@ -187,6 +196,10 @@ impl Statements {
                 release: numbered(&format!(
                     "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
                 )),
+                // Observers hear of the hold as of a new owner (the hold's id).
+                release_after: numbered(&format!(
+                    "WITH h AS ({release_after} RETURNING mutex) SELECT pg_notify(?, ?) FROM h"
+                )),
                 insert: numbered(&insert),
                 select: numbered(&select),
                 // One implicit transaction: the advisory lock is held until the end.
@@ -200,6 +213,7 @@ impl Statements {
                 wait,
                 leave,
                 release,
+                release_after,
                 insert,
                 select,
                 migrate: create,
@@ -223,6 +237,7 @@ mod tests {
         assert!(s.leave.contains("$2") && !s.leave.contains("$3"));
         assert!(s.release.contains("$4") && !s.release.contains("$5"));
         assert!(s.renew.contains("$4") && !s.renew.contains("$5"));
+        assert!(s.release_after.contains("$7") && !s.release_after.contains("$8"));
     }
 
     #[test]
@@ -234,6 +249,7 @@ mod tests {
             assert_eq!(s.leave.matches('?').count(), 2);
             assert_eq!(s.renew.matches('?').count(), 4);
             assert_eq!(s.release.matches('?').count(), 2);
+            assert_eq!(s.release_after.matches('?').count(), 5);
             assert_eq!(s.insert.matches('?').count(), 1);
             assert_eq!(s.select.matches('?').count(), 1);
         }

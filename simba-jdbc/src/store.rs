@@ -18,8 +18,8 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use simba_core::{
-    Error, Lease, LeaseReply, LeaseStore, MutexOwner, Result, StoreEvent, validate_contender_id,
-    validate_mutex_name,
+    Error, Lease, LeaseReply, LeaseStore, MutexOwner, Result, StoreEvent, held_owner_id,
+    hold_millis, validate_contender_id, validate_mutex_name,
 };
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -243,6 +243,31 @@ impl Call<'_> {
     async fn leave<C: SqlConn>(&self, c: &mut C, me: &str) -> QueryResult<usize> {
         c.exec(&self.st.leave, &[Arg::Text(self.mutex), Arg::Text(me)])
             .await
+    }
+
+    /// Release with a hold: one owner-checked UPDATE that hands the ownership to the hold's
+    /// id until `now + hold_ms` on the database clock (PostgreSQL: with NOTIFY).
+    async fn release_after<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        hold_ms: i64,
+    ) -> QueryResult<bool> {
+        let holder = held_owner_id(me);
+        let payload;
+        let mut args = vec![
+            Arg::Text(&holder),
+            Arg::Int(hold_ms),
+            Arg::Int(hold_ms),
+            Arg::Text(self.mutex),
+            Arg::Text(me),
+        ];
+        if self.st.notify {
+            payload = notify_acquired(self.mutex, &holder);
+            args.push(Arg::Text(self.channel));
+            args.push(Arg::Text(&payload));
+        }
+        Ok(c.exec(&self.st.release_after, &args).await? > 0)
     }
 
     /// Release: owner-checked UPDATE (PostgreSQL: with NOTIFY in the same statement).
@@ -890,6 +915,19 @@ impl LeaseStore for SqlStore {
         let call = inner.start(mutex, Some(contender_id))?;
         run!(inner, format!("release mutex {mutex:?}"), |c| call
             .release(c, contender_id))
+    }
+
+    /// One conditional UPDATE on the database clock (see [`LeaseStore::release_after`]).
+    async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
+        let inner = &*self.inner;
+        let call = inner.start(mutex, Some(contender_id))?;
+        let ms = hold_millis(hold)?;
+        if ms == 0 {
+            return self.release(mutex, contender_id).await;
+        }
+        run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
+            call.release_after(c, contender_id, ms)
+        })
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {

@@ -237,3 +237,34 @@ async fn sqlite_does_not_push() {
             .is_none()
     );
 }
+
+/// `release_after` (hold at least) and observers (pushed on PostgreSQL, bounded reads
+/// elsewhere), through the kit's store-level cases.
+async fn hold_and_observe(h: &SqlHarness, pushes: bool) {
+    let a = h.store().await.expect("store a");
+    let b = h.store().await.expect("store b");
+    simba_test_kit::store_cases::release_after_contract(&a, &b, "held-mutex")
+        .await
+        .unwrap_or_else(|e| panic!("release_after on {}: {e}", a.kind().name()));
+    simba_test_kit::store_cases::observer_is_pushed_and_idle(a.clone(), b, pushes, "seen-mutex")
+        .await
+        .unwrap_or_else(|e| panic!("observer on {}: {e}", a.kind().name()));
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_hold_and_observe() {
+    hold_and_observe(&SqlHarness::sqlite(), false).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_hold_and_observe() {
+    hold_and_observe(&SqlHarness::mysql().await, false).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_hold_and_observe() {
+    hold_and_observe(&SqlHarness::postgres().await, true).await;
+}

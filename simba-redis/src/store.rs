@@ -11,8 +11,8 @@ use fred::types::config::{
 };
 use fred::types::{Builder, Value, scripts::Script};
 use simba_core::{
-    Error, Lease, LeaseReply, LeaseStore, Result, StoreEvent, validate_contender_id,
-    validate_mutex_name,
+    Error, Lease, LeaseReply, LeaseStore, Result, StoreEvent, held_owner_id, hold_millis,
+    validate_contender_id, validate_mutex_name,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -39,6 +39,7 @@ const GUARD_LUA: &str = include_str!("scripts/guard.lua");
 const RELEASE_LUA: &str = include_str!("scripts/release.lua");
 const OWNER_LUA: &str = include_str!("scripts/owner.lua");
 const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
+const RELEASE_AFTER_LUA: &str = include_str!("scripts/release_after.lua");
 
 struct Scripts {
     acquire: Script,
@@ -46,6 +47,7 @@ struct Scripts {
     release: Script,
     owner: Script,
     leave: Script,
+    release_after: Script,
 }
 
 impl Scripts {
@@ -56,16 +58,18 @@ impl Scripts {
             release: Script::from_lua(RELEASE_LUA),
             owner: Script::from_lua(OWNER_LUA),
             leave: Script::from_lua(LEAVE_LUA),
+            release_after: Script::from_lua(RELEASE_AFTER_LUA),
         }
     }
 
-    fn all(&self) -> [(&'static str, &Script); 5] {
+    fn all(&self) -> [(&'static str, &Script); 6] {
         [
             ("acquire", &self.acquire),
             ("guard", &self.guard),
             ("release", &self.release),
             ("owner", &self.owner),
             ("leave", &self.leave),
+            ("release_after", &self.release_after),
         ]
     }
 }
@@ -397,6 +401,38 @@ impl LeaseStore for RedisStore {
             }
         }
         Ok(released)
+    }
+
+    /// One script (`release_after.lua`): owner-checked, the owner key keeps the JVM
+    /// Simba's rules (an id with a `PX` lease, taken only with `NX`) and holds the hold's
+    /// id ([`held_owner_id`]) until it expires.
+    async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
+        check(mutex, contender_id)?;
+        let ms = hold_millis(hold)?;
+        if ms == 0 {
+            return self.release(mutex, contender_id).await;
+        }
+        let args = vec![
+            contender_id.to_owned(),
+            held_owner_id(contender_id),
+            ms.to_string(),
+        ];
+        let reply = self
+            .eval(
+                "release-after script",
+                &self.inner.scripts.release_after,
+                mutex,
+                args,
+            )
+            .await?;
+        match reply {
+            Value::Integer(1) => Ok(true),
+            Value::Integer(0) => Ok(false),
+            other => Err(crate::error::bad_reply(
+                "release-after script",
+                format_args!("expected 0 or 1, got {other:?}"),
+            )),
+        }
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {

@@ -466,3 +466,73 @@ async fn the_woken_waiter_cannot_be_barged() {
         }
     }
 }
+
+/// `release_after` (hold at least): the kit's contract, and the keys as a JVM Simba sees
+/// them: the owner key holds an id (the hold's) with a PX lease of the hold, so a JVM
+/// contender's `SET NX` fails until the hold ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_holds_the_owner_key() {
+    let server = server().await;
+    let prefix = random_prefix();
+    let a = RedisStore::connect(test_config(server.url(), &prefix))
+        .await
+        .unwrap();
+    let b = RedisStore::connect(test_config(server.url(), &prefix))
+        .await
+        .unwrap();
+    simba_test_kit::store_cases::release_after_contract(&a, &b, "held")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let r = raw(server.url()).await;
+    let m = "held-keys";
+    let key = a.owner_key(m);
+    assert!(a.acquire(m, "a", LEASE).await.unwrap().owner.is_owner("a"));
+    assert!(
+        a.release_after(m, "a", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert_eq!(text(&cmd(&r, "GET", &[&key]).await), "held@@a");
+    let pttl = cmd(&r, "PTTL", &[&key]).await.as_i64().unwrap_or(-1);
+    assert!((55_000..=60_000).contains(&pttl), "PTTL {pttl}");
+    let jvm = cmd(&r, "SET", &[&key, "jvm-contender", "NX", "PX", "16000"]).await;
+    assert!(
+        jvm.is_null(),
+        "a JVM contender's SET NX took a held mutex: {jvm:?}"
+    );
+}
+
+/// An observer (retrieval service) on Redis is pushed: it sees an early release within
+/// 500 ms while the lease is 16 s, and costs a few reads, not hundreds, while idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_is_pushed_and_does_not_spin() {
+    common::init_tracing();
+    // A private server: its command statistics count this test's commands only.
+    let server = simba_test_kit::servers::redis_private()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = random_prefix();
+    let a = RedisStore::connect(test_config(server.url(), &prefix))
+        .await
+        .unwrap();
+    let b = RedisStore::connect(test_config(server.url(), &prefix))
+        .await
+        .unwrap();
+    let r = raw(server.url()).await;
+    let _ = cmd(&r, "CONFIG", &["RESETSTAT"]).await;
+    simba_test_kit::store_cases::observer_is_pushed_and_idle(a, b, true, "observed")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Commands the server ran for the whole case (about 5 s), every client together: the
+    // old observer ran ~800 reads (GET + EVALSHA + TIME) per second on a free mutex.
+    let info = text(&cmd(&r, "INFO", &["commandstats"]).await);
+    let evalsha = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    eprintln!("observer case: {evalsha} EVALSHA calls on the server in total");
+    assert!(evalsha < 60, "{evalsha} scripts run: {info}");
+}

@@ -5,4 +5,5 @@ pub mod history;
 pub mod memory;
 pub mod proxy;
 pub mod servers;
+pub mod store_cases;
 pub mod suite;

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use simba_core::{Lease, LeaseReply, LeaseStore, MemoryStore, MutexOwner, Result};
 use simba_test_kit::memory::StoreHarness;
@@ -34,6 +35,9 @@ impl LeaseStore for GrantAll {
     async fn release(&self, _m: &str, _id: &str) -> Result<bool> {
         Ok(true)
     }
+    async fn release_after(&self, _m: &str, _id: &str, _hold: Duration) -> Result<bool> {
+        Ok(true)
+    }
     async fn owner(&self, _m: &str) -> Result<LeaseReply> {
         Ok(LeaseReply {
             owner: MutexOwner::NONE,
@@ -59,6 +63,9 @@ impl LeaseStore for NeverExpire {
     }
     async fn release(&self, m: &str, id: &str) -> Result<bool> {
         self.0.release(m, id).await
+    }
+    async fn release_after(&self, m: &str, id: &str, hold: Duration) -> Result<bool> {
+        self.0.release_after(m, id, hold).await
     }
     async fn owner(&self, m: &str) -> Result<LeaseReply> {
         self.0.owner(m).await

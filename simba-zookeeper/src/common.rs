@@ -19,6 +19,18 @@ use zookeeper_async::Stat;
 /// the same: `_c_{uuid}-latch-0000000007`).
 pub(crate) const LATCH: &str = "latch-";
 
+/// Why a released mutex cannot be kept held on ZooKeeper.
+pub(crate) fn hold_unsupported() -> Error {
+    Error::unsupported(
+        "ZooKeeper",
+        "hold-at-least",
+        "ownership on ZooKeeper is an ephemeral node of a session, not a lease with an end: \
+         a released node is gone at once and a held one lives as long as its session, so \
+         there is nothing that could end by itself at a given instant; use a lease backend \
+         (Redis, SQL) for holds, or keep the guard until the instant and release then",
+    )
+}
+
 /// A new random token in UUID form, used in node names to find a node again whose create
 /// answer was lost.
 pub(crate) fn new_token() -> String {

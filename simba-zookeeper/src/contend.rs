@@ -147,6 +147,11 @@ impl ContendService for ZkContendService {
         })
     }
 
+    /// Not supported: ZooKeeper has sessions, not leases (the service keeps running).
+    fn stop_holding_until(&self, _until: tokio::time::Instant) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Err(crate::common::hold_unsupported()) })
+    }
+
     fn status(&self) -> watch::Receiver<ContenderStatus> {
         self.shared.status.subscribe()
     }

@@ -170,6 +170,11 @@ impl ContendServiceFactory for ZkFactory {
         BACKEND
     }
 
+    /// Not supported: ZooKeeper has sessions, not leases.
+    fn check_hold(&self) -> Result<()> {
+        Err(crate::common::hold_unsupported())
+    }
+
     fn create_contend_service(
         &self,
         mutex: &str,

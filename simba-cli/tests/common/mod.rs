@@ -208,8 +208,13 @@ pub struct Watcher {
 impl Watcher {
     /// Starts `simba watch MUTEX --json --interval 100ms` on `url`.
     pub fn start(url: &str, mutex: &str) -> Watcher {
+        Self::start_with(url, mutex, "100ms")
+    }
+
+    /// Starts `simba watch MUTEX --json --interval INTERVAL` on `url`.
+    pub fn start_with(url: &str, mutex: &str, interval: &str) -> Watcher {
         let mut child = simba(Some(url))
-            .args(["watch", mutex, "--json", "--interval", "100ms"])
+            .args(["watch", mutex, "--json", "--interval", interval])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -403,4 +408,74 @@ pub fn not_acquired_while_held(url: &str, test: &str) {
     send(holder.id(), nix::sys::signal::Signal::SIGTERM);
     let status = wait_for(&mut holder, Duration::from_secs(10), "holder after SIGTERM");
     assert_eq!(status.code(), Some(143));
+}
+
+/// `simba exec --no-wait --hold-at-least 3s`, run again and again: the command runs once
+/// per 3 s — the later runs within the hold exit 75 without running it, though the first
+/// command ended at once — and `simba owner` shows the hold meanwhile.
+/// `lease`: extra lease options of every exec (e.g. `--ttl 1s --transition 1s`).
+pub fn hold_at_least_runs_once_per_period(url: &str, test: &str, lease: &[&str]) {
+    let dir = tempdir();
+    let mutex = mutex_name(test);
+    let log = file(dir.path(), "runs");
+    let once = || {
+        run(
+            simba(Some(url))
+                .args(["exec", &mutex, "--no-wait", "--hold-at-least", "3s"])
+                .args(lease)
+                .args(sh(&format!("echo ran >> {}", log.display()))),
+            Duration::from_secs(30),
+            "simba exec --no-wait --hold-at-least",
+        )
+    };
+    let t0 = Instant::now();
+    let first = once();
+    assert_eq!(first.status.code(), Some(0), "{first:?}");
+    let held = owner_json(url, &mutex);
+    let holder = held["owner"]["owner_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(holder.starts_with("held@@"), "{held}");
+    let mut skipped = 0;
+    // Well inside the hold (the 3 s count from the first acquisition).
+    while t0.elapsed() < Duration::from_millis(2000) {
+        let out = once();
+        assert_eq!(out.status.code(), Some(NOT_ACQUIRED), "{out:?}");
+        skipped += 1;
+    }
+    assert!(skipped > 0);
+    assert_eq!(lines(&log).len(), 1, "ran more than once within the hold");
+    // After the hold: runs again (at once: --no-wait).
+    std::thread::sleep(
+        Duration::from_secs(3).saturating_sub(t0.elapsed()) + Duration::from_millis(300),
+    );
+    let again = once();
+    assert_eq!(again.status.code(), Some(0), "{again:?}");
+    assert_eq!(lines(&log).len(), 2);
+}
+
+/// `simba exec --hold-at-most 1s` stops a longer command as on a loss and exits 79.
+pub fn hold_at_most_stops_the_command(url: &str, test: &str) {
+    let mutex = mutex_name(test);
+    let t0 = Instant::now();
+    let out = run(
+        simba(Some(url))
+            .args([
+                "exec",
+                &mutex,
+                "--hold-at-most",
+                "1s",
+                "--grace",
+                "1s",
+                "--",
+            ])
+            .args(["sleep", "30"]),
+        Duration::from_secs(30),
+        "simba exec --hold-at-most",
+    );
+    assert_eq!(out.status.code(), Some(LOST), "{out:?}");
+    assert!(text(&out.stderr).contains("--hold-at-most"), "{out:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(owner_json(url, &mutex)["owner"], serde_json::Value::Null);
 }

@@ -79,6 +79,8 @@ pub const CASES: &[&str] = &[
     "handoff_without_poll",
     "reentrant_hold",
     "retriever_sees_changes",
+    "retriever_sees_release",
+    "hold_at_least",
     "bad_input",
     "safety_under_partitions",
 ];
@@ -695,6 +697,108 @@ pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
     Ok(())
 }
 
+/// A retrieval service sees an early release: within a push's delay where the backend
+/// pushes, else within its read interval — not when the old lease would have ended.
+pub async fn retriever_sees_release(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(LONG);
+    let m = mutex_name("observed");
+    let r = h
+        .factory(LONG)
+        .await?
+        .create_retrieval_service(&m, Arc::new(SilentRetriever))?;
+    r.start()?;
+    let mut rx = r.state();
+    let locker = Locker::new(h.factory(LONG).await?, &m)?;
+    let g = within("acquire", acquire_bound(&caps), locker.acquire()).await??;
+    let id = locker.contender_id().to_owned();
+    // Pushed backends report at once (1.5 s is generous for a loaded machine); others
+    // read at least every max(ttl / 2, 500 ms).
+    let bound = if caps.pushes_release {
+        Duration::from_millis(1500)
+    } else {
+        LONG.ttl / 2 + Duration::from_millis(1500)
+    };
+    let seen = within("the retriever sees the owner", bound, async {
+        rx.wait_for(|s: &MutexState| s.after.owner_id == id)
+            .await
+            .is_ok()
+    })
+    .await?;
+    ensure!(seen, "retriever channel closed");
+    g.release().await?;
+    let t0 = Instant::now();
+    let seen = within(
+        "the retriever sees the release (the lease would end 7 s later)",
+        bound,
+        async {
+            rx.wait_for(|s: &MutexState| !s.after.has_owner())
+                .await
+                .is_ok()
+        },
+    )
+    .await?;
+    ensure!(seen, "retriever channel closed");
+    tracing::info!(backend = %h.name(), took = ?t0.elapsed(), "retriever saw the release");
+    r.stop().await?;
+    Ok(())
+}
+
+/// A release with a hold (ShedLock's `lockAtLeastFor`) keeps the mutex from everyone —
+/// the releaser's own locker included — until the instant asked for, and it is free
+/// soon after. Backends without leases (ZooKeeper) refuse it with a typed error and
+/// release.
+pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let m = mutex_name("hold");
+    let fa = h.factory(Timing::SHORT).await?;
+    let a = Locker::new(fa.clone(), &m)?;
+    let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let g = within("acquire", acquire_bound(&caps), a.acquire()).await??;
+    let fence = g.fence();
+    if let Err(e) = fa.check_hold() {
+        ensure!(
+            matches!(e, Error::Unsupported { .. }),
+            "check_hold failed with a wrong error: {e}"
+        );
+        let r = g.release_at_least(Duration::from_secs(30)).await;
+        ensure!(
+            matches!(r, Err(Error::Unsupported { .. })),
+            "a backend without holds answered {r:?}"
+        );
+        let g = within("released instead", acquire_bound(&caps), b.acquire()).await??;
+        g.release().await?;
+        return Ok(());
+    }
+    // Held for 3 s from the acquisition: longer than the lease (1.5 s), so a hold that
+    // were only the lease running out would end too early.
+    let hold = Duration::from_secs(3);
+    let acquired = g.acquired_at().unwrap_or_else(Instant::now);
+    g.release_at_least(hold).await?;
+    for (who, l) in [("the releaser's locker", &a), ("another process", &b)] {
+        let r = l.try_acquire().await;
+        ensure!(
+            matches!(r, Err(Error::WouldBlock { .. })),
+            "{who} took the mutex during the hold: {r:?}"
+        );
+    }
+    let g = within(
+        "acquire after the hold",
+        hold + acquire_bound(&caps),
+        b.acquire(),
+    )
+    .await??;
+    let took = acquired.elapsed();
+    // The backend adds the time left to its own clock after the call, so the hold ends
+    // a little after `acquired + hold` by this clock, never before.
+    ensure!(
+        took >= hold,
+        "the mutex was free after {took:?}, held for {hold:?}"
+    );
+    ensure!(g.fence() > fence, "fence {} after {fence}", g.fence());
+    g.release().await?;
+    Ok(())
+}
+
 /// Bad names and ids are refused with typed errors, before anything reaches the backend.
 pub async fn bad_input(h: &dyn Harness) -> CaseResult {
     let f = h.factory(Timing::SHORT).await?;
@@ -784,7 +888,7 @@ macro_rules! conformance_tests {
             start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
             try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
             fences_increase, handoff_without_poll, reentrant_hold, retriever_sees_changes,
-            bad_input, safety_under_partitions);
+            retriever_sees_release, hold_at_least, bad_input, safety_under_partitions);
     };
     (@cases $harness:expr; $($case:ident),+ $(,)?) => {
         $(
