@@ -603,7 +603,7 @@ mod tests {
             ("postgres://u@/db", "names no host"),
             ("postgres://", "names no host"),
             ("postgres://u@h:99999/db", "`port`"),
-            ("postgres://u@a,b/db?port=1,2,3", "2 hosts but 3 ports"),
+            ("postgres://u@a,b/db?port=1,2,3", "2 hosts but"),
         ] {
             let (field, msg) = reason(parse_url(url).expect_err(url));
             assert_eq!(field, "url");
