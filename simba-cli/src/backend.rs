@@ -321,21 +321,15 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
             let f = simba_jdbc::factory(&url, polling(lease))
                 .await
                 .map_err(|e| {
-                    let io = e.to_string().contains("disk I/O error");
+                    let hint = sqlite_hint(&e.to_string(), &path);
                     let failure = connect_failed(e);
-                    if io {
-                        // SQLite says no more than this about a file it cannot write.
-                        Failure {
-                            error: failure.error.context(format!(
-                                "SQLite cannot read or write {} or its -wal / -shm files: \
-                                 check that the file and its directory are writable and on \
-                                 a local file system",
-                                path.display()
-                            )),
-                            ..failure
-                        }
-                    } else {
-                        failure
+                    match hint {
+                        // After what SQLite said, so that the message reads in order.
+                        Some(hint) => Failure::new(
+                            failure.status,
+                            format!("{}. {hint}", crate::status::describe(&failure.error)),
+                        ),
+                        None => failure,
                     }
                 })?;
             let native = Native::Sql((**f.store()).clone());
@@ -453,6 +447,22 @@ fn check_sqlite_dir(path: &Path) -> Result<(), Failure> {
     }
 }
 
+/// What to check when SQLite gives one of its terse file errors ("disk I/O error", "unable
+/// to open database file") for `path`, or `None` for other errors.
+#[allow(dead_code)] // unused without the sqlite feature
+fn sqlite_hint(error: &str, path: &Path) -> Option<String> {
+    ["disk I/O error", "unable to open database file"]
+        .iter()
+        .any(|terse| error.contains(terse))
+        .then(|| {
+            format!(
+                "SQLite cannot read or write {} or create its -wal / -shm files beside it: \
+                 check that the file and its directory are writable and on a local file system",
+                path.display()
+            )
+        })
+}
+
 /// `url` with the password of `scheme://user:password@host` replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
     let mut out = url.to_owned();
@@ -529,6 +539,18 @@ mod tests {
             let m = usage_message("rediss://h:6380");
             assert!(m.contains("feature `tls`"), "{m}");
         }
+    }
+
+    #[test]
+    fn terse_sqlite_file_errors_get_a_hint() {
+        let path = Path::new("/srv/x.db");
+        let hint = sqlite_hint("connect: … disk I/O error", path).expect("a hint");
+        assert!(
+            hint.contains("/srv/x.db") && hint.contains("writable"),
+            "{hint}"
+        );
+        assert!(sqlite_hint("x: unable to open database file", path).is_some());
+        assert!(sqlite_hint("no answer within 5s", path).is_none());
     }
 
     #[test]

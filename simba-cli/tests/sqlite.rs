@@ -545,3 +545,21 @@ fn invisible_and_text_direction_characters_in_names_are_refused() {
         assert!(err.contains("mutex name") && err.contains("U+20"), "{err}");
     }
 }
+
+#[test]
+fn a_sqlite_file_that_cannot_be_opened_gets_a_hint() {
+    // A regular file in a directory where nothing can be created (even as root): SQLite
+    // says only "unable to open database file".
+    let out = run(
+        simba(Some("sqlite:///proc/version")).args(["owner", "m"]),
+        Duration::from_secs(30),
+        "sqlite:///proc/version",
+    );
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("unable to open database file") && err.contains("writable"),
+        "{err}"
+    );
+}
