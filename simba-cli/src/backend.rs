@@ -23,6 +23,11 @@ use crate::status::{Failure, Status};
 /// owner is done.
 const WAITER_POLL: Duration = Duration::from_millis(200);
 
+/// How long `simba` tries to reach ZooKeeper before it gives up (the library's default is
+/// 10 s); the same as the Redis backend's connect timeout.
+#[allow(dead_code)] // unused without the zookeeper feature
+const ZK_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// `lease` with [`WAITER_POLL`] unless a poll was already chosen.
 #[allow(dead_code)] // unused without the sqlite and mysql features
 fn polling(lease: LeaseConfig) -> LeaseConfig {
@@ -315,7 +320,18 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
             // together.
             let f = simba_jdbc::factory(&url, polling(lease))
                 .await
-                .map_err(connect_failed)?;
+                .map_err(|e| {
+                    let hint = sqlite_hint(&e.to_string(), &path);
+                    let failure = connect_failed(e);
+                    match hint {
+                        // After what SQLite said, so that the message reads in order.
+                        Some(hint) => Failure::new(
+                            failure.status,
+                            format!("{}. {hint}", crate::status::describe(&failure.error)),
+                        ),
+                        None => failure,
+                    }
+                })?;
             let native = Native::Sql((**f.store()).clone());
             Ok(lease_backend(shown, f, true, native))
         }
@@ -346,7 +362,9 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
         }
         #[cfg(feature = "zookeeper")]
         Target::Zookeeper(url) => {
-            let mut config = simba_zookeeper::ZkConfig::from_url(&url).map_err(connect_failed)?;
+            let mut config = simba_zookeeper::ZkConfig::from_url(&url)
+                .map_err(connect_failed)?
+                .with_connect_timeout(ZK_CONNECT_TIMEOUT);
             if timing.ttl.is_some() || timing.transition.is_some() {
                 // ZooKeeper has sessions, not leases: the session timeout plays the part
                 // of ttl + transition (how long a silent owner keeps the mutex).
@@ -388,14 +406,33 @@ fn lease_backend<S: simba_core::LeaseStore>(
     }
 }
 
-/// A SQLite file's directory must exist: SQLite's own error ("unable to open database
-/// file") does not say so.
+/// A SQLite file's directory must exist, and the path, if it exists, must be a regular
+/// file: SQLite's own errors ("unable to open database file", "disk I/O error", or a
+/// "database is locked" that lasts until the timeout for `/dev/null`) do not say so.
 #[allow(dead_code)] // unused without the sqlite feature
 fn check_sqlite_dir(path: &Path) -> Result<(), Failure> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    if let Ok(meta) = std::fs::metadata(path)
+        && !meta.is_file()
+    {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a device, socket or pipe)"
+        };
+        return Err(Failure::new(
+            Status::CantCreate,
+            format!(
+                "the SQLite path {} is {kind}; SQLite needs a regular file, and writes \
+                 `-wal` and `-shm` files beside it: choose a file in a writable directory, \
+                 e.g. sqlite:///var/tmp/simba.db",
+                path.display()
+            ),
+        ));
+    }
     if dir.is_dir() {
         Ok(())
     } else {
@@ -409,6 +446,22 @@ fn check_sqlite_dir(path: &Path) -> Result<(), Failure> {
             ),
         ))
     }
+}
+
+/// What to check when SQLite gives one of its terse file errors ("disk I/O error", "unable
+/// to open database file") for `path`, or `None` for other errors.
+#[allow(dead_code)] // unused without the sqlite feature
+fn sqlite_hint(error: &str, path: &Path) -> Option<String> {
+    ["disk I/O error", "unable to open database file"]
+        .iter()
+        .any(|terse| error.contains(terse))
+        .then(|| {
+            format!(
+                "SQLite cannot read or write {} or create its -wal / -shm files beside it: \
+                 check that the file and its directory are writable and on a local file system",
+                path.display()
+            )
+        })
 }
 
 /// `url` with its secrets replaced by `***`, by the rules of the backend crate that parses
@@ -496,6 +549,18 @@ mod tests {
             let m = usage_message("rediss://h:6380");
             assert!(m.contains("feature `tls`"), "{m}");
         }
+    }
+
+    #[test]
+    fn terse_sqlite_file_errors_get_a_hint() {
+        let path = Path::new("/srv/x.db");
+        let hint = sqlite_hint("connect: … disk I/O error", path).expect("a hint");
+        assert!(
+            hint.contains("/srv/x.db") && hint.contains("writable"),
+            "{hint}"
+        );
+        assert!(sqlite_hint("x: unable to open database file", path).is_some());
+        assert!(sqlite_hint("no answer within 5s", path).is_none());
     }
 
     #[test]

@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     let code = match run(cli) {
         Ok(code) => code,
         Err(f) => {
-            say!("simba: {:#}", f.error);
+            say!("simba: {}", status::describe(&f.error));
             f.status.code()
         }
     };
@@ -95,18 +95,24 @@ async fn connect(url: &str, timing: backend::Timing) -> Result<backend::Backend,
     Ok(backend)
 }
 
-/// Tracing on stderr: warnings by default, `-v` info, `-vv` debug for simba, `-vvv` trace;
-/// `SIMBA_LOG` (an env-filter directive such as `simba_core=debug`) overrides.
+/// The ZooKeeper client logs an ERROR for every failed connection attempt (four a second
+/// while a server is down); simba_zookeeper reports what matters. Heard only with `-vvv`.
+const QUIET_CLIENTS: &str = "zookeeper_async=off";
+
+/// Tracing on stderr: warnings by default, `-v` info, `-vv` debug for simba, `-vvv` trace
+/// (the ZooKeeper client's own log only then); `SIMBA_LOG` (an env-filter directive such as
+/// `simba_core=debug`) overrides.
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let directives = match std::env::var("SIMBA_LOG") {
         Ok(s) if !s.trim().is_empty() => s,
         _ => match verbose {
-            0 => "warn".to_owned(),
-            1 => "info".to_owned(),
-            2 => "info,simba=debug,simba_core=debug,simba_redis=debug,simba_jdbc=debug,\
-                  simba_zookeeper=debug"
-                .to_owned(),
+            0 => format!("warn,{QUIET_CLIENTS}"),
+            1 => format!("info,{QUIET_CLIENTS}"),
+            2 => format!(
+                "info,simba=debug,simba_core=debug,simba_redis=debug,simba_jdbc=debug,\
+                 simba_zookeeper=debug,{QUIET_CLIENTS}"
+            ),
             _ => "trace".to_owned(),
         },
     };

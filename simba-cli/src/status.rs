@@ -14,7 +14,7 @@ pub(crate) enum Status {
     /// 70 (EX_SOFTWARE): an internal error (a bug in simba).
     Internal,
     /// 73 (EX_CANTCREAT): the state directory (or a SQLite file's directory) cannot be
-    /// created or used.
+    /// created or used, or the SQLite path is no regular file.
     CantCreate,
     /// 75 (EX_TEMPFAIL): the mutex was not acquired within `--timeout`, or it is held and
     /// `--no-wait` was given.
@@ -69,7 +69,8 @@ Exit status:
          the backend cannot do (--hold-at-least on ZooKeeper)
     69   backend unavailable: cannot connect, or it failed
     70   internal error (a bug: please report it)
-    73   cannot create the state directory or the SQLite file's directory
+    73   cannot create the state directory or the SQLite file's directory, or
+         the SQLite path is no regular file
     75   not acquired: --timeout passed, or --no-wait and the mutex is held
     79   ownership lost while the command ran, or --hold-at-most passed; the
          command's process group was sent SIGTERM, then SIGKILL after --grace
@@ -87,10 +88,10 @@ impl fmt::Debug for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?} ({}): {:#}",
+            "{:?} ({}): {}",
             self.status,
             self.status.code(),
-            self.error
+            describe(&self.error)
         )
     }
 }
@@ -131,12 +132,54 @@ impl Failure {
     }
 }
 
+/// The error and its causes, joined with `: `; a cause whose text is already said (errors
+/// that repeat their source in their own message) is left out, so each thing is said once.
+pub(crate) fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// What a subcommand ends with: the exit status to report.
 pub(crate) type Outcome = Result<u8, Failure>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cause_already_said_is_not_repeated() {
+        #[derive(Debug)]
+        struct Inner;
+        impl fmt::Display for Inner {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("disk I/O error")
+            }
+        }
+        impl std::error::Error for Inner {}
+        let e = simba_core::Error::backend_source(
+            "sqlite",
+            "connect: cannot open: disk I/O error",
+            false,
+            Inner,
+        );
+        let f = Failure::simba(e, "cannot use backend sqlite:///x");
+        let said = describe(&f.error);
+        assert_eq!(said.matches("disk I/O error").count(), 1, "{said}");
+        assert!(
+            said.starts_with("cannot use backend sqlite:///x: "),
+            "{said}"
+        );
+    }
 
     #[test]
     fn statuses_are_distinct() {

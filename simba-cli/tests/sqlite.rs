@@ -445,3 +445,133 @@ fn hold_at_most_stops_the_command_on_sqlite() {
     let dir = tempdir();
     hold_at_most_stops_the_command(&sqlite_url(dir.path(), "x.db"), "at-most");
 }
+
+/// Small edges of the command line, each with what a user should get: one clear message,
+/// the right status, no wait.
+#[test]
+fn an_unreachable_zookeeper_is_reported_quickly_and_once() {
+    // Nothing listens on port 1. Before: 10 s and ~40 ERROR lines of the ZooKeeper client
+    // before simba's own message.
+    let started = Instant::now();
+    let out = run(
+        simba(Some("zk://127.0.0.1:1")).args(["owner", "m"]),
+        Duration::from_secs(60),
+        "simba owner on an unreachable ZooKeeper",
+    );
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one message only: {err}");
+    assert!(err.contains("127.0.0.1:1") && err.contains("5s"), "{err}");
+    // The CLI's connect timeout is 5 s; 8 s leaves room for a loaded machine.
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+}
+
+#[test]
+fn a_malformed_postgres_url_is_a_usage_error_said_once() {
+    for (url, says) in [
+        ("postgres://u@/db", "names no host"),
+        ("postgres://", "names no host"),
+        ("postgres://u@h:99999/db", "`port`"),
+    ] {
+        let out = run(
+            simba(Some(url)).args(["owner", "m"]),
+            Duration::from_secs(30),
+            url,
+        );
+        assert_eq!(out.status.code(), Some(USAGE), "{url}: {out:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(says), "{url}: {err}");
+        assert!(
+            err.matches("invalid configuration").count() <= 1,
+            "{url}: said more than once: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_sqlite_path_that_is_no_file_is_refused_at_once_with_a_hint() {
+    let dir = tempdir();
+    for (path, says) in [
+        ("/dev/null".to_owned(), "not a regular file"),
+        (dir.path().display().to_string(), "is a directory"),
+    ] {
+        let url = format!("sqlite://{path}");
+        let started = Instant::now();
+        let out = run(
+            simba(Some(&url)).args(["owner", "m"]),
+            Duration::from_secs(30),
+            &url,
+        );
+        assert_eq!(out.status.code(), Some(CANT_CREATE), "{url}: {out:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{url}: {err}");
+        assert!(
+            err.contains(says) && err.contains("regular file"),
+            "{url}: {err}"
+        );
+        assert!(!err.contains("disk I/O error"), "{url}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(3), "{url}: no wait");
+    }
+}
+
+#[test]
+fn a_lease_over_a_year_is_refused() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let out = run(
+        simba(Some(&url)).args([
+            "exec",
+            "m",
+            "--ttl",
+            "8760h",
+            "--transition",
+            "8760h",
+            "--",
+            "true",
+        ]),
+        Duration::from_secs(30),
+        "a two-year lease",
+    );
+    assert_eq!(out.status.code(), Some(USAGE), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("ttl + transition") && err.contains("one year"),
+        "{err}"
+    );
+}
+
+#[test]
+fn invisible_and_text_direction_characters_in_names_are_refused() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    // U+202E shows `deploy\u{202E}gol` as "deploylog"; U+200B is a zero-width space.
+    for name in ["deploy\u{202E}gol", "dep\u{200B}loy"] {
+        let out = run(
+            simba(Some(&url)).args(["owner", name]),
+            Duration::from_secs(30),
+            "an invisible character",
+        );
+        assert_eq!(out.status.code(), Some(USAGE), "{name:?}: {out:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("mutex name") && err.contains("U+20"), "{err}");
+    }
+}
+
+#[test]
+fn a_sqlite_file_that_cannot_be_opened_gets_a_hint() {
+    // A regular file in a directory where nothing can be created (even as root): SQLite
+    // says only "unable to open database file".
+    let out = run(
+        simba(Some("sqlite:///proc/version")).args(["owner", "m"]),
+        Duration::from_secs(30),
+        "sqlite:///proc/version",
+    );
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("unable to open database file") && err.contains("writable"),
+        "{err}"
+    );
+}

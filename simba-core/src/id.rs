@@ -74,7 +74,53 @@ fn shorten(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Whether `c` changes how text around it is shown without showing itself: the
+/// bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), which can
+/// make `deploy\u{202E}gol` look like `deploylog`, and the other format and default-ignorable
+/// characters (zero-width spaces and joiners, word joiner, BOM, soft hyphen, variation
+/// selectors, tags, Hangul fillers…). Two names that print alike but differ in one of these
+/// would be two mutexes that look like one.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFFB}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
+}
+
+/// The first control or invisible character of `s`, described for an error message.
+fn unprintable(s: &str) -> Option<String> {
+    s.chars().find_map(|c| {
+        if c.is_control() {
+            Some(format!("the control character {c:?}"))
+        } else if is_invisible(c) {
+            Some(format!(
+                "the invisible or text-direction character U+{:04X}",
+                u32::from(c)
+            ))
+        } else {
+            None
+        }
+    })
+}
+
 /// Checks a mutex name: 1 to [`MAX_MUTEX_NAME_LEN`] bytes, no control characters, no
+/// bidirectional controls or other invisible (format, default-ignorable) characters, no
 /// whitespace at either end, and none of `{`, `}` (they would break Redis Cluster hash tags).
 ///
 /// # Errors
@@ -95,10 +141,8 @@ pub fn validate_mutex_name(name: &str) -> Result<()> {
             name.len()
         ));
     }
-    if let Some(c) = name.chars().find(|c| c.is_control()) {
-        return fail(format!(
-            "contains the control character {c:?}; use printable characters"
-        ));
+    if let Some(what) = unprintable(name) {
+        return fail(format!("contains {what}; use printable characters"));
     }
     if name.trim() != name {
         return fail("starts or ends with whitespace".into());
@@ -109,8 +153,9 @@ pub fn validate_mutex_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks a contender id: 1 to [`MAX_CONTENDER_ID_LEN`] bytes, no control characters or
-/// whitespace, and not containing [`MESSAGE_SEPARATOR`] (`@@`).
+/// Checks a contender id: 1 to [`MAX_CONTENDER_ID_LEN`] bytes, no control characters,
+/// invisible characters (as for mutex names) or whitespace, and not containing
+/// [`MESSAGE_SEPARATOR`] (`@@`).
 ///
 /// # Errors
 /// [`Error::InvalidContenderId`] saying what is wrong.
@@ -129,6 +174,9 @@ pub fn validate_contender_id(id: &str) -> Result<()> {
     }
     if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return fail("contains whitespace or a control character".into());
+    }
+    if let Some(what) = unprintable(id) {
+        return fail(format!("contains {what}"));
     }
     if id.contains(MESSAGE_SEPARATOR) {
         return fail(format!(
@@ -173,5 +221,44 @@ mod tests {
             assert!(validate_contender_id(bad).is_err(), "{bad:?}");
         }
         assert!(validate_contender_id("a@b").is_ok());
+    }
+
+    #[test]
+    fn invisible_and_bidi_characters_are_rejected() {
+        // Right-to-left override, isolates, zero-width space and joiner, BOM, soft hyphen,
+        // word joiner, a variation selector, a tag character.
+        for c in [
+            '\u{202E}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{200B}',
+            '\u{200D}',
+            '\u{200F}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{2060}',
+            '\u{FE0F}',
+            '\u{E0041}',
+            '\u{061C}',
+        ] {
+            let name = format!("deploy{c}log");
+            let err = validate_mutex_name(&name).expect_err(&name);
+            assert!(matches!(err, Error::InvalidName { .. }), "{name:?}: {err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("U+{:04X}", u32::from(c))) && msg.contains("invisible"),
+                "{msg}"
+            );
+            let err = validate_contender_id(&name).expect_err(&name);
+            assert!(
+                matches!(err, Error::InvalidContenderId { .. }),
+                "{name:?}: {err}"
+            );
+        }
+        // Visible non-ASCII text stays valid: accents, CJK, Arabic and Hebrew letters, emoji.
+        for ok in ["crème-brûlée", "注文", "طلب", "הזמנה", "job-🚀"] {
+            assert!(validate_mutex_name(ok).is_ok(), "{ok}");
+            assert!(validate_contender_id(ok).is_ok(), "{ok}");
+        }
     }
 }

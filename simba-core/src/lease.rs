@@ -129,7 +129,7 @@ impl LeaseConfig {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the first bad setting: zero or sub-millisecond ttl,
-    /// durations over a year, a drift margin that eats the whole lease, empty jitter ranges.
+    /// durations over a year, ttl + transition over a year, a drift margin that eats the whole lease, empty jitter ranges.
     pub fn validate(&self) -> Result<()> {
         let ms = Duration::from_millis(1);
         let checks: [(&'static str, Duration, Duration); 5] = [
@@ -144,6 +144,16 @@ impl LeaseConfig {
         }
         if let Some(p) = self.waiter_poll {
             validate_duration("waiter_poll", p, ms)?;
+        }
+        if self.ttl + self.transition > MAX_DURATION {
+            return Err(Error::config(
+                "transition",
+                format!(
+                    "ttl + transition = {:?} is longer than one year (a lease that long \
+                     outlives any owner it protects)",
+                    self.ttl + self.transition
+                ),
+            ));
         }
         if self.drift_margin * 2 >= self.ttl + self.transition {
             return Err(Error::config(

@@ -467,6 +467,15 @@ fn bad_configs_are_refused_with_the_field_named() {
             "transition",
         ),
         (
+            // Each part within a year, the lease (ttl + transition) two years.
+            LeaseConfig {
+                ttl: Duration::from_secs(365 * 24 * 3600),
+                transition: Duration::from_secs(365 * 24 * 3600),
+                ..config()
+            },
+            "transition",
+        ),
+        (
             LeaseConfig {
                 drift_margin: Duration::from_millis(800),
                 ..config()

@@ -221,16 +221,40 @@ fn check_mysql_url(_url: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks what tokio-postgres would refuse only when connecting (no host, more ports than
+/// hosts), so that a bad URL is an [`Error::InvalidConfig`] naming the problem rather than
+/// a connection failure that says "invalid configuration".
 #[cfg(feature = "postgres")]
 fn check_postgres_url(url: &str) -> Result<()> {
-    url.parse::<tokio_postgres::Config>()
-        .map(|_| ())
-        .map_err(|e| {
-            Error::config(
-                "url",
-                format!("`{}` is not a valid PostgreSQL URL: {e}", redact_url(url)),
-            )
-        })
+    let bad = |what: String| {
+        Err(Error::config(
+            "url",
+            format!(
+                "`{}` is not a valid PostgreSQL URL: {what}; write \
+                 postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+                redact_url(url)
+            ),
+        ))
+    };
+    let config = match url.parse::<tokio_postgres::Config>() {
+        Ok(c) => c,
+        Err(e) => {
+            // tokio-postgres keeps the detail ("invalid value for option `port`") in the
+            // source, not in its message.
+            return match std::error::Error::source(&e) {
+                Some(cause) => bad(format!("{e} ({cause})")),
+                None => bad(e.to_string()),
+            };
+        }
+    };
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        return bad("it names no host".to_owned());
+    }
+    let (hosts, ports) = (config.get_hosts().len(), config.get_ports().len());
+    if ports > 1 && ports != hosts {
+        return bad(format!("{hosts} hosts but {ports} ports"));
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -550,6 +574,27 @@ mod tests {
             ));
             assert!(parse_url("sqlite://").is_err());
         }
+    }
+
+    /// URLs that tokio-postgres parses but refuses only when connecting are refused here,
+    /// saying why (before: a connection failure reading "invalid configuration").
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn malformed_postgres_urls_say_what_is_wrong() {
+        for (url, says) in [
+            ("postgres://u@/db", "names no host"),
+            ("postgres://", "names no host"),
+            ("postgres://u@h:99999/db", "`port`"),
+            ("postgres://u@a,b/db?port=1,2,3", "2 hosts but"),
+        ] {
+            let (field, msg) = reason(parse_url(url).expect_err(url));
+            assert_eq!(field, "url");
+            assert!(
+                msg.contains(says) && msg.contains("HOST:PORT/DATABASE"),
+                "{url}: {msg}"
+            );
+        }
+        assert!(parse_url("postgres://u@h1,h2:5433/db").is_ok());
     }
 
     #[test]

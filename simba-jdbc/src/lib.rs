@@ -22,7 +22,7 @@ pub use config::{
     DEFAULT_WAITER_RESERVATION, MAX_POOL_SIZE, MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN,
     OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
-pub use sql::create_table_sql;
+pub use sql::{create_table_sql, lease_clock_sql};
 pub use store::SqlStore;
 
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};

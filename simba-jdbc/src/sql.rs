@@ -15,14 +15,23 @@ const CREATE_SQLITE: &str = include_str!("../migrations/sqlite/create_table.sql"
 /// `CREATE TABLE IF NOT EXISTS` can fail on PostgreSQL with a duplicate `pg_type` row).
 const PG_MIGRATION_LOCK: i64 = 0x7369_6d62_615f_6d69; // "simba_mi"
 
-/// The current time on the database's clock, in epoch milliseconds, as a BIGINT.
+/// The SQL expression of the lease clock: the database's current time in milliseconds
+/// since the Unix epoch, as a BIGINT. Every time simba stores or compares is this value.
 ///
-/// Each value is fixed for the whole statement (MySQL `NOW(3)` is the statement's start,
-/// PostgreSQL `statement_timestamp()` likewise, SQLite's `'now'` is fixed per step), so every
-/// comparison and assignment in one UPDATE sees the same instant.
-pub(crate) fn now_expr(backend: Backend) -> &'static str {
+/// Each value is fixed for the whole statement (MySQL `UTC_TIMESTAMP(3)` is the statement's
+/// start, PostgreSQL `statement_timestamp()` likewise, SQLite's `'now'` is fixed per step),
+/// so every comparison and assignment in one UPDATE sees the same instant.
+///
+/// None depends on a session or server time zone. On MySQL / MariaDB that takes care:
+/// `UNIX_TIMESTAMP(NOW(3))` reads the local time of the session's zone and converts it back,
+/// which in a zone with daylight saving is an hour off during the repeated autumn hour and
+/// then steps forward; `UTC_TIMESTAMP(3)` has no such hour, and the difference from the
+/// epoch is plain date arithmetic.
+pub fn lease_clock_sql(backend: Backend) -> &'static str {
     match backend {
-        Backend::Mysql => "CAST(ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)",
+        Backend::Mysql => {
+            "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)"
+        }
         Backend::Postgres => {
             "CAST(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
         }
@@ -109,7 +118,7 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn new(backend: Backend, table: &str) -> Self {
         let t = quote_table(backend, table);
-        let now = now_expr(backend);
+        let now = lease_clock_sql(backend);
         let greatest = match backend {
             Backend::Mysql | Backend::Postgres => "GREATEST",
             Backend::Sqlite => "MAX",

@@ -32,8 +32,8 @@ pub fn url(data: &[u8]) {
     }
 }
 
-/// Pub/sub notices (`event@@contenderId`) never panic the parser, and what it accepts
-/// is the message it was given.
+/// Pub/sub notices (`event@@contenderId`, `reserved@@<ms>:<waiter>`) never panic the
+/// parser; what it accepts is the message it was given, and a reservation is bounded.
 pub fn notice(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else {
         return;
@@ -44,6 +44,10 @@ pub fn notice(data: &[u8]) {
         }
         Some(crate::subscriptions::Notice::Released(id)) => {
             assert_eq!(format!("released{}{id}", simba_core::MESSAGE_SEPARATOR), s);
+        }
+        Some(crate::subscriptions::Notice::Reserved(d)) => {
+            assert!(s.starts_with("reserved@@"), "{s:?}");
+            assert!(d <= std::time::Duration::from_secs(60), "{s:?} -> {d:?}");
         }
         None => {}
     }

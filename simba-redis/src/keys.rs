@@ -1,5 +1,9 @@
 //! Key and channel names.
 
+/// What the handoff channel of a mutex adds to its mutex channel (the release script
+/// spells it out too).
+pub(crate) const HANDOFF_CHANNEL_SUFFIX: &str = ":@@handoff";
+
 /// How the keys and channels of a mutex are named.
 #[derive(Debug, Clone)]
 pub(crate) struct KeySpace {
@@ -49,6 +53,13 @@ impl KeySpace {
         format!("{}:{{}}:boot", self.prefix)
     }
 
+    /// The channel on which a release announces the handoff reservation it gave a waiter
+    /// (`reserved@@<ms>:<waiter>`). Contender ids cannot contain `@@`, so it is no
+    /// contender's channel.
+    pub(crate) fn handoff_channel(&self, mutex: &str) -> String {
+        format!("{}{HANDOFF_CHANNEL_SUFFIX}", self.owner(mutex))
+    }
+
     /// The channel on which `contender_id` is told that the mutex was handed to it.
     pub(crate) fn contender_channel(&self, mutex: &str, contender_id: &str) -> String {
         format!("{}:{contender_id}", self.owner(mutex))
@@ -75,6 +86,7 @@ mod tests {
             ]
         );
         assert_eq!(k.contender_channel("m", "c1"), "simba:{m}:c1");
+        assert_eq!(k.handoff_channel("m"), "simba:{m}:@@handoff");
         assert_eq!(k.boot(), "simba:{}:boot");
         let k = KeySpace::new("app", false);
         assert_eq!(k.owner("m"), "app:m");

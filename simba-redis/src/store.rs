@@ -28,7 +28,8 @@ use crate::watchdog::Watchdog;
 const HANDOFF_TRIES: u32 = 64;
 
 /// How long the waiter a release woke alone may take the mutex (no barging); a waiter that
-/// does not take it within this time (it died after its wake-up) leaves it to anyone.
+/// does not take it within this time (it died or is paused) leaves it to the other waiters,
+/// whose stores wake them when it lapses (see `subscriptions.rs`).
 const HANDOFF_RESERVE: Duration = Duration::from_millis(250);
 
 /// Capacity of fred's pub/sub broadcast channel (its default, 32, loses messages under load).
@@ -363,6 +364,10 @@ impl LeaseStore for RedisStore {
             keys.push(self.inner.keys.boot());
         }
         args.push(if self.inner.quarantine { "1" } else { "0" }.to_owned());
+        let handed = self.inner.subscriptions.as_ref().is_some_and(|subs| {
+            subs.take_handoff(&self.inner.keys.contender_channel(mutex, contender_id))
+        });
+        args.push(if handed { "1" } else { "0" }.to_owned());
         let reply = self
             .eval_keys("acquire script", &self.inner.scripts.acquire, keys, args)
             .await?;
@@ -455,6 +460,7 @@ impl LeaseStore for RedisStore {
         let channels = [
             self.inner.keys.owner(mutex),
             self.inner.keys.contender_channel(mutex, contender_id),
+            self.inner.keys.handoff_channel(mutex),
         ];
         subs.subscribe(channels, contender_id).await.map(Some)
     }

@@ -1,9 +1,14 @@
 //! One subscriber connection per store, routing pub/sub messages to contenders.
 //!
-//! Every contender that subscribes gets an `mpsc` channel fed from two Redis channels: the
+//! Every contender that subscribes gets an `mpsc` channel fed from three Redis channels: the
 //! mutex channel `P:{M}` (`acquired@@<id>`, and `released@@<id>` when a release reached no
-//! waiter or came from a JVM Simba that broadcasts it) and its own channel `P:{M}:<id>`
-//! (`released@@<id>`, the targeted handoff). One loop reads fred's message broadcast and
+//! waiter or came from a JVM Simba that broadcasts it), its own channel `P:{M}:<id>`
+//! (`released@@<id>`, the targeted handoff) and the handoff channel `P:{M}:@@handoff`
+//! (`reserved@@<ms>:<waiter>`: a release reserved the mutex for `<waiter>` for `<ms>`). A
+//! reservation that lapses without an `acquired@@` on the mutex channel (the waiter is
+//! paused or died after its wake-up) becomes [`StoreEvent::Released`] for every contender
+//! of the mutex here, so that a live waiter takes the turn the paused one missed instead of
+//! waiting for the owner's lease to end. One loop reads fred's message broadcast and
 //! routes; when that broadcast lagged or the connection was re-established, messages may
 //! have been lost, so every contender gets [`StoreEvent::Resync`] (after the channels were
 //! subscribed again). Channels whose contenders all went away are unsubscribed.
@@ -11,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fred::clients::SubscriberClient;
 use fred::error::Error as FredError;
@@ -25,6 +30,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{debug, trace, warn};
 
 use crate::error::{BACKEND, backend};
+use crate::keys::HANDOFF_CHANNEL_SUFFIX;
 use crate::watchdog::Watchdog;
 
 /// Capacity of each contender's event channel. Events are hints (the engine re-reads the
@@ -34,11 +40,23 @@ const EVENT_CAPACITY: usize = 16;
 /// How often channels nobody listens to are unsubscribed, besides after release/leave.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-/// A message of the JVM Simba format `event@@contenderId`.
+/// How long after a reservation's announced length its lapse is acted on: the reservation
+/// began on the server before the announcement arrived, so this only absorbs timer slack.
+const LAPSE_MARGIN: Duration = Duration::from_millis(10);
+
+/// How long a targeted release message entitles its contender to take a reserved mutex.
+const HANDOFF_VALID: Duration = Duration::from_secs(1);
+
+/// The longest reservation acted on (a bound on what a message can make us wait for).
+const MAX_RESERVATION: Duration = Duration::from_secs(60);
+
+/// A message of the JVM Simba format `event@@contenderId`, or simba's own handoff
+/// reservation `reserved@@<ms>:<waiter>`.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Notice<'a> {
     Acquired(&'a str),
     Released(&'a str),
+    Reserved(Duration),
 }
 
 pub(crate) fn parse_notice(text: &str) -> Option<Notice<'_>> {
@@ -46,6 +64,11 @@ pub(crate) fn parse_notice(text: &str) -> Option<Notice<'_>> {
     match event {
         "acquired" => Some(Notice::Acquired(id)),
         "released" => Some(Notice::Released(id)),
+        "reserved" => {
+            let (ms, _waiter) = id.split_once(':')?;
+            let ms = Duration::from_millis(ms.parse().ok()?);
+            Some(Notice::Reserved(ms.min(MAX_RESERVATION)))
+        }
         _ => None,
     }
 }
@@ -100,6 +123,12 @@ pub(crate) struct Subscriptions {
     subscribed: tokio::sync::Mutex<HashSet<String>>,
     sweep: Notify,
     watchdog: Watchdog,
+    /// Handoff channels with a reservation whose lapse is awaited, each with the number of
+    /// the announcement (a newer one replaces the wait).
+    reservations: StdMutex<(u64, HashMap<String, u64>)>,
+    /// Contender channels on which a release handed the mutex over (`released@@` targeted
+    /// at that contender), with when: see [`Subscriptions::take_handoff`].
+    handed: StdMutex<HashMap<String, Instant>>,
 }
 
 impl fmt::Debug for Subscriptions {
@@ -122,6 +151,8 @@ impl Subscriptions {
             subscribed: tokio::sync::Mutex::new(HashSet::new()),
             sweep: Notify::new(),
             watchdog,
+            reservations: StdMutex::new((0, HashMap::new())),
+            handed: StdMutex::new(HashMap::new()),
         })
     }
 
@@ -133,13 +164,14 @@ impl Subscriptions {
         self.routes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Subscribes a contender to the mutex channel and its own channel.
+    /// Subscribes a contender to the mutex channel, its own channel and the handoff
+    /// channel.
     ///
     /// The work runs in its own task, so that a caller that gives up halfway leaves the
     /// bookkeeping consistent (its receiver is then dropped and the route swept later).
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
-        channels: [String; 2],
+        channels: [String; 3],
         contender: &str,
     ) -> Result<mpsc::Receiver<StoreEvent>> {
         let this = self.clone();
@@ -243,7 +275,7 @@ impl Subscriptions {
         }
     }
 
-    fn dispatch(&self, message: &Message) {
+    fn dispatch(self: &Arc<Self>, message: &Message) {
         let text = match &message.value {
             Value::String(s) => &**s,
             Value::Bytes(b) => match std::str::from_utf8(b) {
@@ -256,10 +288,34 @@ impl Subscriptions {
             trace!(channel = %message.channel, "ignoring message {text:?}");
             return;
         };
+        match notice {
+            Notice::Reserved(length) => {
+                self.await_lapse(&message.channel, length);
+                return;
+            }
+            Notice::Acquired(_) => {
+                // The handoff was taken up (or the mutex taken otherwise): no lapse to act on.
+                let handoff = format!("{}{HANDOFF_CHANNEL_SUFFIX}", message.channel);
+                self.reservations().1.remove(&handoff);
+            }
+            Notice::Released(_) => {}
+        }
         let routes = self.routes();
         let Some(ids) = routes.channels.get(&*message.channel) else {
             return;
         };
+        if matches!(notice, Notice::Released(_)) {
+            let own = ids.iter().filter_map(|id| routes.routes.get(id)).any(|r| {
+                message
+                    .channel
+                    .strip_suffix(&*r.contender)
+                    .is_some_and(|rest| rest.ends_with(':'))
+            });
+            if own {
+                self.handed_map()
+                    .insert(message.channel.to_string(), Instant::now());
+            }
+        }
         for route in ids.iter().filter_map(|id| routes.routes.get(id)) {
             let event = match notice {
                 // An owner needs no news of its own acquisition or release.
@@ -267,10 +323,66 @@ impl Subscriptions {
                 Notice::Acquired(id) => StoreEvent::Acquired {
                     owner_id: id.to_owned(),
                 },
-                Notice::Released(_) => StoreEvent::Released,
+                Notice::Released(_) | Notice::Reserved(_) => StoreEvent::Released,
             };
             deliver(route, event);
         }
+    }
+
+    fn handed_map(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        self.handed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a release handed the mutex to the contender of `channel` (its own channel)
+    /// within [`HANDOFF_VALID`]; forgets it either way. Such a contender may take the free
+    /// mutex over a handoff reservation for another waiter: its release came later than the
+    /// reservation's (a JVM Simba takes and releases without clearing reservations, and
+    /// hands over without making one).
+    pub(crate) fn take_handoff(&self, channel: &str) -> bool {
+        let mut handed = self.handed_map();
+        let now = Instant::now();
+        handed.retain(|_, at| now.duration_since(*at) < HANDOFF_VALID);
+        handed.remove(channel).is_some()
+    }
+
+    fn reservations(&self) -> MutexGuard<'_, (u64, HashMap<String, u64>)> {
+        self.reservations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A release reserved the mutex of `handoff` (its handoff channel) for one waiter for
+    /// `length`: unless the mutex channel says `acquired@@` first, every contender of the
+    /// mutex here is woken when the reservation has lapsed. The reservation itself is never
+    /// extended: a waiter that does not take its turn in time loses it to whoever calls next.
+    fn await_lapse(self: &Arc<Self>, handoff: &str, length: Duration) {
+        let number = {
+            let mut r = self.reservations();
+            r.0 += 1;
+            let number = r.0;
+            r.1.insert(handoff.to_owned(), number);
+            number
+        };
+        let this = Arc::downgrade(self);
+        let handoff = handoff.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(length + LAPSE_MARGIN).await;
+            let Some(this) = this.upgrade() else { return };
+            {
+                let mut r = this.reservations();
+                if r.1.get(&handoff) != Some(&number) {
+                    return;
+                }
+                r.1.remove(&handoff);
+            }
+            debug!(channel = %handoff, "handoff reservation lapsed untaken: waking the waiters");
+            let routes = this.routes();
+            if let Some(ids) = routes.channels.get(&handoff) {
+                for route in ids.iter().filter_map(|id| routes.routes.get(id)) {
+                    deliver(route, StoreEvent::Released);
+                }
+            }
+        });
     }
 
     /// The router loop: messages, reconnects, sweeps. Ends when the client closes.
@@ -387,6 +499,16 @@ mod tests {
         );
         assert_eq!(parse_notice("released@@x"), Some(Notice::Released("x")));
         assert_eq!(parse_notice("released"), None);
+        assert_eq!(
+            parse_notice("reserved@@250:1:2@h:ab"),
+            Some(Notice::Reserved(Duration::from_millis(250)))
+        );
+        assert_eq!(
+            parse_notice("reserved@@99999999:w"),
+            Some(Notice::Reserved(MAX_RESERVATION))
+        );
+        assert_eq!(parse_notice("reserved@@soon:w"), None);
+        assert_eq!(parse_notice("reserved@@250"), None);
         assert_eq!(parse_notice("other@@x"), None);
     }
 

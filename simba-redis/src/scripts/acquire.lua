@@ -3,7 +3,8 @@
 -- KEYS[1] owner key `P:{M}` (string: the owner's contender id, PX = ttl + transition);
 --         also the name of the mutex channel (`acquired@@<id>` broadcasts)
 -- KEYS[2] owner metadata `P:{M}:owner` (hash: owner, acquired_at, ttl_at, transition_at, fence)
--- KEYS[3] wait queue `P:{M}:contender` (sorted set: contender id -> arrival, server ms)
+-- KEYS[3] wait queue `P:{M}:contender` (sorted set: contender id -> arrival in server
+--         seconds with a microsecond fraction, less 0.5: see below)
 -- KEYS[4] waiter expiry `P:{M}:contender:expires` (sorted set: contender id -> expiry, server ms)
 -- KEYS[5] fence counter `P:{M}:fence`
 -- KEYS[6] handoff reservation `P:{M}:handoff` (string: the waiter a release handed the
@@ -12,6 +13,8 @@
 -- ARGV[4] publish command: 'PUBLISH' (standalone, Sentinel) or 'SPUBLISH' (Cluster)
 -- ARGV[5] '1': keep the restart quarantine, with KEYS[7] the boot marker `P:{}:boot`
 --         (standalone and Sentinel only); '0': no quarantine
+-- ARGV[6] '1': a release just handed the mutex to this contender (a `released@@` on its
+--         own channel), which then outranks a handoff reservation for another waiter
 --
 -- Returns {owner id ('' when none), acquired_at, ttl_at, transition_at, fence, now}:
 -- the owner after the call, and the server time (ms) it was evaluated at.
@@ -87,7 +90,10 @@ local reserved = false
 if not owner then
     reserved = redis.call('GET', handoff_key)
 end
-local for_me = reserved == id
+-- A contender that a release just handed the mutex to may take it over a reservation for
+-- another: that release came after the reservation was made (the reserved waiter took the
+-- mutex and released it, e.g. a JVM Simba, which leaves reservations alone).
+local for_me = reserved == id or (reserved and ARGV[6] == '1')
 if for_me then
     reserved = false
 end
@@ -121,7 +127,21 @@ if pttl < 0 then
 end
 -- A live waiter calls again by the owner's transition_at (+ jitter), or sooner.
 local keep = math.max(pttl, lease) + lease + 2000
-redis.call('ZADD', queue_key, 'NX', s(now), id)
+-- The queue score is the arrival in seconds, microseconds as the fraction, less half a
+-- second. The JVM Simba scores its waiters with the whole seconds of the same `TIME`: its
+-- score S stands for an arrival somewhere in [S, S + 1), on average S + 0.5. Shifted by
+-- half a second, our scores compare with its scores by expected arrival, so a release by
+-- either serves both kinds of waiters in arrival order to within half a second (unshifted,
+-- every JVM waiter of a second would sort ahead of ours of the same second: in a busy queue
+-- ours would be served once a second).
+local queued = redis.call('ZSCORE', queue_key, id)
+if not queued then
+    local arrival = tonumber(t[1]) - 0.5 + tonumber(t[2]) / 1000000
+    redis.call('ZADD', queue_key, string.format('%.6f', arrival), id)
+elseif tonumber(queued) >= 100000000000 then
+    -- Queued in milliseconds by an earlier version of this script: keep the place.
+    redis.call('ZADD', queue_key, 'XX', string.format('%.3f', tonumber(queued) / 1000 - 0.5), id)
+end
 redis.call('ZADD', expires_key, s(now + keep), id)
 if redis.call('PTTL', queue_key) < keep then
     redis.call('PEXPIRE', queue_key, s(keep))

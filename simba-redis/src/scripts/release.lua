@@ -12,7 +12,12 @@
 -- `P:{M}:<waiter>`. A waiter whose publish reaches no subscriber (it died) is dropped and the
 -- next one is tried. The waiter reached gets the reservation `P:{M}:handoff` for ARGV[4] ms:
 -- until it takes the mutex or the reservation ends, the acquire script lets nobody else take
--- it (no barging). If no waiter was reached, `released@@<id>` goes to the mutex channel.
+-- it (no barging). A paused waiter (a GC pause, a frozen VM) still counts as a receiver,
+-- so the reservation is announced on `P:{M}:@@handoff` as `reserved@@<ms>:<waiter>`: the
+-- stores of the other waiters wake them when it lapses untaken (unless an `acquired@@`
+-- came first), and the first of them to call takes the mutex. The reservation is set only
+-- here, once per release: nothing renews it. If no waiter was reached, `released@@<id>`
+-- goes to the mutex channel.
 local owner_key, meta_key, queue_key, expires_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local handoff_key = KEYS[6]
 local id = ARGV[1]
@@ -47,6 +52,7 @@ for _ = 1, tries do
     redis.call('ZREM', expires_key, waiter)
     if redis.call(publish, owner_key .. ':' .. waiter, message) > 0 then
         redis.call('SET', handoff_key, waiter, 'PX', reserve)
+        redis.call(publish, owner_key .. ':@@handoff', 'reserved@@' .. reserve .. ':' .. waiter)
         return { 1, waiter }
     end
 end
