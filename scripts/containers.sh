@@ -2,8 +2,9 @@
 # Server images and the conformance suites through containers.
 #
 #   scripts/containers.sh build   # build the images that are missing or out of date
-#   scripts/containers.sh test    # build, then each backend's conformance suite once
-#                                 # with SIMBA_TEST_SERVERS=containers; fails on leftovers
+#   scripts/containers.sh test    # build, then the kit's container tests and each backend's
+#                                 # conformance suite once with SIMBA_TEST_SERVERS=containers;
+#                                 # fails on leftover containers
 #   scripts/containers.sh clean   # remove containers labelled simba.test (leftovers)
 #
 # The images (simba/redis, simba/mariadb, simba/postgres, simba/zookeeper, tag $TAG) are
@@ -160,7 +161,7 @@ cmd_build() {
   base=$(choose_base)
   base_id=$(image_id "$base")
   for service in "${SERVICES[@]}"; do
-    local image=simba/$service:$TAG hash start
+    local image=simba/$service:$TAG hash start build_log
     hash=$(context_hash "docker/$service" "$base_id")
     if [ "$(image_hash "$image")" = "$hash" ]; then
       log "$image is up to date"
@@ -168,10 +169,15 @@ cmd_build() {
     fi
     start=$(now)
     log "building $image on $base"
-    if ! "$DOCKER" build -q --network host --build-arg "BASE=$base" --label "simba.hash=$hash" \
-      -t "$image" "docker/$service" >/dev/null; then
-      die "building $image failed: rerun 'docker build --network host --build-arg BASE=$base -t $image docker/$service' to see why"
+    # The build's output is shown only when it fails.
+    build_log=$(mktemp)
+    if ! "$DOCKER" build --network host --build-arg "BASE=$base" --label "simba.hash=$hash" \
+      -t "$image" "docker/$service" >"$build_log" 2>&1; then
+      tail -n 30 "$build_log" >&2
+      rm -f "$build_log"
+      die "building $image failed (the end of its output is above)"
     fi
+    rm -f "$build_log"
     log "$image built in $(($(now) - start)) s"
   done
   "$DOCKER" image prune -f --filter label=simba.hash >/dev/null 2>&1 || true
@@ -207,6 +213,7 @@ cmd_test() {
   # A server given by URL would win over containers: these runs are about containers.
   unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER
   local runs=(
+    "-p simba-test-kit --test containers"
     "-p simba-redis --test conformance"
     "-p simba-jdbc --features mysql,postgres --test conformance_mysql --test conformance_postgres"
     "-p simba-zookeeper --test conformance"
@@ -233,7 +240,7 @@ case "${1:-}" in
   test) cmd_test ;;
   clean) cmd_clean ;;
   *)
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

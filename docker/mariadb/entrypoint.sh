@@ -10,11 +10,12 @@ if [ ! -d "$datadir/mysql" ]; then
     mariadb-install-db --datadir="$datadir" --auth-root-authentication-method=normal \
         --skip-test-db >/dev/null
     init=/run/mysqld/simba-init.sql
-    cat > "$init" <<'SQL'
+    # mariadb-install-db also makes root@<container hostname>, useless with skip-name-resolve.
+    cat > "$init" <<SQL
 CREATE USER IF NOT EXISTS 'root'@'%' IDENTIFIED BY 'simba';
 GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;
 ALTER USER 'root'@'localhost' IDENTIFIED BY 'simba';
-DROP USER IF EXISTS 'root'@'127.0.0.1', 'root'@'::1';
+DROP USER IF EXISTS 'root'@'127.0.0.1', 'root'@'::1', 'root'@'$(cat /proc/sys/kernel/hostname)';
 CREATE DATABASE IF NOT EXISTS simba;
 SQL
     set -- --init-file="$init" "$@"

@@ -405,6 +405,15 @@ impl TestServer {
         }
     }
 
+    /// The id of the container this server runs in (feature `containers`).
+    #[cfg(feature = "containers")]
+    pub fn container_id(&self) -> Option<&str> {
+        match &self.origin {
+            Origin::Container(container) => Some(container.id()),
+            _ => None,
+        }
+    }
+
     /// The temporary directory of a private instance (data, configuration, log).
     pub fn dir(&self) -> Option<&Path> {
         match &self.origin {
@@ -533,6 +542,25 @@ pub async fn server(kind: ServerKind) -> Result<TestServer, ServerError> {
     resolve(kind).await
 }
 
+/// A container of the kit's image for `kind` (feature `containers`), whatever
+/// [`SERVERS_ENV`] and the URL variables say. It publishes its port on `127.0.0.1`, carries
+/// the label [`LABEL`]` = 1` and is removed when the [`TestServer`] is dropped.
+///
+/// # Errors
+///
+/// [`ServerError::Unavailable`] when no Docker daemon answers or the image is missing
+/// (the message says how to fix it), [`ServerError::Start`] when the container does not
+/// start or its server does not answer within two minutes.
+///
+/// # Cancel safety
+///
+/// Not cancel safe: a container being created when the future is dropped is not removed
+/// (`scripts/containers.sh clean` removes it by its label).
+#[cfg(feature = "containers")]
+pub async fn container(kind: ServerKind) -> Result<TestServer, ServerError> {
+    container::start(kind).await
+}
+
 /// A private local instance of `kind`; see [`redis_private`].
 pub async fn private(kind: ServerKind) -> Result<TestServer, ServerError> {
     let flavor = process::Flavor::detect(kind).map_err(|e| e.with_advice(true))?;
@@ -605,7 +633,7 @@ async fn resolve(kind: ServerKind) -> Result<TestServer, ServerError> {
 /// A container of the kit's image for `kind` ([`SERVERS_ENV`]`=containers`).
 #[cfg(feature = "containers")]
 async fn from_container(kind: ServerKind) -> Result<TestServer, ServerError> {
-    container::start(kind).await
+    container(kind).await
 }
 
 /// Without the feature `containers` there are no containers: an error that says so.
