@@ -80,12 +80,11 @@ fn request(kind: ServerKind) -> ContainerRequest<GenericImage> {
 /// Checks that a Docker daemon answers and has the image for `kind`, so that the error
 /// says which of the two is missing and how to fix it.
 async fn preflight(kind: ServerKind) -> Result<(), String> {
-    let docker = Docker::connect_with_defaults()
-        .map_err(|e| format!("no Docker client: {e}. {}", docker_hint()))?;
-    docker
-        .ping()
-        .await
-        .map_err(|e| format!("no Docker daemon answers: {e}. {}", docker_hint()))?;
+    let unreachable = |e: testcontainers::bollard::errors::Error| {
+        format!("no Docker daemon answers ({e}). {}", docker_hint())
+    };
+    let docker = Docker::connect_with_defaults().map_err(unreachable)?;
+    docker.ping().await.map_err(unreachable)?;
     let image = format!("{}:{IMAGE_TAG}", image_name(kind));
     docker
         .inspect_image(&image)
