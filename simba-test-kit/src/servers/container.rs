@@ -1,108 +1,168 @@
-//! The testcontainers fallback (feature `containers`), used when no environment variable
-//! is set and no local server binary is installed.
+//! Test servers in containers (feature `containers`): the images `simba/redis`,
+//! `simba/mariadb`, `simba/postgres` and `simba/zookeeper` (tag [`IMAGE_TAG`]) that
+//! `scripts/containers.sh build` makes from Debian's packages and `docker-compose.yml` uses.
+//!
+//! Every container publishes its port on `127.0.0.1` only (a random host port), carries the
+//! label [`LABEL`]` = 1` (and the test process id as `simba.test.pid`) so that
+//! `scripts/containers.sh clean` can remove what a killed test process left, and is removed
+//! when its [`TestServer`] is dropped, also when the test panics.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use testcontainers::core::IntoContainerPort;
+use testcontainers::bollard::Docker;
+use testcontainers::bollard::models::PortBinding;
+use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerRequest, GenericImage, ImageExt};
 
-use super::{DATABASE, Origin, ServerKind, TestServer, probe};
+use super::{DATABASE, Origin, ServerError, ServerKind, TestServer, probe};
 
+/// The tag of the kit's images, the same as in `docker-compose.yml`.
+pub const IMAGE_TAG: &str = "bookworm";
+
+/// The label every test container carries (value `1`).
+pub const LABEL: &str = "simba.test";
+
+/// Password of `root` in `simba/mariadb` and of `postgres` in `simba/postgres`.
+const PASSWORD: &str = "simba";
+
+/// How long a container may take to start and answer.
 const STARTUP: Duration = Duration::from_secs(120);
 
-fn request(kind: ServerKind) -> (u16, ContainerRequest<GenericImage>) {
+/// How to build the images, for error messages.
+const BUILD_HINT: &str = "build the images with `scripts/containers.sh build` (from Debian's packages, \
+     a few minutes the first time)";
+
+/// The kit's image for `kind`, e.g. `simba/redis`.
+pub fn image_name(kind: ServerKind) -> &'static str {
     match kind {
-        ServerKind::Redis => (
-            6379,
-            GenericImage::new("redis", "7.2")
-                .with_exposed_port(6379.tcp())
-                .with_startup_timeout(STARTUP),
-        ),
-        ServerKind::Mysql => (
-            3306,
-            GenericImage::new("mariadb", "10.11")
-                .with_exposed_port(3306.tcp())
-                .with_env_var("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD", "1")
-                .with_env_var("MARIADB_DATABASE", DATABASE)
-                .with_startup_timeout(STARTUP),
-        ),
-        ServerKind::Postgres => (
-            5432,
-            GenericImage::new("postgres", "15")
-                .with_exposed_port(5432.tcp())
-                .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust")
-                .with_env_var("POSTGRES_DB", DATABASE)
-                .with_startup_timeout(STARTUP),
-        ),
-        ServerKind::Zookeeper => (
-            2181,
-            GenericImage::new("zookeeper", "3.8")
-                .with_exposed_port(2181.tcp())
-                .with_env_var("ZOO_TICK_TIME", "200")
-                .with_env_var("ZOO_MAX_CLIENT_CNXNS", "0")
-                .with_env_var("ZOO_ADMINSERVER_ENABLED", "false")
-                .with_env_var(
-                    "ZOO_4LW_COMMANDS_WHITELIST",
-                    "ruok,srvr,stat,mntr,cons,conf",
-                )
-                .with_env_var(
-                    "ZOO_CFG_EXTRA",
-                    "minSessionTimeout=400 maxSessionTimeout=60000",
-                )
-                .with_startup_timeout(STARTUP),
-        ),
+        ServerKind::Redis => "simba/redis",
+        ServerKind::Mysql => "simba/mariadb",
+        ServerKind::Postgres => "simba/postgres",
+        ServerKind::Zookeeper => "simba/zookeeper",
     }
 }
 
-/// Starts a container for `kind` and waits until it answers; the error explains why not
-/// (e.g. no Docker daemon).
-pub(crate) async fn start(kind: ServerKind) -> Result<TestServer, String> {
-    let (internal, request) = request(kind);
-    let container = request
+/// The server's port inside the container.
+fn internal_port(kind: ServerKind) -> u16 {
+    kind.default_port()
+}
+
+/// The container request for `kind`: our image, its port on 127.0.0.1, the labels, and
+/// the log line its server prints once it accepts connections where the kit's protocol
+/// probe cannot log in (MariaDB's root has a password, the probe sends none).
+fn request(kind: ServerKind) -> ContainerRequest<GenericImage> {
+    let port = internal_port(kind);
+    let mut image = GenericImage::new(image_name(kind), IMAGE_TAG).with_exposed_port(port.tcp());
+    if kind == ServerKind::Mysql {
+        image = image.with_wait_for(WaitFor::message_on_stderr("ready for connections"));
+    }
+    image
+        .with_label(LABEL, "1")
+        .with_label("simba.test.pid", std::process::id().to_string())
+        .with_startup_timeout(STARTUP)
+        .with_host_config_modifier(move |host| {
+            // Instead of testcontainers' "publish all ports" on every interface: this port,
+            // on loopback, on a port the engine picks.
+            host.publish_all_ports = Some(false);
+            host.port_bindings = Some(HashMap::from([(
+                format!("{port}/tcp"),
+                Some(vec![PortBinding {
+                    host_ip: Some(Ipv4Addr::LOCALHOST.to_string()),
+                    host_port: Some(String::new()),
+                }]),
+            )]));
+        })
+}
+
+/// Checks that a Docker daemon answers and has the image for `kind`, so that the error
+/// says which of the two is missing and how to fix it.
+async fn preflight(kind: ServerKind) -> Result<(), String> {
+    let unreachable = |e: testcontainers::bollard::errors::Error| {
+        format!("no Docker daemon answers ({e}). {}", docker_hint())
+    };
+    let docker = Docker::connect_with_defaults().map_err(unreachable)?;
+    docker.ping().await.map_err(unreachable)?;
+    let image = format!("{}:{IMAGE_TAG}", image_name(kind));
+    docker
+        .inspect_image(&image)
+        .await
+        .map_err(|e| format!("the image {image} is not there ({e}): {BUILD_HINT}"))?;
+    Ok(())
+}
+
+fn docker_hint() -> String {
+    let host =
+        std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_owned());
+    format!(
+        "Start the Docker engine (e.g. `systemctl start docker`), check that this user may use \
+         {host} (the `docker` group) or set DOCKER_HOST; `docker info` must work"
+    )
+}
+
+/// Starts a container for `kind` and waits until its server answers.
+///
+/// # Errors
+///
+/// [`ServerError::Unavailable`] when no Docker daemon answers or the image is missing,
+/// [`ServerError::Start`] when the container does not start or does not become ready.
+pub(crate) async fn start(kind: ServerKind) -> Result<TestServer, ServerError> {
+    let unavailable = |hint: String| ServerError::Unavailable { kind, hint };
+    let failed = |message: String| ServerError::Start {
+        kind,
+        message,
+        log_tail: String::new(),
+    };
+    preflight(kind).await.map_err(unavailable)?;
+    let container = request(kind)
         .start()
         .await
-        .map_err(|e| format!("starting a container: {e}"))?;
-    let host = container
-        .get_host()
-        .await
-        .map_err(|e| format!("container host: {e}"))?
-        .to_string();
+        .map_err(|e| failed(format!("starting {}:{IMAGE_TAG}: {e}", image_name(kind))))?;
     let port = container
-        .get_host_port_ipv4(internal)
+        .get_host_port_ipv4(internal_port(kind))
         .await
-        .map_err(|e| format!("container port: {e}"))?;
-    let addr: SocketAddr = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("resolving {host}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{host} has no address"))?;
-    let deadline = Instant::now() + STARTUP;
-    loop {
-        let error =
-            match tokio::time::timeout(Duration::from_secs(2), probe::ready(kind, addr)).await {
+        .map_err(|e| failed(format!("container port: {e}")))?;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    // The engine's port forwarder accepts connections before the server listens, so a
+    // connection alone proves nothing: the protocol probe must get an answer.
+    if kind != ServerKind::Mysql {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let error = match tokio::time::timeout(Duration::from_secs(2), probe::ready(kind, addr))
+                .await
+            {
                 Ok(Ok(())) => break,
                 Ok(Err(e)) => e,
                 Err(_) => "the readiness probe timed out".to_owned(),
             };
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "the {kind} container at {addr} is not ready after {STARTUP:?}: {error}"
-            ));
+            if Instant::now() >= deadline {
+                let logs = container.stderr_to_vec().await.unwrap_or_default();
+                let text = String::from_utf8_lossy(&logs);
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                return Err(ServerError::Start {
+                    kind,
+                    message: format!(
+                        "the container {} at {addr} is not ready after {STARTUP:?}: {error}",
+                        container.id()
+                    ),
+                    log_tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let url = match kind {
-        ServerKind::Redis => format!("redis://{host}:{port}"),
-        ServerKind::Mysql => format!("mysql://root@{host}:{port}/{DATABASE}"),
-        ServerKind::Postgres => format!("postgres://postgres@{host}:{port}/{DATABASE}"),
-        ServerKind::Zookeeper => format!("{host}:{port}"),
+        ServerKind::Redis => format!("redis://{addr}"),
+        ServerKind::Mysql => format!("mysql://root:{PASSWORD}@{addr}/{DATABASE}"),
+        ServerKind::Postgres => format!("postgres://postgres:{PASSWORD}@{addr}/{DATABASE}"),
+        ServerKind::Zookeeper => addr.to_string(),
     };
     Ok(TestServer {
         kind,
         url,
-        host,
+        host: Ipv4Addr::LOCALHOST.to_string(),
         port,
         origin: Origin::Container(Box::new(container)),
     })

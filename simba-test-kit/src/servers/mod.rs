@@ -5,23 +5,31 @@
 //!
 //! 1. the environment variable [`REDIS_URL_ENV`] / [`MYSQL_URL_ENV`] /
 //!    [`POSTGRES_URL_ENV`] / [`ZOOKEEPER_ENV`], if set and not empty;
-//! 2. a private instance of the locally installed server binary, on a free loopback port,
-//!    in a temporary directory;
-//! 3. with the cargo feature `containers` only: a testcontainers container, if a Docker
-//!    daemon answers;
-//! 4. otherwise [`ServerError::Unavailable`], whose message says how to get a server.
+//! 2. what [`SERVERS_ENV`] (`SIMBA_TEST_SERVERS`) selects:
+//!    - `containers`: a container of the kit's images (`simba/redis:bookworm`, ...; needs
+//!      the cargo feature `containers`, a Docker daemon and the images, which
+//!      `scripts/containers.sh build` makes). Nothing else is tried: if Docker or an image
+//!      is missing the error says so and how to fix it;
+//!    - `local`: a private instance of the locally installed server binary, on a free
+//!      loopback port, in a temporary directory; nothing else is tried;
+//!    - unset or empty: the local binary; if it is not installed and the kit has the
+//!      feature `containers`, a container;
+//! 3. otherwise [`ServerError::Unavailable`], whose message says how to get a server.
 //!
 //! Tests never skip silently: a missing server is an error.
 //!
 //! Fault tests need to stop, restart, kill or pause the server. They use
 //! [`redis_private`], [`mysql_private`], [`postgres_private`] or [`zookeeper_private`],
-//! which always start a private local instance and ignore the environment variables.
+//! which always start a private local instance and ignore the environment variables
+//! (including [`SERVERS_ENV`]).
 //! Only private instances support the control methods of [`TestServer`]; on other
 //! servers they return [`ServerError::NotPrivate`].
 //!
 //! Private instances bind `127.0.0.1` only, keep their data in a temporary directory and
 //! are killed (by process id) and waited for when the [`TestServer`] is dropped.
 //! The process control uses `/proc` and the `kill` command, so it works on Linux.
+//! Containers publish their port on `127.0.0.1` only, carry the label `simba.test=1` and
+//! are removed when the [`TestServer`] is dropped.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -31,6 +39,8 @@ use std::time::Duration;
 mod cluster;
 #[cfg(feature = "containers")]
 mod container;
+#[cfg(feature = "containers")]
+pub use container::{IMAGE_TAG, LABEL, image_name};
 mod mysql;
 mod postgres;
 mod probe;
@@ -52,6 +62,10 @@ pub const MYSQL_URL_ENV: &str = "SIMBA_TEST_MYSQL_URL";
 pub const POSTGRES_URL_ENV: &str = "SIMBA_TEST_POSTGRES_URL";
 /// Environment variable with a ZooKeeper connect string, `host:port[,host:port][/chroot]`.
 pub const ZOOKEEPER_ENV: &str = "SIMBA_TEST_ZOOKEEPER";
+/// Environment variable that selects where servers come from when no URL is set:
+/// `containers`, `local`, or unset/empty for local binaries with the container fallback.
+/// See the [module documentation](self).
+pub const SERVERS_ENV: &str = "SIMBA_TEST_SERVERS";
 
 /// Name of the database that private MySQL and PostgreSQL instances create.
 pub const DATABASE: &str = "simba";
@@ -179,6 +193,14 @@ pub enum ServerError {
         /// What is wrong with it.
         message: String,
     },
+    /// [`SERVERS_ENV`] has a value the kit does not know.
+    #[error(
+        "{SERVERS_ENV}={value:?} is not a server source: use `containers`, `local`, or leave it unset"
+    )]
+    InvalidSelection {
+        /// The value as given.
+        value: String,
+    },
     /// An I/O or helper-command failure while managing a server.
     #[error("{kind} test server: {context}: {source}")]
     Io {
@@ -222,12 +244,15 @@ impl ServerError {
         );
         let hint = if private {
             format!(
-                "{hint}. This test controls the server process (stop, kill, pause), so it needs                  a local server binary and does not use {}: {install}",
+                "{hint}. This test controls the server process (stop, kill, pause), so it needs \
+                 a local server binary and does not use {}: {install}",
                 kind.env_var()
             )
         } else {
             format!(
-                "{hint}. Either {install}, or set {var} (e.g. {var}={example}), or build                  simba-test-kit with the feature `containers` and run a Docker daemon",
+                "{hint}. Either {install}, or set {var} (e.g. {var}={example}), or build \
+                 simba-test-kit with the feature `containers`, run a Docker daemon and set \
+                 SIMBA_TEST_SERVERS=containers",
                 var = kind.env_var(),
                 example = kind.env_example(),
             )
@@ -380,6 +405,15 @@ impl TestServer {
         }
     }
 
+    /// The id of the container this server runs in (feature `containers`).
+    #[cfg(feature = "containers")]
+    pub fn container_id(&self) -> Option<&str> {
+        match &self.origin {
+            Origin::Container(container) => Some(container.id()),
+            _ => None,
+        }
+    }
+
     /// The temporary directory of a private instance (data, configuration, log).
     pub fn dir(&self) -> Option<&Path> {
         match &self.origin {
@@ -508,32 +542,110 @@ pub async fn server(kind: ServerKind) -> Result<TestServer, ServerError> {
     resolve(kind).await
 }
 
+/// A container of the kit's image for `kind` (feature `containers`), whatever
+/// [`SERVERS_ENV`] and the URL variables say. It publishes its port on `127.0.0.1`, carries
+/// the label [`LABEL`]` = 1` and is removed when the [`TestServer`] is dropped.
+///
+/// # Errors
+///
+/// [`ServerError::Unavailable`] when no Docker daemon answers or the image is missing
+/// (the message says how to fix it), [`ServerError::Start`] when the container does not
+/// start or its server does not answer within two minutes.
+///
+/// # Cancel safety
+///
+/// Not cancel safe: a container being created when the future is dropped is not removed
+/// (`scripts/containers.sh clean` removes it by its label).
+#[cfg(feature = "containers")]
+pub async fn container(kind: ServerKind) -> Result<TestServer, ServerError> {
+    container::start(kind).await
+}
+
 /// A private local instance of `kind`; see [`redis_private`].
 pub async fn private(kind: ServerKind) -> Result<TestServer, ServerError> {
     let flavor = process::Flavor::detect(kind).map_err(|e| e.with_advice(true))?;
     Ok(TestServer::from_local(LocalServer::create(flavor).await?))
 }
 
+/// Where [`resolve`] takes a server from when no URL is set, chosen by [`SERVERS_ENV`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Selection {
+    /// The local binary, else (feature `containers`) a container.
+    Auto,
+    /// The local binary only.
+    Local,
+    /// A container only.
+    Containers,
+}
+
+impl Selection {
+    fn parse(value: &str) -> Result<Self, ServerError> {
+        match value.trim() {
+            "" => Ok(Self::Auto),
+            v if v.eq_ignore_ascii_case("local") => Ok(Self::Local),
+            v if v.eq_ignore_ascii_case("containers") => Ok(Self::Containers),
+            _ => Err(ServerError::InvalidSelection {
+                value: value.to_owned(),
+            }),
+        }
+    }
+
+    fn from_env() -> Result<Self, ServerError> {
+        match std::env::var(SERVERS_ENV) {
+            Ok(value) => Self::parse(&value),
+            Err(std::env::VarError::NotPresent) => Ok(Self::Auto),
+            Err(std::env::VarError::NotUnicode(value)) => Err(ServerError::InvalidSelection {
+                value: value.to_string_lossy().into_owned(),
+            }),
+        }
+    }
+}
+
 async fn resolve(kind: ServerKind) -> Result<TestServer, ServerError> {
     if let Some(server) = from_env(kind)? {
         return Ok(server);
+    }
+    let selection = Selection::from_env()?;
+    if selection == Selection::Containers {
+        return from_container(kind).await;
     }
     let missing = match process::Flavor::detect(kind) {
         Ok(flavor) => return Ok(TestServer::from_local(LocalServer::create(flavor).await?)),
         Err(missing) => missing.with_advice(false),
     };
     #[cfg(feature = "containers")]
-    let missing = match container::start(kind).await {
-        Ok(server) => return Ok(server),
-        Err(reason) => match missing {
-            ServerError::Unavailable { kind, hint } => ServerError::Unavailable {
-                kind,
-                hint: format!("{hint}. The container fallback failed too: {reason}"),
+    let missing = match selection {
+        Selection::Local => missing,
+        _ => match container::start(kind).await {
+            Ok(server) => return Ok(server),
+            Err(reason) => match missing {
+                ServerError::Unavailable { kind, hint } => ServerError::Unavailable {
+                    kind,
+                    hint: format!("{hint}. The container fallback failed too: {reason}"),
+                },
+                other => other,
             },
-            other => other,
         },
     };
     Err(missing)
+}
+
+/// A container of the kit's image for `kind` ([`SERVERS_ENV`]`=containers`).
+#[cfg(feature = "containers")]
+async fn from_container(kind: ServerKind) -> Result<TestServer, ServerError> {
+    container(kind).await
+}
+
+/// Without the feature `containers` there are no containers: an error that says so.
+#[cfg(not(feature = "containers"))]
+async fn from_container(kind: ServerKind) -> Result<TestServer, ServerError> {
+    Err(ServerError::Unavailable {
+        kind,
+        hint: format!(
+            "{SERVERS_ENV}=containers, but simba-test-kit was built without its feature \
+             `containers`: add `--features simba-test-kit/containers` to the cargo command"
+        ),
+    })
 }
 
 /// The server named by `kind`'s environment variable, if it is set and not empty.
@@ -663,6 +775,23 @@ mod tests {
             private.contains("does not use SIMBA_TEST_POSTGRES_URL"),
             "{private}"
         );
+    }
+
+    #[test]
+    fn selection_values() {
+        assert_eq!(Selection::parse("").ok(), Some(Selection::Auto));
+        assert_eq!(Selection::parse(" local ").ok(), Some(Selection::Local));
+        assert_eq!(
+            Selection::parse("Containers").ok(),
+            Some(Selection::Containers)
+        );
+        let error = Selection::parse("docker")
+            .map(|_| ())
+            .err()
+            .map(|e| e.to_string());
+        let error = error.unwrap_or_default();
+        assert!(error.contains("SIMBA_TEST_SERVERS=\"docker\""), "{error}");
+        assert!(error.contains("`containers`, `local`"), "{error}");
     }
 
     #[test]

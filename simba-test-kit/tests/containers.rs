@@ -1,0 +1,162 @@
+//! The kit's containers (feature `containers`): each image answers its protocol on a port
+//! published on 127.0.0.1 only, carries the label the cleanup looks for, and the container
+//! is gone once its server is dropped, also when the test holding it panics.
+//!
+//! Needs a Docker daemon and the images (`scripts/containers.sh build`); without them the
+//! tests fail with the kit's message saying what is missing.
+#![cfg(feature = "containers")]
+// Tests fail by panicking; unwrap on a setup step is the clearest report.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use simba_test_kit::servers::{self, LABEL, ServerKind, TestServer};
+use testcontainers::bollard::Docker;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn started(kind: ServerKind) -> TestServer {
+    tokio::time::timeout(Duration::from_secs(150), servers::container(kind))
+        .await
+        .unwrap_or_else(|_| panic!("no {kind} container within 150 s"))
+        .unwrap_or_else(|e| panic!("{kind} container: {e}"))
+}
+
+/// Whether the engine still knows the container (removal is finished when it does not).
+async fn exists(docker: &Docker, id: &str) -> bool {
+    match docker.inspect_container(id, None).await {
+        Ok(_) => true,
+        Err(testcontainers::bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }) => false,
+        Err(e) => panic!("inspecting container {id}: {e}"),
+    }
+}
+
+/// Checks the labels and the port binding of a running container.
+async fn check_running(docker: &Docker, server: &TestServer) {
+    let id = server.container_id().unwrap();
+    let details = docker.inspect_container(id, None).await.unwrap();
+    let labels = details.config.and_then(|c| c.labels).unwrap_or_default();
+    assert_eq!(
+        labels.get(LABEL).map(String::as_str),
+        Some("1"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.get("simba.test.pid"),
+        Some(&std::process::id().to_string())
+    );
+    let ports = details
+        .network_settings
+        .and_then(|n| n.ports)
+        .unwrap_or_default();
+    let bindings: Vec<_> = ports.values().flatten().flatten().collect();
+    assert!(!bindings.is_empty(), "no published port: {ports:?}");
+    for binding in bindings {
+        assert_eq!(binding.host_ip.as_deref(), Some("127.0.0.1"), "{ports:?}");
+        assert_eq!(
+            binding.host_port.as_deref(),
+            Some(server.port().to_string().as_str())
+        );
+    }
+    assert_eq!(server.host(), "127.0.0.1");
+    assert!(!server.is_private());
+}
+
+/// One request in the server's own protocol; returns the answer's first bytes.
+async fn ask(server: &TestServer, request: &[u8]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(server.socket_addr().unwrap())
+        .await
+        .unwrap();
+    if !request.is_empty() {
+        stream.write_all(request).await.unwrap();
+    }
+    let mut buf = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+        .await
+        .expect("no answer within 10 s")
+        .unwrap();
+    buf.truncate(n);
+    buf
+}
+
+async fn round_trip(kind: ServerKind) {
+    let docker = Docker::connect_with_defaults().unwrap();
+    let server = started(kind).await;
+    check_running(&docker, &server).await;
+    let id = server.container_id().unwrap().to_owned();
+    match kind {
+        ServerKind::Redis => {
+            assert_eq!(server.url(), format!("redis://127.0.0.1:{}", server.port()));
+            assert_eq!(ask(&server, b"PING\r\n").await, b"+PONG\r\n");
+        }
+        ServerKind::Mysql => {
+            assert!(server.url().starts_with("mysql://root:simba@127.0.0.1:"));
+            assert!(server.url().ends_with("/simba"), "{}", server.url());
+            // The server speaks first: a handshake packet of protocol version 10.
+            let greeting = ask(&server, b"").await;
+            assert_eq!(greeting.get(4), Some(&10), "{greeting:?}");
+        }
+        ServerKind::Postgres => {
+            assert!(
+                server
+                    .url()
+                    .starts_with("postgres://postgres:simba@127.0.0.1:")
+            );
+            // SSLRequest: a server without TLS answers 'N'.
+            let answer = ask(&server, &[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).await;
+            assert_eq!(answer, b"N");
+        }
+        ServerKind::Zookeeper => {
+            assert_eq!(server.url(), format!("127.0.0.1:{}", server.port()));
+            let answer = String::from_utf8(ask(&server, b"ruok").await).unwrap();
+            assert_eq!(answer, "imok");
+        }
+        other => panic!("no round trip for {other}"),
+    }
+    drop(server);
+    assert!(
+        !exists(&docker, &id).await,
+        "container {id} is still there after its server was dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_container() {
+    round_trip(ServerKind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_container() {
+    round_trip(ServerKind::Mysql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_container() {
+    round_trip(ServerKind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_container() {
+    round_trip(ServerKind::Zookeeper).await;
+}
+
+/// A test that panics while it holds a container leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_is_removed_when_the_test_panics() {
+    let docker = Docker::connect_with_defaults().unwrap();
+    let server = started(ServerKind::Redis).await;
+    let id = server.container_id().unwrap().to_owned();
+    assert!(exists(&docker, &id).await);
+    let task = tokio::spawn(async move {
+        let _server = server;
+        panic!("a failing test");
+    });
+    assert!(task.await.unwrap_err().is_panic());
+    assert!(
+        !exists(&docker, &id).await,
+        "container {id} survived the panic"
+    );
+}
