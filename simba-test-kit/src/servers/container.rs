@@ -17,10 +17,7 @@ use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerRequest, GenericImage, ImageExt};
 
-use super::{DATABASE, Origin, ServerError, ServerKind, TestServer, probe};
-
-/// The tag of the kit's images, the same as in `docker-compose.yml`.
-pub const IMAGE_TAG: &str = "bookworm";
+use super::{DATABASE, IMAGE_TAG, Origin, ServerError, ServerKind, TestServer, image_name, probe};
 
 /// The label every test container carries (value `1`).
 pub const LABEL: &str = "simba.test";
@@ -34,16 +31,6 @@ const STARTUP: Duration = Duration::from_secs(120);
 /// How to build the images, for error messages.
 const BUILD_HINT: &str = "build the images with `scripts/containers.sh build` (from Debian's packages, \
      a few minutes the first time)";
-
-/// The kit's image for `kind`, e.g. `simba/redis`.
-pub fn image_name(kind: ServerKind) -> &'static str {
-    match kind {
-        ServerKind::Redis => "simba/redis",
-        ServerKind::Mysql => "simba/mariadb",
-        ServerKind::Postgres => "simba/postgres",
-        ServerKind::Zookeeper => "simba/zookeeper",
-    }
-}
 
 /// The server's port inside the container.
 fn internal_port(kind: ServerKind) -> u16 {

@@ -40,7 +40,21 @@ mod cluster;
 #[cfg(feature = "containers")]
 mod container;
 #[cfg(feature = "containers")]
-pub use container::{IMAGE_TAG, LABEL, image_name};
+pub use container::LABEL;
+
+/// The tag of the kit's images (`docker/*/Dockerfile`), the same as in `docker-compose.yml`
+/// (a test reads that file to keep the two in step).
+pub const IMAGE_TAG: &str = "bookworm";
+
+/// The kit's image for `kind`, e.g. `simba/redis`, as `docker-compose.yml` names it.
+pub fn image_name(kind: ServerKind) -> &'static str {
+    match kind {
+        ServerKind::Redis => "simba/redis",
+        ServerKind::Mysql => "simba/mariadb",
+        ServerKind::Postgres => "simba/postgres",
+        ServerKind::Zookeeper => "simba/zookeeper",
+    }
+}
 mod mysql;
 mod postgres;
 mod probe;
@@ -728,6 +742,42 @@ fn parse_address(kind: ServerKind, url: &str) -> Result<(String, u16), String> {
 fn replace_authority(kind: ServerKind, url: &str, addr: SocketAddr) -> String {
     let (prefix, _, rest) = split_url(kind, url);
     format!("{prefix}{addr}{rest}")
+}
+
+#[cfg(test)]
+mod compose_tests {
+    use super::*;
+
+    /// `docker-compose.yml` names exactly the images (and tag) the container path starts,
+    /// built from the same `docker/<name>` directories.
+    #[test]
+    fn compose_names_the_kits_images() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker-compose.yml");
+        let compose = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let images: Vec<&str> = compose
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image:"))
+            .map(str::trim)
+            .collect();
+        let kinds = [
+            ServerKind::Redis,
+            ServerKind::Mysql,
+            ServerKind::Postgres,
+            ServerKind::Zookeeper,
+        ];
+        let expected: Vec<String> = kinds
+            .iter()
+            .map(|k| format!("{}:{IMAGE_TAG}", image_name(*k)))
+            .collect();
+        assert_eq!(images, expected, "docker-compose.yml images");
+        for k in kinds {
+            let dir = image_name(k).trim_start_matches("simba/");
+            assert!(compose.contains(&format!("context: docker/{dir}")), "{dir}");
+            let dockerfile =
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/").to_owned() + dir + "/Dockerfile";
+            assert!(std::path::Path::new(&dockerfile).is_file(), "{dockerfile}");
+        }
+    }
 }
 
 #[cfg(test)]
