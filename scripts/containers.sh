@@ -212,17 +212,15 @@ cmd_test() {
   export SIMBA_TEST_SERVERS=containers
   # A server given by URL would win over containers: these runs are about containers.
   unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER
-  local runs=(
-    "-p simba-test-kit --test containers"
-    "-p simba-redis --test conformance"
-    "-p simba-jdbc --features mysql,postgres --test conformance_mysql --test conformance_postgres"
-    "-p simba-zookeeper --test conformance"
-  )
-  for run in "${runs[@]}"; do
-    log "cargo nextest run $run (servers: containers)"
-    # shellcheck disable=SC2086
-    cargo nextest run $run --features simba-test-kit/containers --no-tests fail || status=1
-  done
+  # One run over the whole workspace with the feature on: the same build as the test
+  # command's (scripts/test.sh), so nothing is compiled twice; the filter picks the kit's
+  # container tests and every backend's conformance suite.
+  local filter='binary(containers) | (package(simba-redis) & binary(conformance))'
+  filter+=' | (package(simba-jdbc) & (binary(conformance_mysql) | binary(conformance_postgres)))'
+  filter+=' | (package(simba-zookeeper) & binary(conformance))'
+  log "cargo nextest run --workspace --features simba-test-kit/containers -E '$filter' (servers: containers)"
+  cargo nextest run --workspace --features simba-test-kit/containers --profile "${SIMBA_NEXTEST_PROFILE:-default}" \
+    -E "$filter" --no-tests fail || status=1
   local left
   left=$(leftovers)
   if [ -n "$left" ]; then
