@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use simba_core::{LockGuard, Locker};
+use simba_core::{LockGuard, Locker, LossReason};
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
@@ -35,7 +35,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
         }
     };
     let fence = guard.fence();
-    info!(mutex, fence, owner = locker.contender_id(), "acquired");
+    info!(mutex, fence, owner = guard.contender_id(), "acquired");
 
     if !guard.is_held() {
         return Err(Failure::new(
@@ -49,12 +49,12 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     let env = [
         ("SIMBA_MUTEX", mutex.to_owned()),
         ("SIMBA_FENCE", fence.to_string()),
-        ("SIMBA_OWNER_ID", locker.contender_id().to_owned()),
+        ("SIMBA_OWNER_ID", guard.contender_id().to_owned()),
     ];
     let mut group = match child::spawn(&args.command, &env) {
         Ok(g) => g,
         Err(f) => {
-            release(guard, None).await;
+            let _ = release(guard, None).await;
             return Err(f);
         }
     };
@@ -66,13 +66,26 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
                 Ok(status) => {
                     group.restore_terminal();
                     debug!(?status, "command ended");
-                    release(guard, None).await;
-                    return Ok(child::exit_code(status));
+                    let code = child::exit_code(status);
+                    return match release(guard, None).await {
+                        None => Ok(code),
+                        // The loss was not seen before the command ended (both were ready
+                        // together, or simba was paused): the command may have run
+                        // unprotected, which the exit status must say.
+                        Some(lost) => Err(Failure::new(
+                            Status::Lost,
+                            format!(
+                                "ownership of mutex {mutex:?} (fence {fence}) ended before the \
+                                 command did: {lost}; the command exited with status {code} \
+                                 and may have run without the mutex"
+                            ),
+                        )),
+                    };
                 }
                 Err(e) => {
                     group.stop(args.grace).await;
                     group.restore_terminal();
-                    release(guard, None).await;
+                    let _ = release(guard, None).await;
                     return Err(Failure::with(Status::Internal, e, "waiting for the command failed"));
                 }
             },
@@ -95,7 +108,8 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     if let Some(status) = status {
         info!(?status, "command stopped");
     }
-    release(guard, Some(RELEASE_AFTER_LOSS)).await;
+    // The release says the ownership was lost: that was reported above.
+    let _ = release(guard, Some(RELEASE_AFTER_LOSS)).await;
     Ok(Status::Lost.code())
 }
 
@@ -132,14 +146,17 @@ fn not_acquired(e: simba_core::Error, mutex: &str, backend: &Backend) -> Failure
 }
 
 /// Releases the mutex, waiting at most `bound` when given (the core bounds it otherwise).
-async fn release(guard: LockGuard, bound: Option<Duration>) {
+/// Returns why the ownership had ended, when it had ended before the release.
+async fn release(guard: LockGuard, bound: Option<Duration>) -> Option<LossReason> {
     let done = match bound {
         Some(b) => tokio::time::timeout(b, guard.release()).await.ok(),
         None => Some(guard.release().await),
     };
     match done {
         Some(Ok(())) => debug!("released"),
+        Some(Err(simba_core::Error::Lost { reason, .. })) => return Some(reason),
         Some(Err(e)) => warn!("release failed (the lease frees the mutex): {e}"),
         None => debug!("release did not finish in time (the lease frees the mutex)"),
     }
+    None
 }

@@ -19,7 +19,8 @@ pub(crate) enum Status {
     /// 75 (EX_TEMPFAIL): the mutex was not acquired within `--timeout`, or it is held and
     /// `--no-wait` was given.
     NotAcquired,
-    /// 79: ownership was lost while the command ran; the command was stopped.
+    /// 79: ownership was lost while the command ran; the command was stopped (or had
+    /// ended, and the release found the ownership lost).
     Lost,
     /// 126: the command was found but could not be started.
     CannotRun,
@@ -69,7 +70,8 @@ Exit status:
     73   cannot create the state directory or the SQLite file's directory
     75   not acquired: --timeout passed, or --no-wait and the mutex is held
     79   ownership lost while the command ran; the command's process group was
-         sent SIGTERM, then SIGKILL after --grace
+         sent SIGTERM, then SIGKILL after --grace (or the command had ended, and
+         the release found the ownership lost: it may have run unprotected)
     126  the command could not be started (e.g. not executable)
     127  the command was not found
     128+N  simba got signal N while waiting for the mutex";

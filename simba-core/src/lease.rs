@@ -669,9 +669,15 @@ impl<S: LeaseStore> Driver<S> {
             };
             tokio::join!(timeout(bound, call), subscribed)
         };
+        // A stop cuts renewals and reads short, but not an acquisition: once sent, it may
+        // win on the server even if its answer is dropped (a statement on a blocking
+        // thread or on the wire runs on), and a release sent before it lands would leave a
+        // dead owner for a whole lease. So a stop waits for the acquisition's answer
+        // (bounded by the request timeout), and the release follows it.
+        let acquiring = !owning && self.contending();
         tokio::select! {
             biased;
-            _ = self.stop.changed() => (Outcome::Stop, None),
+            _ = self.stop.changed(), if !acquiring => (Outcome::Stop, None),
             _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => (Outcome::DeadlinePassed, None),
             (r, subscribed) = both => (Outcome::Reply(sent, r.unwrap_or_else(|_| Err(Error::backend(
                 shared.store.backend(),
