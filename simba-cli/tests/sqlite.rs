@@ -473,3 +473,32 @@ fn a_timed_out_exec_leaves_the_mutex_free() {
     );
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// simba paused (SIGSTOP) past its lease while the command finishes: when it resumes, the
+/// command has ended and the ownership with it. The release finds the loss, and simba
+/// must say so with 79 rather than pass the command's 0 on as if it had run protected.
+#[test]
+fn a_loss_found_at_the_release_is_ownership_lost() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "paused.db");
+    let mutex = mutex_name("paused");
+    let ready = file(dir.path(), "ready");
+    let mut exec = simba(Some(&url))
+        .args(["exec", &mutex, "--ttl", "300ms", "--transition", "200ms"])
+        .args(sh(&format!("touch {}; sleep 1", ready.display())))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start simba exec");
+    eventually(Duration::from_secs(30), "the command runs", || ready.exists());
+    send(exec.id(), Signal::SIGSTOP);
+    // Time is the subject: simba stays stopped past its 0.5 s lease and past the end of
+    // the command's 1 s sleep, with room for a loaded machine.
+    std::thread::sleep(Duration::from_millis(2500));
+    send(exec.id(), Signal::SIGCONT);
+    let status = wait_for(&mut exec, Duration::from_secs(30), "simba exec after SIGCONT");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = exec.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    assert_eq!(status.code(), Some(LOST), "{stderr}");
+}

@@ -287,7 +287,9 @@ struct Shared<S> {
 ///   [`LossReason::LeaseExpired`] at once, even while a renewal call still hangs;
 /// - a failed renewal before the deadline marks the ownership *suspect* and is retried; it
 ///   does not end the ownership;
-/// - `stop` (and dropping the last handle) releases the mutex on the backend;
+/// - `stop` (and dropping the last handle) releases the mutex on the backend; an
+///   acquisition in flight is not cut off but waited for first (at most the request
+///   timeout), because it may win on the server after its answer was dropped;
 /// - results that arrive after `stop` are ignored.
 pub struct LeaseContendService<S> {
     shared: Arc<Shared<S>>,
