@@ -78,6 +78,7 @@ pub const CASES: &[&str] = &[
     "fences_increase",
     "handoff_without_poll",
     "in_process_exclusion",
+    "reacquire_after_drop",
     "retriever_sees_changes",
     "bad_input",
     "safety_under_partitions",
@@ -710,6 +711,43 @@ pub async fn in_process_exclusion(h: &dyn Harness) -> CaseResult {
     Ok(())
 }
 
+/// `drop(guard); locker.acquire()` while the dropped guard's release is in flight: the new
+/// ownership is a new one (a greater fence) that the old release cannot free, so another
+/// process cannot take the mutex while the new guard says it holds it.
+pub async fn reacquire_after_drop(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let bound = acquire_bound(&caps);
+    let m = mutex_name("reacquire");
+    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    for round in 0..10 {
+        let g = within("acquire", bound, a.acquire()).await??;
+        let fence = g.fence();
+        drop(g);
+        let again = within("acquire after a drop", bound, a.acquire()).await??;
+        ensure!(
+            again.fence() > fence,
+            "round {round}: the re-acquisition kept fence {} (after {fence}): the old \
+             release can free it",
+            again.fence()
+        );
+        let theirs = within("try_acquire by another process", bound, other.try_acquire()).await?;
+        let held = again.is_held();
+        if let Ok(g) = theirs {
+            let fence = g.fence();
+            g.release().await.ok();
+            return Err(CaseError(format!(
+                "round {round}: another process acquired (fence {fence}) while the \
+                 re-acquired guard (fence {}) said held = {held}",
+                again.fence()
+            )));
+        }
+        ensure!(held, "round {round}: the re-acquired guard lost the mutex");
+        again.release().await?;
+    }
+    Ok(())
+}
+
 /// A retrieval service sees each new owner.
 pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
@@ -830,7 +868,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $harness;
             start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
             try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
-            fences_increase, handoff_without_poll, in_process_exclusion, retriever_sees_changes,
+            fences_increase, handoff_without_poll, in_process_exclusion, reacquire_after_drop,
+            retriever_sees_changes,
             bad_input, safety_under_partitions);
     };
     (@cases $harness:expr; $($case:ident),+ $(,)?) => {
