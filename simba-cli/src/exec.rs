@@ -16,6 +16,10 @@ use crate::status::{Failure, Outcome, Status};
 /// it only tidies up, and the backend may be the thing that is down).
 const RELEASE_AFTER_LOSS: Duration = Duration::from_millis(500);
 
+/// Upper bound for stopping an acquisition given up on a signal (the engine bounds it by
+/// the backend's request timeout, twice at most: the call in flight, then the release).
+const SETTLE_LIMIT: Duration = Duration::from_secs(15);
+
 /// Runs `simba exec`.
 pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     // Installed first: a signal while waiting for the mutex must not kill simba before it
@@ -27,10 +31,25 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
 
     let acquire = acquire(&locker, &args);
     debug!(mutex, backend = %backend.shown, "waiting for the mutex");
-    let guard = tokio::select! {
-        r = acquire => r.map_err(|e| not_acquired(e, mutex, &backend))?,
-        sig = signals.recv() => {
+    let waited = tokio::select! {
+        r = acquire => Ok(r),
+        sig = signals.recv() => Err(sig),
+    };
+    let guard = match waited {
+        Ok(r) => r.map_err(|e| not_acquired(e, mutex, &backend))?,
+        Err(sig) => {
             info!(%sig, "signal while waiting for the mutex: giving up");
+            // The dropped acquisition stops in the background, releasing whatever it was
+            // winning: wait for that before exiting, or the exit cuts it short and leaves
+            // a dead owner for a whole lease.
+            if tokio::time::timeout(SETTLE_LIMIT, locker.settled())
+                .await
+                .is_err()
+            {
+                warn!(
+                    "the acquisition did not stop within {SETTLE_LIMIT:?}; the lease frees the mutex"
+                );
+            }
             return Ok(signals::status_for(sig));
         }
     };

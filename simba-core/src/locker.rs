@@ -145,6 +145,15 @@ impl Slot {
     }
 }
 
+/// Stops `service` and waits until it has stopped, released remotely included. Waits on
+/// the status too: a second caller of `stop` (after a first one was dropped) does not get
+/// the task to wait for.
+async fn stop_fully(service: &Arc<dyn ContendService>) {
+    let mut status = service.status();
+    let _ = service.stop().await;
+    let _ = status.wait_for(|s| !s.running).await;
+}
+
 /// A contention under way: if the acquire future is dropped with it, the service is
 /// stopped and the turn passed on only once the stop (and so the remote release) is done.
 struct Pending {
@@ -162,7 +171,7 @@ impl Pending {
         self.slot.releasing();
         // Put back while stopping: if this future is dropped, `drop` finishes the job.
         self.contention = Some((service.clone(), turn));
-        let _ = service.stop().await;
+        stop_fully(&service).await;
         if let Some((_, turn)) = self.contention.take() {
             self.slot.end_turn(turn);
         }
@@ -179,7 +188,7 @@ impl Drop for Pending {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    let _ = service.stop().await;
+                    stop_fully(&service).await;
                     slot.end_turn(turn);
                 });
             }
@@ -338,9 +347,9 @@ impl Locker {
     /// # Cancel safety
     /// Dropping the future leaves no ownership behind, but only in the background: the
     /// contention is stopped and, if it won meanwhile, released by a spawned task (the
-    /// next local waiter gets its turn when that is done). A process that exits right
-    /// after may leave the mutex owned until its lease ends; use
-    /// [`Locker::acquire_timeout`] to give up without that.
+    /// next local waiter gets its turn when that is done). Await [`Locker::settled`]
+    /// before exiting the process, or a release cut short by the exit leaves the mutex
+    /// owned until its lease ends; [`Locker::acquire_timeout`] gives up without that.
     pub async fn acquire(&self) -> Result<LockGuard> {
         self.acquire_inner(Wait::Forever).await
     }
@@ -385,6 +394,18 @@ impl Locker {
     /// As [`Locker::acquire`].
     pub async fn try_acquire(&self) -> Result<LockGuard> {
         self.acquire_inner(Wait::Once).await
+    }
+
+    /// Waits until no acquisition or release through this locker is under way in this
+    /// process: tasks that asked before are served (and release) first, and the
+    /// background stop of a dropped acquire future or guard completes. Call it before the
+    /// process exits after dropping an acquire future (on a signal, say), so that nothing
+    /// that acquisition may have won stays owned.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits for its turn and gives it back at once.
+    pub async fn settled(&self) {
+        drop(self.slot.wait_turn().await);
     }
 
     fn timeout(&self, since: Instant) -> Error {
@@ -497,7 +518,7 @@ async fn watch_hold(
         _ = status.wait_for(|s| !held_with(s, fence)) => {}
     }
     slot.releasing();
-    let _ = service.stop().await;
+    stop_fully(&service).await;
     slot.end_turn(turn);
     let _ = done.send(());
 }

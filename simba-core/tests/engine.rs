@@ -257,8 +257,8 @@ async fn a_dropped_acquire_leaves_no_ownership_behind() {
     );
     // The contention stops in the background. Its acquisition, sent but never answered,
     // may still win on a real server, so the stop waits for it (up to the request timeout)
-    // before it releases.
-    tokio::time::sleep(config().request_timeout + Duration::from_millis(10)).await;
+    // before it releases; `settled` waits for all of that.
+    locker.settled().await;
     assert!(
         !s.memory.owner("m").await.expect("owner").owner.has_owner(),
         "the dropped acquire was released"
