@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use simba_core::{LockGuard, Locker};
+use simba_core::{LockGuard, Locker, LossReason};
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
@@ -15,6 +15,10 @@ use crate::status::{Failure, Outcome, Status};
 /// Upper bound for the release after ownership was lost (there is nothing left to free;
 /// it only tidies up, and the backend may be the thing that is down).
 const RELEASE_AFTER_LOSS: Duration = Duration::from_millis(500);
+
+/// Upper bound for stopping an acquisition given up on a signal (the engine bounds it by
+/// the backend's request timeout, twice at most: the call in flight, then the release).
+const SETTLE_LIMIT: Duration = Duration::from_secs(15);
 
 /// Runs `simba exec`.
 pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
@@ -39,17 +43,32 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
 
     let acquire = acquire(&locker, &args);
     debug!(mutex, backend = %backend.shown, "waiting for the mutex");
-    let guard = tokio::select! {
-        r = acquire => r.map_err(|e| not_acquired(e, mutex, &backend))?,
-        sig = signals.recv() => {
+    let waited = tokio::select! {
+        r = acquire => Ok(r),
+        sig = signals.recv() => Err(sig),
+    };
+    let guard = match waited {
+        Ok(r) => r.map_err(|e| not_acquired(e, mutex, &backend))?,
+        Err(sig) => {
             info!(%sig, "signal while waiting for the mutex: giving up");
+            // The dropped acquisition stops in the background, releasing whatever it was
+            // winning: wait for that before exiting, or the exit cuts it short and leaves
+            // a dead owner for a whole lease.
+            if tokio::time::timeout(SETTLE_LIMIT, locker.settled())
+                .await
+                .is_err()
+            {
+                warn!(
+                    "the acquisition did not stop within {SETTLE_LIMIT:?}; the lease frees the mutex"
+                );
+            }
             return Ok(signals::status_for(sig));
         }
     };
     let fence = guard.fence();
-    info!(mutex, fence, owner = locker.contender_id(), "acquired");
+    info!(mutex, fence, owner = guard.contender_id(), "acquired");
     // --hold-at-most counts from the acquisition, like --hold-at-least.
-    let at_most = args.hold_at_most.map(|d| tokio::time::Instant::now() + d);
+    let at_most = args.hold_at_most.map(|d| guard.acquired_at() + d);
 
     if !guard.is_held() {
         return Err(Failure::new(
@@ -63,13 +82,13 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     let env = [
         ("SIMBA_MUTEX", mutex.to_owned()),
         ("SIMBA_FENCE", fence.to_string()),
-        ("SIMBA_OWNER_ID", locker.contender_id().to_owned()),
+        ("SIMBA_OWNER_ID", guard.contender_id().to_owned()),
     ];
     let mut group = match child::spawn(&args.command, &env) {
         Ok(g) => g,
         Err(f) => {
             // The command never ran: nothing to keep held.
-            release(guard, None, None).await;
+            let _ = release(guard, None, None).await;
             return Err(f);
         }
     };
@@ -81,13 +100,26 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
                 Ok(status) => {
                     group.restore_terminal();
                     debug!(?status, "command ended");
-                    release(guard, None, args.hold_at_least).await;
-                    return Ok(child::exit_code(status));
+                    let code = child::exit_code(status);
+                    return match release(guard, None, args.hold_at_least).await {
+                        None => Ok(code),
+                        // The loss was not seen before the command ended (both were ready
+                        // together, or simba was paused): the command may have run
+                        // unprotected, which the exit status must say.
+                        Some(lost) => Err(Failure::new(
+                            Status::Lost,
+                            format!(
+                                "ownership of mutex {mutex:?} (fence {fence}) ended before the \
+                                 command did: {lost}; the command exited with status {code} \
+                                 and may have run without the mutex"
+                            ),
+                        )),
+                    };
                 }
                 Err(e) => {
                     group.stop(args.grace).await;
                     group.restore_terminal();
-                    release(guard, None, args.hold_at_least).await;
+                    let _ = release(guard, None, args.hold_at_least).await;
                     return Err(Failure::with(Status::Internal, e, "waiting for the command failed"));
                 }
             },
@@ -120,10 +152,11 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     if let Some(status) = status {
         info!(?status, "command stopped");
     }
-    match lost {
+    // A release after a loss says so: that was reported above.
+    let _ = match lost {
         Some(_) => release(guard, Some(RELEASE_AFTER_LOSS), None).await,
         None => release(guard, None, args.hold_at_least).await,
-    }
+    };
     Ok(Status::Lost.code())
 }
 
@@ -168,8 +201,13 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 }
 
 /// Releases the mutex, waiting at most `bound` when given (the core bounds it otherwise);
-/// with `hold`, keeps it held until `hold` after its acquisition.
-async fn release(guard: LockGuard, bound: Option<Duration>, hold: Option<Duration>) {
+/// with `hold`, keeps it held until `hold` after its acquisition. Returns why the
+/// ownership had ended, when it had ended before the release.
+async fn release(
+    guard: LockGuard,
+    bound: Option<Duration>,
+    hold: Option<Duration>,
+) -> Option<LossReason> {
     let call = async {
         match hold {
             Some(d) => {
@@ -188,10 +226,12 @@ async fn release(guard: LockGuard, bound: Option<Duration>, hold: Option<Duratio
     };
     match done {
         Some(Ok(())) => debug!("released"),
+        Some(Err(simba_core::Error::Lost { reason, .. })) => return Some(reason),
         Some(Err(e)) if hold.is_some() => {
             warn!("keeping the mutex held failed (its lease still ends it): {e}")
         }
         Some(Err(e)) => warn!("release failed (the lease frees the mutex): {e}"),
         None => debug!("release did not finish in time (the lease frees the mutex)"),
     }
+    None
 }

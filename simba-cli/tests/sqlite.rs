@@ -575,3 +575,136 @@ fn a_sqlite_file_that_cannot_be_opened_gets_a_hint() {
         "{err}"
     );
 }
+
+/// `simba exec --timeout 1ms` gives up almost at once, often while its acquisition is
+/// winning on the database: whatever it answers, it must leave the mutex free when it
+/// exits (before, a run that exited 75 left the mutex owned by a dead contender for a whole
+/// lease in about a third of the runs).
+#[test]
+fn a_timed_out_exec_leaves_the_mutex_free() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "timeout.db");
+    let mutex = mutex_name("timeout");
+    let mut gave_up = 0;
+    for i in 0..40 {
+        let out = run(
+            simba(Some(&url)).args(["exec", &mutex, "--timeout", "1ms", "--", "true"]),
+            Duration::from_secs(30),
+            "simba exec --timeout 1ms",
+        );
+        let code = out.status.code();
+        assert!(
+            code == Some(0) || code == Some(NOT_ACQUIRED),
+            "run {i}: {out:?}"
+        );
+        if code == Some(NOT_ACQUIRED) {
+            gave_up += 1;
+        }
+        let owner = owner_json(&url, &mutex);
+        assert!(
+            owner["owner"].is_null(),
+            "run {i} exited with {code:?} and left the mutex owned: {owner}"
+        );
+    }
+    eprintln!("{gave_up} of 40 runs gave up");
+    // With nothing left owned, a no-wait exec gets the mutex at once.
+    let out = run(
+        simba(Some(&url)).args(["exec", &mutex, "--no-wait", "--", "true"]),
+        Duration::from_secs(30),
+        "simba exec --no-wait",
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// simba paused (SIGSTOP) past its lease while the command finishes: when it resumes, the
+/// command has ended and the ownership with it. The release finds the loss, and simba
+/// must say so with 79 rather than pass the command's 0 on as if it had run protected.
+#[test]
+fn a_loss_found_at_the_release_is_ownership_lost() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "paused.db");
+    let mutex = mutex_name("paused");
+    let ready = file(dir.path(), "ready");
+    let mut exec = simba(Some(&url))
+        .args(["exec", &mutex, "--ttl", "300ms", "--transition", "200ms"])
+        .args(sh(&format!("touch {}; sleep 1", ready.display())))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start simba exec");
+    eventually(Duration::from_secs(30), "the command runs", || {
+        ready.exists()
+    });
+    send(exec.id(), Signal::SIGSTOP);
+    // Time is the subject: simba stays stopped past its 0.5 s lease and past the end of
+    // the command's 1 s sleep, with room for a loaded machine.
+    std::thread::sleep(Duration::from_millis(2500));
+    send(exec.id(), Signal::SIGCONT);
+    let status = wait_for(
+        &mut exec,
+        Duration::from_secs(30),
+        "simba exec after SIGCONT",
+    );
+    let mut stderr = String::new();
+    if let Some(mut pipe) = exec.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    assert_eq!(status.code(), Some(LOST), "{stderr}");
+}
+
+/// SIGTERM to a `simba exec` early in its acquisition, on a free mutex: whether it got the
+/// mutex or not, it must leave nothing owned when it exits (the acquisition it gives up
+/// may be winning on the database at that moment).
+#[test]
+fn an_exec_stopped_while_acquiring_leaves_the_mutex_free() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "term.db");
+    let mutex = mutex_name("term");
+    let ready = file(dir.path(), "ready");
+    // Create the database first, so that each run is quick to reach the acquisition.
+    let out = run(
+        simba(Some(&url)).args(["exec", &mutex, "--", "true"]),
+        Duration::from_secs(30),
+        "a first simba exec",
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for i in 0..30u64 {
+        let mut exec = simba(Some(&url))
+            .args(["-vv", "exec", &mutex])
+            .args(sh(&format!("touch {}", ready.display())))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start simba exec");
+        // Signal it once it says it waits (its handler is installed before that line), at
+        // a point that moves through the first milliseconds of the acquisition.
+        let stderr = exec.stderr.take().expect("piped stderr");
+        let (said_tx, said) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in
+                std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)
+            {
+                if line.contains("waiting for the mutex") {
+                    let _ = said_tx.send(());
+                }
+            }
+        });
+        said.recv_timeout(Duration::from_secs(10))
+            .expect("simba exec says it waits");
+        std::thread::sleep(Duration::from_micros(300 * (i % 10)));
+        send(exec.id(), Signal::SIGTERM);
+        let status = wait_for(
+            &mut exec,
+            Duration::from_secs(30),
+            "simba exec after SIGTERM",
+        );
+        reader.join().expect("stderr reader");
+        assert!(
+            matches!(status.code(), Some(0 | 143)),
+            "run {i}: {status:?}"
+        );
+        let owner = owner_json(&url, &mutex);
+        assert!(
+            owner["owner"].is_null(),
+            "run {i} ended with {status:?} and left the mutex owned: {owner}"
+        );
+    }
+}

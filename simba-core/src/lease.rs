@@ -314,7 +314,9 @@ struct Shared<S> {
 ///   [`LossReason::LeaseExpired`] at once, even while a renewal call still hangs;
 /// - a failed renewal before the deadline marks the ownership *suspect* and is retried; it
 ///   does not end the ownership;
-/// - `stop` (and dropping the last handle) releases the mutex on the backend;
+/// - `stop` (and dropping the last handle) releases the mutex on the backend; an
+///   acquisition in flight is not cut off but waited for first (at most the request
+///   timeout), because it may win on the server after its answer was dropped;
 /// - results that arrive after `stop` are ignored.
 pub struct LeaseContendService<S> {
     shared: Arc<Shared<S>>,
@@ -746,9 +748,15 @@ impl<S: LeaseStore> Driver<S> {
             };
             tokio::join!(timeout(bound, call), subscribed)
         };
+        // A stop cuts renewals and reads short, but not an acquisition: once sent, it may
+        // win on the server even if its answer is dropped (a statement on a blocking
+        // thread or on the wire runs on), and a release sent before it lands would leave a
+        // dead owner for a whole lease. So a stop waits for the acquisition's answer
+        // (bounded by the request timeout), and the release follows it.
+        let acquiring = !owning && self.contending();
         tokio::select! {
             biased;
-            _ = self.stop.changed() => (Outcome::Stop, None),
+            _ = self.stop.changed(), if !acquiring => (Outcome::Stop, None),
             _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => (Outcome::DeadlinePassed, None),
             (r, subscribed) = both => (Outcome::Reply(sent, r.unwrap_or_else(|_| Err(Error::backend(
                 shared.store.backend(),

@@ -25,7 +25,7 @@ pub use lease::{
     LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,
     validate_duration,
 };
-pub use locker::{LockGuard, Locker};
+pub use locker::{LockGuard, LockRegistry, Locker};
 pub use memory::MemoryStore;
 pub use owner::{
     ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, HELD_PREFIX, MutexOwner,

@@ -137,7 +137,7 @@ pub async fn observer_is_pushed_and_idle<S: LeaseStore + Clone>(
     let of: Arc<dyn ContendServiceFactory> = Arc::new(LeaseServiceFactory::new(owner, config)?);
     let locker = Locker::new(of, m)?;
     let guard = locker.acquire().await?;
-    let id = locker.contender_id().to_owned();
+    let id = guard.contender_id().to_owned();
     let seen = |pred: Box<dyn FnMut(&MutexState) -> bool + Send>| {
         let mut state = state.clone();
         async move { timeout(bound, state.wait_for(pred)).await.is_ok() }

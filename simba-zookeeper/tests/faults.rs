@@ -686,7 +686,7 @@ async fn chroot_and_odd_names() {
         .get_data(&format!("{path}/{}", children[0]), false)
         .await
         .expect("data");
-    assert_eq!(data, locker.contender_id().as_bytes());
+    assert_eq!(data, guard.contender_id().as_bytes());
     assert_eq!(u64::try_from(stat.czxid).ok(), Some(guard.fence()));
     guard.release().await.expect("release");
     let children = raw.get_children(&path, false).await.expect("list");

@@ -55,7 +55,7 @@ async fn an_idle_observer_does_not_poll_and_sees_a_release_at_once() {
     );
     let locker = Locker::new(other, "observed").expect("locker");
     let g = locker.acquire().await.expect("acquire");
-    let id = locker.contender_id().to_owned();
+    let id = g.contender_id().to_owned();
     // Watches fire at once; 1 s is generous for a loaded machine.
     let bound = Duration::from_secs(1);
     let seen = tokio::time::timeout(

@@ -216,8 +216,9 @@ async fn once(
         .parse()
         .with_context(|| format!("the owner's command printed {line:?}, not its pid"))?;
 
-    let locker = Locker::new(waiter.factory.clone(), &mutex)?;
-    let me = locker.contender_id().to_owned();
+    // A known id, to tell the waiter's ownership from the killed owner's below.
+    let me = simba_core::generate_contender_id();
+    let locker = Locker::with_contender_id(waiter.factory.clone(), &mutex, me.clone())?;
     let acquiring =
         tokio::spawn(async move { (locker.acquire_timeout(ACQUIRE_LIMIT).await, Instant::now()) });
     // Kill at a random point of the owner's renewal cycle, once the waiter waits.

@@ -77,7 +77,8 @@ pub const CASES: &[&str] = &[
     "failover_after_crash",
     "fences_increase",
     "handoff_without_poll",
-    "reentrant_hold",
+    "in_process_exclusion",
+    "reacquire_after_drop",
     "retriever_sees_changes",
     "retriever_sees_release",
     "hold_at_least",
@@ -622,46 +623,130 @@ pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
     Ok(())
 }
 
-/// Acquiring again through the same locker adds a hold; the mutex is released with the
-/// last hold.
-pub async fn reentrant_hold(h: &dyn Harness) -> CaseResult {
+/// Tasks of one process exclude each other like a `tokio::sync::Mutex`: there is no
+/// reentrancy by handle (a clone, or another `Locker` for the name from the same factory,
+/// waits while a guard lives), tasks acquiring through clones and through separate
+/// `Locker`s are never inside at once, and every ownership, local handoffs included, has a
+/// new fence.
+pub async fn in_process_exclusion(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let m = mutex_name("reentrant");
-    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
-    let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
-    let g1 = within("acquire", acquire_bound(&caps), a.acquire()).await??;
-    let g2 = within(
-        "re-acquire through the same handle",
-        Duration::from_secs(1),
-        a.clone().acquire(),
+    let bound = acquire_bound(&caps);
+    let m = mutex_name("local");
+    let f = h.factory(Timing::SHORT).await?;
+    let a = Locker::new(f.clone(), &m)?;
+    let g = within("acquire", bound, a.acquire()).await??;
+    let r = within(
+        "try_acquire through a clone",
+        bound,
+        a.clone().try_acquire(),
     )
-    .await??;
-    ensure!(
-        g1.fence() == g2.fence(),
-        "a reentrant hold must share the fence"
-    );
-    ensure!(a.hold_count() == 2, "hold_count {} != 2", a.hold_count());
-    g1.release().await?;
-    ensure!(g2.is_held(), "releasing one hold released the mutex");
-    ensure!(a.hold_count() == 1, "hold_count {} != 1", a.hold_count());
-    let r = other.try_acquire().await;
+    .await?;
     ensure!(
         matches!(r, Err(Error::WouldBlock { .. })),
-        "another locker got a mutex with a live hold: {r:?}"
+        "a clone acquired while a guard of its locker lives: {r:?}"
     );
-    g2.release().await?;
-    ensure!(
-        a.hold_count() == 0,
-        "hold_count {} after the last release",
-        a.hold_count()
-    );
-    let g = within(
-        "acquire after the last hold",
-        Duration::from_secs(10),
-        other.try_acquire(),
+    let r = within(
+        "try_acquire through another Locker of the factory",
+        bound,
+        Locker::new(f.clone(), &m)?.try_acquire(),
     )
-    .await??;
+    .await?;
+    ensure!(
+        matches!(r, Err(Error::WouldBlock { .. })),
+        "another Locker of the same factory acquired while a guard lives: {r:?}"
+    );
+    let wait = Duration::from_millis(200);
+    let r = within(
+        "acquire_timeout through the same handle",
+        bound,
+        a.acquire_timeout(wait),
+    )
+    .await?;
+    ensure!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a second acquire through the same handle did not wait: {r:?}"
+    );
+    ensure!(g.is_held(), "the first guard lost the mutex meanwhile");
     g.release().await?;
+
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..4 {
+        // Two tasks share `a` through clones; two have Lockers of their own for the name.
+        let locker = if t % 2 == 0 {
+            a.clone()
+        } else {
+            Locker::new(f.clone(), &m)?
+        };
+        let (inside, most, fences) = (inside.clone(), most.clone(), fences.clone());
+        tasks.spawn(async move {
+            for _ in 0..3 {
+                let g = within("acquire in a task", bound, locker.acquire()).await??;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                fences
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(g.fence());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await?;
+            }
+            Ok::<_, CaseError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| CaseError(format!("a task failed: {e}")))??;
+    }
+    let most = most.load(Ordering::SeqCst);
+    ensure!(
+        most == 1,
+        "{most} tasks of one process were inside the mutex at once"
+    );
+    let fences = fences.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    ensure!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "each ownership needs a new, greater fence, local handoffs too: {fences:?}"
+    );
+    Ok(())
+}
+
+/// `drop(guard); locker.acquire()` while the dropped guard's release is in flight: the new
+/// ownership is a new one (a greater fence) that the old release cannot free, so another
+/// process cannot take the mutex while the new guard says it holds it.
+pub async fn reacquire_after_drop(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(Timing::SHORT);
+    let bound = acquire_bound(&caps);
+    let m = mutex_name("reacquire");
+    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    for round in 0..10 {
+        let g = within("acquire", bound, a.acquire()).await??;
+        let fence = g.fence();
+        drop(g);
+        let again = within("acquire after a drop", bound, a.acquire()).await??;
+        ensure!(
+            again.fence() > fence,
+            "round {round}: the re-acquisition kept fence {} (after {fence}): the old \
+             release can free it",
+            again.fence()
+        );
+        let theirs = within("try_acquire by another process", bound, other.try_acquire()).await?;
+        let held = again.is_held();
+        if let Ok(g) = theirs {
+            let fence = g.fence();
+            g.release().await.ok();
+            return Err(CaseError(format!(
+                "round {round}: another process acquired (fence {fence}) while the \
+                 re-acquired guard (fence {}) said held = {held}",
+                again.fence()
+            )));
+        }
+        ensure!(held, "round {round}: the re-acquired guard lost the mutex");
+        again.release().await?;
+    }
     Ok(())
 }
 
@@ -710,7 +795,7 @@ pub async fn retriever_sees_release(h: &dyn Harness) -> CaseResult {
     let mut rx = r.state();
     let locker = Locker::new(h.factory(LONG).await?, &m)?;
     let g = within("acquire", acquire_bound(&caps), locker.acquire()).await??;
-    let id = locker.contender_id().to_owned();
+    let id = g.contender_id().to_owned();
     // Pushed backends report at once (1.5 s is generous for a loaded machine); others
     // read at least every max(ttl / 2, 500 ms).
     let bound = if caps.pushes_release {
@@ -772,7 +857,7 @@ pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
     // Held for 3 s from the acquisition: longer than the lease (1.5 s), so a hold that
     // were only the lease running out would end too early.
     let hold = Duration::from_secs(3);
-    let acquired = g.acquired_at().unwrap_or_else(Instant::now);
+    let acquired = g.acquired_at();
     g.release_at_least(hold).await?;
     for (who, l) in [("the releaser's locker", &a), ("another process", &b)] {
         let r = l.try_acquire().await;
@@ -887,8 +972,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $harness;
             start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
             try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
-            fences_increase, handoff_without_poll, reentrant_hold, retriever_sees_changes,
-            retriever_sees_release, hold_at_least, bad_input, safety_under_partitions);
+            fences_increase, handoff_without_poll, in_process_exclusion, reacquire_after_drop,
+            retriever_sees_changes, retriever_sees_release, hold_at_least, bad_input,
+            safety_under_partitions);
     };
     (@cases $harness:expr; $($case:ident),+ $(,)?) => {
         $(
