@@ -11,19 +11,9 @@ use simba_core::{ContendServiceFactory, Locker, MutexState, SilentRetriever};
 use simba_test_kit::servers::TestServer;
 use simba_zookeeper::ZkFactory;
 
-/// Packets the server has received from all clients (four-letter word `srvr`).
+/// Packets the server has received from all clients.
 async fn received(server: &TestServer) -> u64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(server.socket_addr().expect("address"))
-        .await
-        .expect("connect for srvr");
-    s.write_all(b"srvr").await.expect("send srvr");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read srvr");
-    out.lines()
-        .find_map(|l| l.strip_prefix("Received:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no packet count in {out:?}"))
+    common::srvr_number(server, "Received:").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

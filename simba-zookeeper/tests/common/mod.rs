@@ -155,8 +155,9 @@ pub async fn wait_status(
     }
 }
 
-/// The number of client connections `server` reports (four-letter word `srvr`).
-pub async fn connection_count(server: &TestServer) -> usize {
+/// A number the server reports under `field` (e.g. `Connections:`, `Received:`) in its
+/// answer to the four-letter word `srvr`.
+pub async fn srvr_number(server: &TestServer, field: &str) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(server.socket_addr().expect("address"))
         .await
@@ -165,9 +166,14 @@ pub async fn connection_count(server: &TestServer) -> usize {
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read srvr");
     out.lines()
-        .find_map(|l| l.strip_prefix("Connections:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no connection count in {out:?}"))
+        .unwrap_or_else(|| panic!("no {field} in {out:?}"))
+}
+
+/// The number of client connections `server` reports.
+pub async fn connection_count(server: &TestServer) -> usize {
+    usize::try_from(srvr_number(server, "Connections:").await).unwrap_or(usize::MAX)
 }
 
 /// Logs to the test output when `RUST_LOG` is set.
