@@ -39,10 +39,16 @@ pub fn url_parts(data: &[u8], n: usize) -> Vec<String> {
     let mut parts: Vec<String> = s
         .splitn(n, '\n')
         .map(|p| {
-            p.chars()
+            let mut p: String = p
+                .chars()
                 .filter(|c| !"/?#&=@:".contains(*c) && !c.is_whitespace())
-                .collect::<String>()
-                .replace(PLANTED, "")
+                .collect();
+            // Until none is left: one pass can join a new one (`pw7Plpw7Plantedanted`),
+            // which the fuzzer found.
+            while p.contains(PLANTED) {
+                p = p.replace(PLANTED, "");
+            }
+            p
         })
         .collect();
     parts.resize(n, String::new());
