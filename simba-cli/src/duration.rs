@@ -110,8 +110,7 @@ mod tests {
 
     #[test]
     fn corpus_cli_duration() {
-        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-        simba_core::fuzzing::replay(root, "cli_duration", fuzz_body);
+        simba_core::fuzzing::replay(env!("CARGO_MANIFEST_DIR"), "cli_duration", fuzz_body);
     }
 
     #[test]

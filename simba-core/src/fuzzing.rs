@@ -70,10 +70,12 @@ pub fn redact(data: &[u8]) {
     assert!(!shown.contains(PLANTED), "{url} -> {shown}");
 }
 
-/// Runs every file of `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` (relative
-/// to the workspace root) through `body`; panics when the corpus is missing or empty, so
-/// that a moved corpus cannot make the replay pass without running anything.
-pub fn replay(workspace_root: &Path, target: &str, body: fn(&[u8])) {
+/// Runs every file of `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` of the
+/// workspace through `body`; panics when the corpus is missing or empty, so that a moved
+/// corpus cannot make the replay pass without running anything. `crate_dir` is the calling
+/// crate's `env!("CARGO_MANIFEST_DIR")` (every crate sits one level below the root).
+pub fn replay(crate_dir: &str, target: &str, body: fn(&[u8])) {
+    let workspace_root = Path::new(crate_dir).join("..");
     let mut ran = 0;
     for dir in ["corpus", "regressions"] {
         let dir = workspace_root.join("fuzz").join(dir).join(target);
@@ -99,17 +101,13 @@ pub fn replay(workspace_root: &Path, target: &str, body: fn(&[u8])) {
 mod tests {
     use super::*;
 
-    fn root() -> &'static Path {
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-    }
-
     #[test]
     fn corpus_names() {
-        replay(root(), "names", names);
+        replay(env!("CARGO_MANIFEST_DIR"), "names", names);
     }
 
     #[test]
     fn corpus_redact() {
-        replay(root(), "redact", redact);
+        replay(env!("CARGO_MANIFEST_DIR"), "redact", redact);
     }
 }

@@ -33,7 +33,6 @@ pub fn url(data: &[u8]) {
 mod tests {
     #[test]
     fn corpus_sql_url() {
-        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-        simba_core::fuzzing::replay(root, "sql_url", super::url);
+        simba_core::fuzzing::replay(env!("CARGO_MANIFEST_DIR"), "sql_url", super::url);
     }
 }

@@ -55,21 +55,15 @@ pub fn notice(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use simba_core::fuzzing::replay;
-
-    fn root() -> &'static Path {
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-    }
 
     #[test]
     fn corpus_redis_url() {
-        replay(root(), "redis_url", super::url);
+        replay(env!("CARGO_MANIFEST_DIR"), "redis_url", super::url);
     }
 
     #[test]
     fn corpus_redis_notice() {
-        replay(root(), "redis_notice", super::notice);
+        replay(env!("CARGO_MANIFEST_DIR"), "redis_notice", super::notice);
     }
 }

@@ -40,19 +40,13 @@ pub fn latch(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    fn root() -> &'static Path {
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-    }
-
     #[test]
     fn corpus_zk_url() {
-        simba_core::fuzzing::replay(root(), "zk_url", super::url);
+        simba_core::fuzzing::replay(env!("CARGO_MANIFEST_DIR"), "zk_url", super::url);
     }
 
     #[test]
     fn corpus_zk_latch() {
-        simba_core::fuzzing::replay(root(), "zk_latch", super::latch);
+        simba_core::fuzzing::replay(env!("CARGO_MANIFEST_DIR"), "zk_latch", super::latch);
     }
 }

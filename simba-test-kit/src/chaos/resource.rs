@@ -355,8 +355,7 @@ impl ResourceClient {
 mod tests {
     #[test]
     fn corpus_chaos_lines() {
-        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-        simba_core::fuzzing::replay(root, "chaos_lines", super::fuzz_lines);
+        simba_core::fuzzing::replay(env!("CARGO_MANIFEST_DIR"), "chaos_lines", super::fuzz_lines);
     }
 
     use super::*;
