@@ -5,7 +5,7 @@
 #   scripts/containers.sh test    # build, then the kit's container tests and each backend's
 #                                 # conformance suite once with SIMBA_TEST_SERVERS=containers;
 #                                 # fails on leftover containers
-#   scripts/containers.sh clean   # remove containers labelled simba.test (leftovers)
+#   scripts/containers.sh clean   # remove containers and networks labelled simba.test (leftovers)
 #
 # The images (simba/redis, simba/mariadb, simba/postgres, simba/zookeeper, tag $TAG) are
 # built from Debian bookworm's packages with the Dockerfiles under docker/. Their base is
@@ -33,6 +33,8 @@ PULL_BASE=debian:bookworm-slim
 # Changing how the debootstrap base is made: bump this to rebuild it.
 BASE_RECIPE="minbase bookworm v1"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# The features of the container runs (scripts/test.sh builds with the same).
+CONTAINER_FEATURES=simba-test-kit/containers,simba-chaos/containers
 
 log() { printf 'containers: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -184,9 +186,11 @@ cmd_build() {
   log "images ready in $(($(now) - total)) s"
 }
 
-# Leftover test containers, one "id name image status" line each.
+# Leftover test containers, one "id name image status" line each, and test networks (the
+# ZooKeeper ensemble's), one "network id name" line each.
 leftovers() {
   "$DOCKER" ps -a --filter label=simba.test --format '{{.ID}} {{.Names}} {{.Image}} {{.Status}}'
+  "$DOCKER" network ls --filter label=simba.test --format 'network {{.ID}} {{.Name}}'
 }
 
 cmd_clean() {
@@ -197,6 +201,12 @@ cmd_clean() {
     # shellcheck disable=SC2086
     "$DOCKER" rm -f -v $ids >/dev/null
     log "removed $(wc -w <<<"$ids") leftover test container(s)"
+  fi
+  ids=$("$DOCKER" network ls -q --filter label=simba.test)
+  if [ -n "$ids" ]; then
+    # shellcheck disable=SC2086
+    "$DOCKER" network rm $ids >/dev/null
+    log "removed $(wc -w <<<"$ids") leftover test network(s)"
   fi
 }
 
@@ -214,12 +224,13 @@ cmd_test() {
   unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER
   # One run over the whole workspace with the feature on: the same build as the test
   # command's (scripts/test.sh), so nothing is compiled twice; the filter picks the kit's
-  # container tests and every backend's conformance suite.
+  # container tests (the ZooKeeper ensemble among them), simba-chaos's zookeeper-ensemble
+  # round and every backend's conformance suite.
   local filter='binary(containers) | (package(simba-redis) & binary(conformance))'
   filter+=' | (package(simba-jdbc) & (binary(conformance_mysql) | binary(conformance_postgres)))'
   filter+=' | (package(simba-zookeeper) & binary(conformance))'
-  log "cargo nextest run --workspace --features simba-test-kit/containers -E '$filter' (servers: containers)"
-  cargo nextest run --workspace --features simba-test-kit/containers --profile "${SIMBA_NEXTEST_PROFILE:-default}" \
+  log "cargo nextest run --workspace --features $CONTAINER_FEATURES -E '$filter' (servers: containers)"
+  cargo nextest run --workspace --features "$CONTAINER_FEATURES" --profile "${SIMBA_NEXTEST_PROFILE:-default}" \
     -E "$filter" --no-tests fail || status=1
   local left
   left=$(leftovers)

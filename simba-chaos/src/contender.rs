@@ -45,7 +45,7 @@ fn lease() -> Result<LeaseConfig> {
 async fn connect(url: &str, lease: LeaseConfig) -> Result<Arc<dyn ContendServiceFactory>> {
     let scheme = url.split_once("://").map_or("", |(s, _)| s);
     let factory: Arc<dyn ContendServiceFactory> = match scheme {
-        "redis" => Arc::new(simba_redis::factory(url, lease).await?),
+        "redis" | "redis-sentinel" => Arc::new(simba_redis::factory(url, lease).await?),
         "sqlite" | "mysql" | "postgres" => Arc::new(simba_jdbc::factory(url, lease).await?),
         "zk" => {
             let connect = url.trim_start_matches("zk://");

@@ -3,9 +3,18 @@
 //! non-zero when X or Y is not 0 or N is too small.
 //!
 //! ```text
-//! simba-chaos --backend redis|mysql|postgres|sqlite|zookeeper [--url URL] [--duration 60s]
-//!             [--faults kill,pause,restart,cut,delay,partition] [--contenders 3]
+//! simba-chaos --backend redis|redis-sentinel|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble
+//!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
+//!             [--contenders 3]
 //!             [--min-handoffs N] [--unsafe]
+//! ```
+//!
+//! `zookeeper-ensemble` (feature `containers`) starts a three-node ensemble in containers
+//! and has its own faults: `leader-kill,follower-partition,contender-partition,kill,pause`;
+//! `redis-sentinel` starts a primary, a replica and three sentinels, with the faults
+//! `failover,kill,pause`.
+//!
+//! ```text
 //! simba-chaos contender      # one contender process; the run starts these itself
 //! ```
 //!
@@ -33,8 +42,12 @@ fn parse_duration(s: &str) -> Option<Duration> {
 fn usage(msg: &str) -> ExitCode {
     eprintln!("simba-chaos: {msg}");
     eprintln!(
-        "usage: simba-chaos --backend redis|mysql|postgres|sqlite|zookeeper [--url URL] [--duration 60s] \
-         [--faults kill,pause,restart,cut,delay,partition] [--contenders N] [--min-handoffs N] [--unsafe]"
+        "usage: simba-chaos --backend redis|redis-sentinel|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble \
+         [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
+         [--contenders N] [--min-handoffs N] [--unsafe]\n\
+         redis-sentinel: --faults failover,kill,pause\n\
+         zookeeper-ensemble (feature `containers`): --faults \
+         leader-kill,follower-partition,contender-partition,kill,pause"
     );
     ExitCode::from(64)
 }
@@ -66,6 +79,12 @@ async fn contend() -> ExitCode {
 }
 
 async fn orchestrate() -> ExitCode {
+    let filter = std::env::var("SIMBA_LOG").unwrap_or_else(|_| "warn".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     let mut backend = None;
     let mut url = None;
     let mut duration = Duration::from_secs(60);

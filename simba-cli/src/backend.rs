@@ -13,14 +13,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::{BoxFuture, ContendServiceFactory, LeaseConfig, LeaseReply};
+use simba_core::backend::{BoxFuture, LeaseReply};
+use simba_core::{ContendServiceFactory, LeaseConfig};
 
 use crate::status::{Failure, Status};
 
-/// How often a waiter looks again on backends that cannot push a release (SQLite, MySQL),
-/// unless the caller chose (`LeaseConfig::waiter_poll`; core jitters it in its second half):
-/// without it a waiter would sleep until the old owner's lease ends, up to 16 s after the
-/// owner is done.
+/// How often a waiter (or an observer) looks again on SQLite and MySQL where nothing
+/// pushes to it, unless the caller chose (`LeaseConfig::waiter_poll`; core jitters it in
+/// its second half). Waiters are pushed by the database's lock queue and use it only while
+/// a subscription fails; observers there read at this pace.
 const WAITER_POLL: Duration = Duration::from_millis(200);
 
 /// How long `simba` tries to reach ZooKeeper before it gives up (the library's default is
@@ -146,7 +147,7 @@ pub(crate) trait OwnerReader: Send + Sync {
 #[allow(dead_code)] // unused when no lease backend is compiled in
 struct StoreReader<S>(Arc<S>);
 
-impl<S: simba_core::LeaseStore> OwnerReader for StoreReader<S> {
+impl<S: simba_core::backend::LeaseStore> OwnerReader for StoreReader<S> {
     fn read<'a>(&'a self, mutex: &'a str) -> BoxFuture<'a, simba_core::Result<LeaseReply>> {
         Box::pin(self.0.owner(mutex))
     }
@@ -177,8 +178,8 @@ pub(crate) struct Backend {
     /// A one-call owner read, where the backend has one (lease backends); ZooKeeper is
     /// observed through a retrieval service instead.
     pub(crate) reader: Option<Arc<dyn OwnerReader>>,
-    /// Whether the backend cannot push a release to waiters (SQLite, MySQL): its waiters
-    /// poll (see [`WAITER_POLL`]).
+    /// Whether the backend cannot push a release to waiters, so that they poll (see
+    /// [`WAITER_POLL`]); no backend today.
     pub(crate) polls: bool,
     /// The concrete store or session.
     #[allow(dead_code)] // read by `bench` only
@@ -332,8 +333,10 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
                         None => failure,
                     }
                 })?;
+            // Waiters are woken by the database's native lock queue (no polling); the
+            // poll period is only the fallback while a subscription cannot be made.
             let native = Native::Sql((**f.store()).clone());
-            Ok(lease_backend(shown, f, true, native))
+            Ok(lease_backend(shown, f, false, native))
         }
         #[cfg(feature = "redis")]
         Target::Redis(url) => {
@@ -348,12 +351,14 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
             let f = simba_jdbc::factory(&url, polling(lease))
                 .await
                 .map_err(connect_failed)?;
+            // Waiters are woken by the database's native lock queue (no polling); the
+            // poll period is only the fallback while a subscription cannot be made.
             let native = Native::Sql((**f.store()).clone());
-            Ok(lease_backend(shown, f, true, native))
+            Ok(lease_backend(shown, f, false, native))
         }
         #[cfg(feature = "postgres")]
         Target::Postgres(url) => {
-            // LISTEN/NOTIFY tells waiters of a release.
+            // Advisory locks wake waiters; LISTEN/NOTIFY tells observers of changes.
             let f = simba_jdbc::factory(&url, lease)
                 .await
                 .map_err(connect_failed)?;
@@ -390,7 +395,7 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
 }
 
 #[allow(dead_code)] // unused when no lease backend is compiled in
-fn lease_backend<S: simba_core::LeaseStore>(
+fn lease_backend<S: simba_core::backend::LeaseStore>(
     shown: String,
     f: simba_core::LeaseServiceFactory<S>,
     polls: bool,

@@ -164,8 +164,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1ms")]
     pub(crate) hold: Duration,
 
-    /// How often waiters look on backends that cannot push a release (SQLite, MySQL), in
-    /// the uncontended, handoff and failover scenarios.
+    /// How often waiters look where the backend cannot push a release (every backend
+    /// pushes to waiters today; this is the fallback while a subscription fails), in the
+    /// uncontended, handoff and failover scenarios.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10ms")]
     pub(crate) poll: Duration,
 
@@ -192,7 +193,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "3s")]
     pub(crate) scale_ttl: Duration,
 
-    /// How often the scale scenario's waiters look on backends that cannot push a release.
+    /// How often the scale scenario's waiters look where the backend cannot push a release
+    /// (the fallback while a subscription fails).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1s")]
     pub(crate) scale_poll: Duration,
 }

@@ -20,8 +20,36 @@ const RELEASE_AFTER_LOSS: Duration = Duration::from_millis(500);
 /// the backend's request timeout, twice at most: the call in flight, then the release).
 const SETTLE_LIMIT: Duration = Duration::from_secs(15);
 
-/// Runs `simba exec`.
-pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
+/// With `-v`: one line on stderr per step of the ownership (acquired, suspect, no longer
+/// suspect, lost, released), each with the fence and the local wall-clock time.
+struct Narrator {
+    on: bool,
+    mutex: String,
+}
+
+impl Narrator {
+    fn say(&self, what: std::fmt::Arguments<'_>) {
+        if self.on {
+            say!(
+                "simba: {} mutex {:?} {what}",
+                crate::show::iso(crate::show::now_ms()),
+                self.mutex
+            );
+        }
+    }
+}
+
+/// `, valid for 1.2s more` when the guard has a local deadline.
+fn valid_for(guard: &LockGuard) -> String {
+    guard
+        .valid_for()
+        .map(|d| format!(", valid for {} more without a renewal", show(d)))
+        .unwrap_or_default()
+}
+
+/// Runs `simba exec`; `verbose` narrates the ownership on stderr.
+pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outcome {
+    let started = tokio::time::Instant::now();
     // Installed first: a signal while waiting for the mutex must not kill simba before it
     // has stopped contending.
     let mut signals = Signals::new()?;
@@ -67,6 +95,15 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     };
     let fence = guard.fence();
     info!(mutex, fence, owner = guard.contender_id(), "acquired");
+    let narrator = Narrator {
+        on: verbose,
+        mutex: mutex.to_owned(),
+    };
+    narrator.say(format_args!(
+        "acquired (fence {fence}) after waiting {}{}",
+        show(guard.acquired_at().saturating_duration_since(started)),
+        valid_for(&guard)
+    ));
     // --hold-at-most counts from the acquisition, like --hold-at-least.
     let at_most = args.hold_at_most.map(|d| guard.acquired_at() + d);
 
@@ -93,6 +130,9 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
         }
     };
 
+    let mut status = guard.status();
+    let mut watching = verbose;
+    let mut suspect = false;
     let lost = loop {
         tokio::select! {
             biased;
@@ -101,8 +141,15 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
                     group.restore_terminal();
                     debug!(?status, "command ended");
                     let code = child::exit_code(status);
+                    let held = guard.acquired_at().elapsed();
                     return match release(guard, None, args.hold_at_least).await {
-                        None => Ok(code),
+                        None => {
+                            narrator.say(format_args!(
+                                "released (fence {fence}) after holding it {}",
+                                show(held)
+                            ));
+                            Ok(code)
+                        }
                         // The loss was not seen before the command ended (both were ready
                         // together, or simba was paused): the command may have run
                         // unprotected, which the exit status must say.
@@ -129,8 +176,34 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
             }
             reason = guard.lost() => break Some(reason),
             _ = sleep_until_opt(at_most) => break None,
+            changed = status.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                    continue;
+                }
+                let now = guard.is_suspect();
+                if now != suspect {
+                    suspect = now;
+                    if now {
+                        narrator.say(format_args!(
+                            "suspect (fence {fence}): the backend does not answer{}",
+                            valid_for(&guard)
+                        ));
+                    } else {
+                        narrator.say(format_args!(
+                            "no longer suspect (fence {fence}): a renewal succeeded"
+                        ));
+                    }
+                }
+            }
         }
     };
+    if let Some(reason) = lost {
+        narrator.say(format_args!(
+            "lost (fence {fence}) after holding it {}: {reason}",
+            show(guard.acquired_at().elapsed())
+        ));
+    }
 
     match lost {
         Some(lost) => say!(
@@ -160,9 +233,10 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs) -> Outcome {
     Ok(Status::Lost.code())
 }
 
-/// Acquires as the options say. On backends that cannot push a release (SQLite, MySQL)
-/// the factory was made with a short `LeaseConfig::waiter_poll` (see
-/// `backend::WAITER_POLL`), so a waiting command starts soon after the owner is done.
+/// Acquires as the options say. Every backend wakes a waiting command when the owner is
+/// done (SQL: the database's lock queue); on SQLite and MySQL the factory also has a
+/// short `LeaseConfig::waiter_poll` (see `backend::WAITER_POLL`), used only while a
+/// subscription cannot be made.
 async fn acquire(locker: &Locker, args: &ExecArgs) -> simba_core::Result<LockGuard> {
     if args.no_wait {
         return locker.try_acquire().await;

@@ -74,7 +74,7 @@ async fn dispatch(cli: Cli) -> Outcome {
                 transition: args.lease.transition,
                 ..backend::Timing::default()
             };
-            exec::run(connect(&url, timing).await?, args).await
+            exec::run(connect(&url, timing).await?, args, cli.verbose > 0).await
         }
         Command::Owner(args) => show::owner(connect(&url, Default::default()).await?, args).await,
         Command::Watch(args) => {

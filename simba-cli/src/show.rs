@@ -27,6 +27,9 @@ struct Snapshot {
     owner: Option<MutexOwner>,
     /// The backend's clock at the read (ms since the epoch), or the local clock.
     now: i64,
+    /// The backend's clock at the read, when the line comes from a read that told it;
+    /// `None` for what an observer reported without a time (ZooKeeper's watches).
+    backend_time: Option<i64>,
 }
 
 impl Snapshot {
@@ -87,20 +90,29 @@ impl Source {
     }
 
     /// The next snapshot: at the next change the observer reports.
-    async fn next(&mut self) -> Result<Snapshot, Failure> {
+    async fn next(&mut self, mutex: &str) -> Result<Snapshot, Failure> {
         match self {
             Source::Read(_) => Err(Failure::new(
                 Status::Internal,
                 "a one-read source cannot follow changes",
             )),
-            Source::Observe { state, .. } => {
+            Source::Observe { state, reader, .. } => {
                 if state.changed().await.is_err() {
                     return Err(Failure::new(
                         Status::Unavailable,
                         "the observer of the mutex stopped",
                     ));
                 }
-                Ok(observed(&state.borrow_and_update().after))
+                let seen = observed(&state.borrow_and_update().after);
+                // A lease backend's observer does not pass the backend's clock on: one
+                // read gives it, when it still shows what the observer reported.
+                if let Some(reader) = reader
+                    && let Ok(read) = read(reader.as_ref(), mutex).await
+                    && read.key() == seen.key()
+                {
+                    return Ok(read);
+                }
+                Ok(seen)
             }
         }
     }
@@ -126,6 +138,7 @@ async fn read(reader: &dyn crate::backend::OwnerReader, mutex: &str) -> Result<S
     Ok(Snapshot {
         owner,
         now: reply.now,
+        backend_time: Some(reply.now),
     })
 }
 
@@ -133,6 +146,7 @@ fn observed(owner: &MutexOwner) -> Snapshot {
     Snapshot {
         owner: Some(owner.clone()).filter(MutexOwner::has_owner),
         now: now_ms(),
+        backend_time: None,
     }
 }
 
@@ -148,7 +162,9 @@ pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
             "mutex": args.mutex,
             "backend": backend.factory.backend(),
             "owner": snap.owner,
+            "fence": snap.owner.as_ref().map(|o| o.fence),
             "now": snap.now,
+            "backend_time": snap.backend_time,
         })
         .to_string()
     } else {
@@ -225,7 +241,7 @@ pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
     }
     loop {
         let next = tokio::select! {
-            r = source.next() => r,
+            r = source.next(mutex) => r,
             _ = signals.recv() => break,
         };
         let snap = match next {
@@ -269,6 +285,8 @@ fn line(
             "time": at,
             "mutex": mutex,
             "event": event,
+            "fence": snap.owner.as_ref().map(|o| o.fence),
+            "backend_time": snap.backend_time,
             "owner": snap.owner,
             "previous": previous,
         })
@@ -297,7 +315,7 @@ pub(crate) fn emit(line: &str) -> bool {
     writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -364,6 +382,7 @@ mod tests {
         let snap = Snapshot {
             owner: Some(owner.clone()),
             now: 3_000,
+            backend_time: Some(3_000),
         };
         let text = describe("m", &snap, true);
         assert!(text.starts_with("m: owned by a (fence 4)"), "{text}");
@@ -374,10 +393,11 @@ mod tests {
         let none = Snapshot {
             owner: None,
             now: 0,
+            backend_time: None,
         };
         assert_eq!(describe("m", &none, true), "m: no owner");
         let held = MutexOwner {
-            owner_id: simba_core::held_owner_id("a"),
+            owner_id: simba_core::backend::held_owner_id("a"),
             ttl_at: 61_000,
             transition_at: 61_000,
             ..owner.clone()
@@ -385,6 +405,7 @@ mod tests {
         let held_snap = Snapshot {
             owner: Some(held),
             now: 1_000,
+            backend_time: Some(1_000),
         };
         let text = describe("m", &held_snap, true);
         assert!(
@@ -404,6 +425,11 @@ mod tests {
             serde_json::from_str(&line("m", "acquired", &snap, None, true)).expect("json");
         assert_eq!(j["event"], "acquired");
         assert_eq!(j["owner"]["fence"], 4);
+        assert_eq!(j["fence"], 4);
+        assert_eq!(j["backend_time"], 3_000);
         assert!(j["previous"].is_null());
+        let j: serde_json::Value =
+            serde_json::from_str(&line("m", "released", &none, Some(&owner), true)).expect("json");
+        assert!(j["fence"].is_null() && j["backend_time"].is_null(), "{j}");
     }
 }

@@ -621,34 +621,35 @@ fn a_timed_out_exec_leaves_the_mutex_free() {
 /// must say so with 79 rather than pass the command's 0 on as if it had run protected.
 #[test]
 fn a_loss_found_at_the_release_is_ownership_lost() {
-    let dir = tempdir();
-    let url = sqlite_url(dir.path(), "paused.db");
-    let mutex = mutex_name("paused");
-    let ready = file(dir.path(), "ready");
-    let mut exec = simba(Some(&url))
-        .args(["exec", &mutex, "--ttl", "300ms", "--transition", "200ms"])
-        .args(sh(&format!("touch {}; sleep 1", ready.display())))
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start simba exec");
-    eventually(Duration::from_secs(30), "the command runs", || {
-        ready.exists()
-    });
-    send(exec.id(), Signal::SIGSTOP);
     // Time is the subject: simba stays stopped past its 0.5 s lease and past the end of
     // the command's 1 s sleep, with room for a loaded machine.
-    std::thread::sleep(Duration::from_millis(2500));
-    send(exec.id(), Signal::SIGCONT);
-    let status = wait_for(
-        &mut exec,
-        Duration::from_secs(30),
-        "simba exec after SIGCONT",
-    );
-    let mut stderr = String::new();
-    if let Some(mut pipe) = exec.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-    }
+    let (_, status, stderr) = exec_stopped_for(&[], "paused", 1, Duration::from_millis(2500));
     assert_eq!(status.code(), Some(LOST), "{stderr}");
+}
+
+/// `simba -v exec` says when the ownership was lost, with the fence: simba is stopped
+/// past its lease while the command runs, and on waking it sees the lease expired.
+#[test]
+fn verbose_exec_narrates_a_loss() {
+    // Time is the subject: simba stays stopped well past its 0.5 s lease, with room for
+    // a loaded machine.
+    let (mutex, status, stderr) =
+        exec_stopped_for(&["-v"], "narrated", 30, Duration::from_millis(1500));
+    assert_eq!(status.code(), Some(LOST), "{stderr}");
+    let line = |what: &str| {
+        stderr
+            .lines()
+            .find(|l| l.starts_with("simba: ") && l.contains(&format!("mutex {mutex:?} {what}")))
+            .map(str::to_owned)
+    };
+    let acquired = line("acquired (fence ").unwrap_or_else(|| panic!("{stderr}"));
+    let fence = acquired
+        .split("(fence ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("{acquired}"));
+    let lost = line(&format!("lost (fence {fence})")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(lost.contains("lease expired"), "{lost}");
 }
 
 /// SIGTERM to a `simba exec` early in its acquisition, on a free mutex: whether it got the
@@ -707,4 +708,45 @@ fn an_exec_stopped_while_acquiring_leaves_the_mutex_free() {
             "run {i} ended with {status:?} and left the mutex owned: {owner}"
         );
     }
+}
+
+/// Runs `simba [global] exec` with a 0.3 s + 0.2 s lease on a fresh SQLite file, a command
+/// that sleeps `command_secs`, stops simba with SIGSTOP for `stopped` once the command runs,
+/// and returns the mutex, simba's exit status and its stderr.
+fn exec_stopped_for(
+    global: &[&str],
+    name: &str,
+    command_secs: u32,
+    stopped: Duration,
+) -> (String, std::process::ExitStatus, String) {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), &format!("{name}.db"));
+    let mutex = mutex_name(name);
+    let ready = file(dir.path(), "ready");
+    let mut exec = simba(Some(&url))
+        .args(global)
+        .args(["exec", &mutex, "--ttl", "300ms", "--transition", "200ms"])
+        .args(sh(&format!(
+            "touch {}; sleep {command_secs}",
+            ready.display()
+        )))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start simba exec");
+    eventually(Duration::from_secs(30), "the command runs", || {
+        ready.exists()
+    });
+    send(exec.id(), Signal::SIGSTOP);
+    std::thread::sleep(stopped);
+    send(exec.id(), Signal::SIGCONT);
+    let status = wait_for(
+        &mut exec,
+        Duration::from_secs(30),
+        "simba exec after SIGCONT",
+    );
+    let mut stderr = String::new();
+    if let Some(mut pipe) = exec.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    (mutex, status, stderr)
 }

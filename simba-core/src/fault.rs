@@ -1,5 +1,5 @@
 //! A [`LeaseStore`] wrapper whose calls can be made to fail, stall or hang: for tests of the
-//! engine and of code built on it.
+//! engine and of code built on it. Test tooling, behind the `test-util` feature.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -142,6 +142,12 @@ impl<S: LeaseStore> FaultStore<S> {
 impl<S: LeaseStore> LeaseStore for FaultStore<S> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
+        self.inner.check_mutex_name(mutex)
+    }
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        self.inner.check_contender_id(contender_id)
     }
 
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {

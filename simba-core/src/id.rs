@@ -12,8 +12,6 @@ use crate::error::{Error, Result};
 pub const MAX_MUTEX_NAME_LEN: usize = 200;
 /// The longest contender id accepted (bytes).
 pub const MAX_CONTENDER_ID_LEN: usize = 200;
-/// The separator of Simba's Redis messages (`event@@ownerId`); ids must not contain it.
-pub const MESSAGE_SEPARATOR: &str = "@@";
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -119,9 +117,12 @@ fn unprintable(s: &str) -> Option<String> {
     })
 }
 
-/// Checks a mutex name: 1 to [`MAX_MUTEX_NAME_LEN`] bytes, no control characters, no
-/// bidirectional controls or other invisible (format, default-ignorable) characters, no
-/// whitespace at either end, and none of `{`, `}` (they would break Redis Cluster hash tags).
+/// Checks a mutex name against the rules every backend shares: 1 to
+/// [`MAX_MUTEX_NAME_LEN`] bytes, no control characters, no bidirectional controls or other
+/// invisible (format, default-ignorable) characters, no whitespace at either end. A
+/// backend may refuse more ([`LeaseStore::check_mutex_name`](crate::backend::LeaseStore::check_mutex_name),
+/// [`ContendServiceFactory::check_mutex_name`](crate::ContendServiceFactory::check_mutex_name)):
+/// Redis refuses `{` and `}`, for example.
 ///
 /// # Errors
 /// [`Error::InvalidName`] saying what is wrong.
@@ -147,15 +148,15 @@ pub fn validate_mutex_name(name: &str) -> Result<()> {
     if name.trim() != name {
         return fail("starts or ends with whitespace".into());
     }
-    if name.contains(['{', '}']) {
-        return fail("contains `{` or `}`, which would break Redis Cluster hash tags".into());
-    }
     Ok(())
 }
 
-/// Checks a contender id: 1 to [`MAX_CONTENDER_ID_LEN`] bytes, no control characters,
-/// invisible characters (as for mutex names) or whitespace, and not containing
-/// [`MESSAGE_SEPARATOR`] (`@@`).
+/// Checks a contender id against the rules every backend shares: 1 to
+/// [`MAX_CONTENDER_ID_LEN`] bytes, no control characters, invisible characters (as for
+/// mutex names) or whitespace, and not starting with [`HELD_PREFIX`](crate::HELD_PREFIX)
+/// (the owner id of a mutex kept held after a release, which no contender may have). A
+/// backend may refuse more ([`LeaseStore::check_contender_id`](crate::backend::LeaseStore::check_contender_id)):
+/// Redis refuses `@@`, the separator of its messages.
 ///
 /// # Errors
 /// [`Error::InvalidContenderId`] saying what is wrong.
@@ -178,9 +179,10 @@ pub fn validate_contender_id(id: &str) -> Result<()> {
     if let Some(what) = unprintable(id) {
         return fail(format!("contains {what}"));
     }
-    if id.contains(MESSAGE_SEPARATOR) {
+    if id.starts_with(crate::owner::HELD_PREFIX) {
         return fail(format!(
-            "contains `{MESSAGE_SEPARATOR}`, the separator of simba's Redis messages"
+            "starts with `{}`, which marks a mutex kept held after a release",
+            crate::owner::HELD_PREFIX
         ));
     }
     Ok(())
@@ -203,7 +205,11 @@ mod tests {
     fn names_are_validated() {
         assert!(validate_mutex_name("orders-migration").is_ok());
         assert!(validate_mutex_name("ünïcode/ok:1").is_ok());
-        for bad in ["", " lead", "trail ", "a\nb", "a\u{7}", "x{y}"] {
+        assert!(
+            validate_mutex_name("x{y}").is_ok(),
+            "braces are Redis's rule, not core's"
+        );
+        for bad in ["", " lead", "trail ", "a\nb", "a\u{7}"] {
             let err = validate_mutex_name(bad).expect_err(bad);
             assert!(matches!(err, Error::InvalidName { .. }), "{bad:?}: {err}");
         }
@@ -217,10 +223,14 @@ mod tests {
 
     #[test]
     fn contender_ids_are_validated() {
-        for bad in ["", "a@@b", "a b", "a\tb"] {
+        for bad in ["", "held@@b", "a b", "a\tb"] {
             assert!(validate_contender_id(bad).is_err(), "{bad:?}");
         }
         assert!(validate_contender_id("a@b").is_ok());
+        assert!(
+            validate_contender_id("a@@b").is_ok(),
+            "`@@` is Redis's rule, not core's"
+        );
     }
 
     #[test]

@@ -1,7 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod backend;
 mod error;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod fault;
 #[cfg(any(test, fuzzing, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -10,6 +13,7 @@ mod id;
 mod lease;
 mod locker;
 mod memory;
+pub mod metrics;
 mod owner;
 mod redact;
 mod scheduler;
@@ -18,8 +22,8 @@ mod store;
 
 pub use error::{Error, LossReason, Result};
 pub use id::{
-    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, MESSAGE_SEPARATOR, generate_contender_id,
-    validate_contender_id, validate_mutex_name,
+    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, generate_contender_id, validate_contender_id,
+    validate_mutex_name,
 };
 pub use lease::{
     LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,
@@ -29,12 +33,11 @@ pub use locker::{LockGuard, LockRegistry, Locker};
 pub use memory::MemoryStore;
 pub use owner::{
     ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, HELD_PREFIX, MutexOwner,
-    MutexState, held_owner_id,
+    MutexState,
 };
 pub use redact::{is_secret_key, redact_url_with};
 pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
 pub use service::{
-    BoxFuture, ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss,
-    MutexRetriever, RetrievalService, SilentContender, SilentRetriever,
+    ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss, MutexRetriever,
+    RetrievalService, SilentContender, SilentRetriever,
 };
-pub use store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};

@@ -15,7 +15,7 @@ use tokio::sync::{OwnedMutexGuard, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::{Error, LossReason, Result};
-use crate::id::{generate_contender_id, validate_contender_id, validate_mutex_name};
+use crate::id::generate_contender_id;
 use crate::service::{ContendService, ContendServiceFactory, Contender, ContenderStatus};
 
 struct IdContender(String);
@@ -297,7 +297,7 @@ impl Locker {
     /// # Errors
     /// [`Error::InvalidName`] for a bad mutex name.
     pub fn new(factory: Arc<dyn ContendServiceFactory>, mutex: &str) -> Result<Self> {
-        validate_mutex_name(mutex)?;
+        factory.check_mutex_name(mutex)?;
         Ok(Locker {
             slot: Slot::obtain(factory, mutex, None),
         })
@@ -318,9 +318,9 @@ impl Locker {
         mutex: &str,
         contender_id: impl Into<String>,
     ) -> Result<Self> {
-        validate_mutex_name(mutex)?;
+        factory.check_mutex_name(mutex)?;
         let contender_id = contender_id.into();
-        validate_contender_id(&contender_id)?;
+        factory.check_contender_id(&contender_id)?;
         Ok(Locker {
             slot: Slot::obtain(factory, mutex, Some(contender_id)),
         })
@@ -677,6 +677,14 @@ impl LockGuard {
             .borrow()
             .held
             .is_some_and(|x| x.fence == self.fence && x.suspect)
+    }
+
+    /// A receiver of the status of the contender behind this guard: it changes when the
+    /// ownership turns suspect or recovers ([`is_suspect`](Self::is_suspect)), when the
+    /// local deadline moves, and when the ownership ends. For watching, not for deciding:
+    /// [`is_held`](Self::is_held) is the check before a write.
+    pub fn status(&self) -> watch::Receiver<ContenderStatus> {
+        self.status.clone()
     }
 
     /// Resolves when the ownership ends, with the reason.

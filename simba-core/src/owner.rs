@@ -69,10 +69,11 @@ impl MutexOwner {
 }
 
 /// The prefix of the owner id a mutex carries while it is kept held after a release with a
-/// hold ([`LeaseStore::release_after`](crate::LeaseStore::release_after)):
+/// hold ([`LeaseStore::release_after`](crate::backend::LeaseStore::release_after)):
 /// `held@@<the releaser's id>`.
 ///
-/// Contender ids cannot contain `@@`, so no contender ever has this id: nobody can renew
+/// Contender ids cannot start with it ([`validate_contender_id`](crate::validate_contender_id)),
+/// so no contender ever has this id: nobody can renew
 /// or release the hold, and everyone (the releaser included) can take the mutex only once
 /// the hold's `transition_at` has passed.
 pub const HELD_PREFIX: &str = "held@@";

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::{debug, info};
 
 use crate::error::{Error, Result};
@@ -35,6 +36,16 @@ pub enum Schedule {
 }
 
 /// What a run of the work is told.
+///
+/// # Stopping cooperatively
+/// When the ownership ends (or the scheduler stops), the scheduler first cancels the
+/// context's token ([`cancelled`](WorkContext::cancelled), [`is_cancelled`](WorkContext::is_cancelled),
+/// [`token`](WorkContext::token)) and then aborts the run's task, which ends the run at its
+/// next `.await`. The abort reaches neither what the work runs *between* two `.await`s nor
+/// what it hands to other tasks or threads (`tokio::spawn`, `spawn_blocking`, a thread):
+/// those should check [`is_cancelled`](WorkContext::is_cancelled) (or hold a clone of
+/// [`token`](WorkContext::token)) and stop as soon as it says so, because the mutex no
+/// longer protects them. Every run of one ownership shares one token.
 #[derive(Debug, Clone)]
 pub struct WorkContext {
     /// The mutex.
@@ -43,19 +54,43 @@ pub struct WorkContext {
     pub fence: u64,
     /// How many runs this ownership has started before this one.
     pub run: u64,
+    cancel: CancellationToken,
+}
+
+impl WorkContext {
+    /// Completes once this ownership ended or the scheduler stopped (at once if it has).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping it only stops waiting.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+
+    /// Whether this ownership ended or the scheduler stopped: the work must stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The token that is cancelled when this ownership ends or the scheduler stops; clone
+    /// it into tasks and threads the work starts.
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
 }
 
 type Work = Arc<dyn Fn(WorkContext) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Runs work on a [`Schedule`] only while this process owns the mutex.
 ///
-/// When ownership is lost (or the scheduler stops), the running work is cancelled at its
-/// next `.await` and no new run starts until ownership comes back.
+/// When ownership is lost (or the scheduler stops), the run's [`WorkContext`] token is
+/// cancelled, then the running work is aborted at its next `.await`, and no new run starts
+/// until ownership comes back (see [`WorkContext`] for work that must stop between two
+/// `.await`s or in tasks of its own).
 pub struct LeaderScheduler {
     service: Arc<dyn ContendService>,
     schedule: Schedule,
     work: Work,
-    supervisor: StdMutex<Option<(watch::Sender<bool>, JoinHandle<()>)>>,
+    supervisor: StdMutex<Option<(CancellationToken, JoinHandle<()>)>>,
 }
 
 impl fmt::Debug for LeaderScheduler {
@@ -121,15 +156,15 @@ impl LeaderScheduler {
             return Err(Error::InvalidState("scheduler already started".into()));
         }
         self.service.start()?;
-        let (tx, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let task = tokio::spawn(supervise(
             self.service.status(),
-            rx,
+            stop.clone(),
             self.schedule,
             self.work.clone(),
             self.service.mutex().to_owned(),
         ));
-        *sup = Some((tx, task));
+        *sup = Some((stop, task));
         Ok(())
     }
 
@@ -146,8 +181,8 @@ impl LeaderScheduler {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some((tx, task)) = sup {
-            let _ = tx.send(true);
+        if let Some((stop, task)) = sup {
+            stop.cancel();
             let _ = task.await;
         }
         self.service.stop().await
@@ -156,55 +191,85 @@ impl LeaderScheduler {
 
 impl Drop for LeaderScheduler {
     fn drop(&mut self) {
-        if let Some((tx, _)) = self.supervisor.get_mut().ok().and_then(Option::take) {
-            let _ = tx.send(true);
+        if let Some((stop, _)) = self.supervisor.get_mut().ok().and_then(Option::take) {
+            stop.cancel();
         }
+    }
+}
+
+/// One ownership's scheduled work: its fence, its token, its task.
+struct Running {
+    fence: u64,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Cancels the token first (work that checks it stops by itself), then aborts.
+    fn end(self) -> JoinHandle<()> {
+        self.cancel.cancel();
+        self.task.abort();
+        self.task
     }
 }
 
 async fn supervise(
     mut status: watch::Receiver<ContenderStatus>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     schedule: Schedule,
     work: Work,
     mutex: String,
 ) {
-    let mut running: Option<(u64, JoinHandle<()>)> = None;
+    let mut running: Option<Running> = None;
     loop {
         let fence = status.borrow_and_update().held.map(|h| h.fence);
         match (fence, &running) {
-            (Some(f), Some((rf, _))) if f == *rf => {}
+            (Some(f), Some(r)) if f == r.fence => {}
             (Some(f), _) => {
-                if let Some((_, task)) = running.take() {
-                    task.abort();
+                if let Some(r) = running.take() {
+                    r.end();
                 }
                 info!(%mutex, fence = f, "leader: starting scheduled work");
-                running = Some((
+                let cancel = stop.child_token();
+                let task = tokio::spawn(run_schedule(
+                    schedule,
+                    work.clone(),
+                    mutex.clone(),
                     f,
-                    tokio::spawn(run_schedule(schedule, work.clone(), mutex.clone(), f)),
+                    cancel.clone(),
                 ));
+                running = Some(Running {
+                    fence: f,
+                    cancel,
+                    task,
+                });
             }
             (None, Some(_)) => {
-                if let Some((_, task)) = running.take() {
+                if let Some(r) = running.take() {
                     info!(%mutex, "leadership ended: cancelling scheduled work");
-                    task.abort();
+                    r.end();
                 }
             }
             (None, None) => {}
         }
         tokio::select! {
-            r = stop.changed() => { if r.is_err() || *stop.borrow() { break; } }
+            () = stop.cancelled() => break,
             r = status.changed() => { if r.is_err() { break; } }
         }
     }
-    if let Some((_, task)) = running.take() {
+    if let Some(r) = running.take() {
         debug!(%mutex, "scheduler stopping: cancelling work");
-        task.abort();
-        let _ = task.await;
+        let _ = r.end().await;
     }
 }
 
-async fn run_schedule(schedule: Schedule, work: Work, mutex: String, fence: u64) {
+async fn run_schedule(
+    schedule: Schedule,
+    work: Work,
+    mutex: String,
+    fence: u64,
+    cancel: CancellationToken,
+) {
     let (initial, every, fixed_rate) = match schedule {
         Schedule::FixedRate {
             initial_delay,
@@ -229,6 +294,7 @@ async fn run_schedule(schedule: Schedule, work: Work, mutex: String, fence: u64)
             mutex: mutex.clone(),
             fence,
             run,
+            cancel: cancel.clone(),
         })
         .await;
         run += 1;

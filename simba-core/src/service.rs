@@ -86,7 +86,8 @@ pub struct ContenderStatus {
     /// The most recent ownership of this contender that ended.
     pub last_loss: Option<Loss>,
     /// How many backend calls (acquire, renew, read) completed since the start, with an
-    /// answer or an error.
+    /// answer or an error; counted after the call's effects were published (see the
+    /// [`ContendService` contract](ContendService#contract)).
     pub attempts: u64,
     /// The error of the last failed call, cleared by the next success.
     pub last_error: Option<String>,
@@ -110,6 +111,61 @@ impl ContenderStatus {
 /// One contender's participation in one mutex: start, stop, and observe.
 ///
 /// A service is restartable: `start` after `stop` contends again.
+///
+/// # Contract
+/// What every implementation MUST do, and what [`Locker`](crate::Locker),
+/// [`LockGuard`](crate::LockGuard) and [`LeaderScheduler`](crate::LeaderScheduler) rely on.
+/// The status is one [`ContenderStatus`] in a `tokio::sync::watch` channel
+/// ([`status`](ContendService::status)); a session-style backend gets all of the rules
+/// below from [`ServiceRunner`](crate::backend::ServiceRunner) and
+/// [`OwnershipTracker`](crate::backend::OwnershipTracker), which the lease engine uses too.
+///
+/// **Start and stop**
+/// - When [`start`](ContendService::start) returns `Ok`, the status already says
+///   `running`, with `held`, `deadline`, `attempts` and `last_error` cleared (`state` and
+///   `last_loss` are kept from earlier runs). A second `start` while running is an
+///   [`Error::InvalidState`](crate::Error::InvalidState).
+/// - [`stop`](ContendService::stop) signals the stop before it returns its future; when
+///   the future completes, an ownership has been reported lost with
+///   [`LossReason::Released`] (callback included) and the status says `running = false`,
+///   `held = None`, `deadline = None`. Dropping the service stops it in the background.
+/// - `running = false` is published last, only when the service's task is done: a
+///   watcher waiting for it knows no callback will follow.
+///
+/// **Ownership**
+/// - `held` is `Some` exactly while this contender believes it owns the mutex; its fence is
+///   the ownership's fencing token and `state.after` names this contender with that fence.
+///   A new ownership has a fence no earlier ownership of the mutex had.
+/// - `deadline`, when `Some` while held, is the local instant after which the contender
+///   must not believe it owns, even if its task has not run since
+///   ([`ContenderStatus::owns_now`] checks it). The service reports the loss
+///   ([`LossReason::LeaseExpired`]) at that instant by itself, without waiting for the
+///   backend.
+/// - `held.suspect` is true while the backend does not answer but the deadline has not
+///   passed; it clears when the backend confirms the ownership again.
+/// - Every end of an ownership sets `last_loss` (its fence and reason) in the same update
+///   that clears `held`.
+///
+/// **Callback before status**
+/// - [`Contender::on_acquired`] runs before `held` becomes `Some`, and
+///   [`Contender::on_released`] before `held` becomes `None`: whoever sees the status
+///   change also sees what the callback did. Callbacks run one at a time, in order.
+///
+/// **Attempts**
+/// - `attempts` counts the backend round trips (acquire, renew, read, a check of the
+///   recipe) that completed since `start`, with an answer or an error; it is incremented
+///   after the round trip's effects (`held`, `last_loss`, `state`) are published, in a
+///   later update. So `attempts > 0` means at least one complete try was made, and its
+///   outcome is visible: a watcher that sees `attempts > 0` and `held = None` knows that
+///   this contender did not win on its first try
+///   ([`Locker::try_acquire`](crate::Locker::try_acquire) relies on this).
+/// - `last_error` holds the error of the last failed round trip and is cleared by the next
+///   success.
+///
+/// **Retrieval**
+/// - A [`RetrievalService`] follows the same start and stop rules, and calls
+///   [`MutexRetriever::on_changed`] before its [`state`](RetrievalService::state) shows the
+///   change; a renewal by the same owner is not a change.
 pub trait ContendService: Send + Sync + fmt::Debug {
     /// The mutex contended for.
     fn mutex(&self) -> &str;
@@ -140,7 +196,7 @@ pub trait ContendService: Send + Sync + fmt::Debug {
     /// the mutex, keeps it held until `until` (ShedLock's `lockAtLeastFor`): the backend
     /// is told, owner-checked and atomically, to end the ownership `until - now` from its
     /// own `now`, and nobody — this contender included — can renew or take it before that
-    /// (see [`LeaseStore::release_after`](crate::LeaseStore::release_after)). An `until`
+    /// (see [`LeaseStore::release_after`](crate::backend::LeaseStore::release_after)). An `until`
     /// already past is a plain release.
     ///
     /// # Errors
@@ -170,7 +226,7 @@ pub trait ContendService: Send + Sync + fmt::Debug {
     }
 }
 
-fn unsupported_hold(backend: &'static str) -> crate::Error {
+pub(crate) fn unsupported_hold(backend: &'static str) -> crate::Error {
     crate::Error::unsupported(
         backend,
         "hold-at-least",
@@ -221,6 +277,27 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     /// sessions, not leases).
     fn check_hold(&self) -> Result<()> {
         Err(unsupported_hold(self.backend()))
+    }
+
+    /// Checks a mutex name for this backend: the rules every backend shares
+    /// ([`validate_mutex_name`](crate::validate_mutex_name)) and what this backend cannot
+    /// accept besides. [`Locker::new`](crate::Locker::new) calls it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) saying why.
+    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
+        crate::validate_mutex_name(mutex)
+    }
+
+    /// Checks a contender id for this backend: the rules every backend shares
+    /// ([`validate_contender_id`](crate::validate_contender_id)) and what this backend
+    /// cannot accept besides. [`Locker::with_contender_id`](crate::Locker::with_contender_id)
+    /// calls it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidContenderId`](crate::Error::InvalidContenderId) saying why.
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        crate::validate_contender_id(contender_id)
     }
 
     /// A new contend service for `mutex`, reporting to `contender`. Not started.

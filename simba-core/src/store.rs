@@ -56,9 +56,9 @@ pub struct LeaseReply {
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(simba_core::hold_millis(Duration::from_micros(1001)).unwrap(), 2);
-/// assert_eq!(simba_core::hold_millis(Duration::ZERO).unwrap(), 0);
-/// assert!(simba_core::hold_millis(Duration::from_secs(400 * 24 * 3600)).is_err());
+/// assert_eq!(simba_core::backend::hold_millis(Duration::from_micros(1001)).unwrap(), 2);
+/// assert_eq!(simba_core::backend::hold_millis(Duration::ZERO).unwrap(), 0);
+/// assert!(simba_core::backend::hold_millis(Duration::from_secs(400 * 24 * 3600)).is_err());
 /// ```
 pub fn hold_millis(hold: Duration) -> Result<i64> {
     if hold > crate::MAX_DURATION {
@@ -104,7 +104,7 @@ pub enum StoreEvent {
 /// - `release_after(m, c, hold)` ends `c`'s ownership of `m` at `hold` after the backend's
 ///   `now`, and not before: only if `c` owns `m` within its lease (owner-checked and
 ///   atomic, like `release`), it sets `ttl_at = transition_at = now + hold` and hands the
-///   ownership to the id [`held_owner_id(c)`](crate::held_owner_id), which no contender
+///   ownership to the id [`held_owner_id(c)`](crate::backend::held_owner_id), which no contender
 ///   has, keeping the fence and `acquired_at`. From then on nobody — `c` included — can
 ///   renew, release or take `m` until `now + hold` has passed; the backend frees it then
 ///   by itself (no renewals, no release call, no push). Returns whether `c` owned it; when
@@ -117,6 +117,11 @@ pub enum StoreEvent {
 ///   store cannot push and the engine polls on the contend period. Dropping the receiver
 ///   unsubscribes. A store that may have lost messages sends [`StoreEvent::Resync`].
 /// - `leave(m, c)` tells the store that `c` no longer waits for `m` (wait queues).
+/// - `check_mutex_name(m)` / `check_contender_id(c)` refuse what only this backend cannot
+///   accept, beyond the rules every backend shares ([`validate_mutex_name`](crate::validate_mutex_name),
+///   [`validate_contender_id`](crate::validate_contender_id), which the engine applies
+///   first). The engine calls them when it makes a service, so bad input is a typed error
+///   before anything reaches the backend. The defaults accept everything.
 ///
 /// Dropping a returned future halfway may leave its effect applied or not; the engine
 /// tolerates either (it always re-reads, and releases on stop).
@@ -174,6 +179,24 @@ pub trait LeaseStore: Send + Sync + 'static {
         let _ = (mutex, contender_id);
         async { Ok(()) }
     }
+
+    /// Refuses a mutex name this backend cannot accept (see the trait's contract).
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] saying why.
+    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
+        let _ = mutex;
+        Ok(())
+    }
+
+    /// Refuses a contender id this backend cannot accept (see the trait's contract).
+    ///
+    /// # Errors
+    /// [`Error::InvalidContenderId`] saying why.
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        let _ = contender_id;
+        Ok(())
+    }
 }
 
 impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
@@ -223,5 +246,11 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
     }
     fn leave(&self, mutex: &str, contender_id: &str) -> impl Future<Output = Result<()>> + Send {
         (**self).leave(mutex, contender_id)
+    }
+    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
+        (**self).check_mutex_name(mutex)
+    }
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        (**self).check_contender_id(contender_id)
     }
 }

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use simba_core::backend::LeaseStore;
 use simba_core::fault::{Behavior, FaultStore, Op};
 use simba_core::{
     ContendService, ContendServiceFactory, Contender, ContenderStatus, LeaderScheduler,
-    LeaseConfig, LeaseServiceFactory, LeaseStore, Locker, LossReason, MemoryStore, MutexState,
-    Schedule,
+    LeaseConfig, LeaseServiceFactory, Locker, LossReason, MemoryStore, MutexState, Schedule,
 };
 use tokio::time::Instant;
 
@@ -333,7 +333,7 @@ async fn a_reply_naming_another_owner_is_a_takeover() {
             .await
             .expect("release")
     );
-    let lease = simba_core::Lease {
+    let lease = simba_core::backend::Lease {
         ttl: TTL,
         transition: TRANSITION,
     };
@@ -406,6 +406,90 @@ async fn scheduled_work_is_cancelled_when_ownership_is_lost() {
     );
     s.store.control().set_all(Behavior::Pass);
     scheduler.stop().await.expect("stop");
+}
+
+/// The work context's token reaches what `abort` cannot: a task the work spawned. It is
+/// cancelled when the ownership ends, and again (a new token) when the scheduler stops.
+#[tokio::test(start_paused = true)]
+async fn work_context_token_stops_spawned_work_on_loss_and_on_stop() {
+    let s = setup();
+    // Fences whose helper task saw its token cancelled, in order.
+    let stopped: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let seen_cancelled_at_start = Arc::new(AtomicBool::new(false));
+    let (st, early) = (stopped.clone(), seen_cancelled_at_start.clone());
+    let scheduler = LeaderScheduler::new(
+        &s.factory,
+        "m",
+        Schedule::FixedRate {
+            initial_delay: Duration::ZERO,
+            period: Duration::from_secs(3600),
+        },
+        move |ctx| {
+            let (st, early) = (st.clone(), early.clone());
+            async move {
+                if ctx.is_cancelled() {
+                    early.store(true, Ordering::SeqCst);
+                }
+                // A helper the work hands its token to; aborting the run does not stop it.
+                let token = ctx.token().clone();
+                let fence = ctx.fence;
+                tokio::spawn(async move {
+                    token.cancelled().await;
+                    st.lock().expect("log").push(fence);
+                });
+                ctx.cancelled().await;
+            }
+        },
+    )
+    .expect("scheduler");
+    scheduler.start().expect("start");
+    wait(scheduler.service(), |st| st.held.is_some()).await;
+    let first = scheduler
+        .service()
+        .status()
+        .borrow()
+        .held
+        .expect("held")
+        .fence;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(
+        stopped.lock().expect("log").is_empty(),
+        "not cancelled while owner"
+    );
+    // Lose the ownership: the deadline passes while every call hangs.
+    s.store.control().set_all(Behavior::Hang);
+    wait(scheduler.service(), |st| st.held.is_none()).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        *stopped.lock().expect("log"),
+        vec![first],
+        "helper stopped on loss"
+    );
+    // Own again (a new fence, a new token), then stop the scheduler.
+    s.store.control().set_all(Behavior::Pass);
+    wait(scheduler.service(), |st| st.held.is_some()).await;
+    let second = scheduler
+        .service()
+        .status()
+        .borrow()
+        .held
+        .expect("held")
+        .fence;
+    assert!(second > first);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        stopped.lock().expect("log").len(),
+        1,
+        "the new run's token stands"
+    );
+    scheduler.stop().await.expect("stop");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        *stopped.lock().expect("log"),
+        vec![first, second],
+        "helper stopped on stop"
+    );
+    assert!(!seen_cancelled_at_start.load(Ordering::SeqCst));
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent};
 use simba_core::fault::{Behavior, FaultStore, Op};
 use simba_core::{
-    ContendServiceFactory, Error, Lease, LeaseConfig, LeaseReply, LeaseServiceFactory, LeaseStore,
-    Locker, LossReason, MemoryStore, StoreEvent,
+    ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Locker, LossReason, MemoryStore,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;

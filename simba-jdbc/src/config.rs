@@ -11,9 +11,6 @@ pub const DEFAULT_TABLE: &str = "simba_mutex";
 pub const DEFAULT_POOL_SIZE: usize = 8;
 /// The default bound on one store call (pool checkout plus its statements).
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a waiter keeps first claim on a mutex after its last look, on the backends
-/// whose waiters poll (MySQL, SQLite); the default for [`SqlConfig::with_waiter_reservation`].
-pub const DEFAULT_WAITER_RESERVATION: Duration = Duration::from_millis(500);
 /// The width of the `mutex` column created by [`SqlStore::migrate`](crate::SqlStore::migrate),
 /// in characters; the default for [`SqlConfig::with_max_name_len`].
 pub const MUTEX_COLUMN_LEN: usize = 200;
@@ -334,7 +331,6 @@ pub struct SqlConfig {
     pool_size: usize,
     statement_timeout: Duration,
     max_name_len: usize,
-    waiter_reservation: Option<Duration>,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -345,7 +341,6 @@ impl fmt::Debug for SqlConfig {
             .field("pool_size", &self.pool_size)
             .field("statement_timeout", &self.statement_timeout)
             .field("max_name_len", &self.max_name_len)
-            .field("waiter_reservation", &self.waiter_reservation)
             .finish()
     }
 }
@@ -367,7 +362,6 @@ impl SqlConfig {
             pool_size: DEFAULT_POOL_SIZE,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             max_name_len: MUTEX_COLUMN_LEN,
-            waiter_reservation: None,
         }
     }
 
@@ -402,41 +396,6 @@ impl SqlConfig {
     pub fn with_max_name_len(mut self, chars: usize) -> Self {
         self.max_name_len = chars;
         self
-    }
-
-    /// How long a waiter keeps first claim on the mutex after its last look;
-    /// `Duration::ZERO` turns claims off. Default: [`DEFAULT_WAITER_RESERVATION`] on MySQL
-    /// and SQLite, off on PostgreSQL.
-    ///
-    /// A contender that finds the mutex held takes the table's one waiter slot if it is
-    /// free, and keeps it by looking again before the claim lapses. While the claim lasts,
-    /// only that waiter may take the mutex once it is free. Without it, an owner that
-    /// releases and contends again at once wins nearly every time against waiters that
-    /// poll (MySQL, SQLite), and they starve. The price: a release is taken when the
-    /// claiming waiter next looks, not when the first of all waiters does, so with many
-    /// waiters polling slowly a handoff takes longer. PostgreSQL pushes the release to every
-    /// waiter at once, so it gains little there and pays for it when many waiters race:
-    /// off by default. Set it above the waiters' poll period
-    /// ([`simba_core::LeaseConfig::waiter_poll`]). A waiter that stops cleanly gives up its
-    /// claim; one that dies holds up the next release by at most this long. Safety does
-    /// not depend on it: it only narrows who may take a free mutex.
-    pub fn with_waiter_reservation(mut self, reservation: Duration) -> Self {
-        self.waiter_reservation = Some(reservation);
-        self
-    }
-
-    /// The waiter reservation set with [`SqlConfig::with_waiter_reservation`]; `None`: the
-    /// backend's default ([`SqlConfig::effective_waiter_reservation`]).
-    pub fn waiter_reservation(&self) -> Option<Duration> {
-        self.waiter_reservation
-    }
-
-    /// The waiter reservation in force on `backend` (`Duration::ZERO`: off).
-    pub fn effective_waiter_reservation(&self, backend: Backend) -> Duration {
-        self.waiter_reservation.unwrap_or(match backend {
-            Backend::Postgres => Duration::ZERO,
-            Backend::Mysql | Backend::Sqlite => DEFAULT_WAITER_RESERVATION,
-        })
     }
 
     /// The database URL as given (it may hold a password: do not log it; `Debug` redacts it).
@@ -514,9 +473,6 @@ impl SqlConfig {
                     self.max_name_len
                 ),
             ));
-        }
-        if let Some(r) = self.waiter_reservation {
-            validate_duration("waiter_reservation", r, Duration::ZERO)?;
         }
         Ok(target)
     }
@@ -676,42 +632,8 @@ mod tests {
                     .expect_err("len"),
             );
             assert_eq!(f, "max_name_len");
-            let (f, _) = reason(
-                base.clone()
-                    .with_waiter_reservation(Duration::from_micros(1500))
-                    .validate()
-                    .expect_err("sub-ms"),
-            );
-            assert_eq!(f, "waiter_reservation");
-            base.clone()
-                .with_waiter_reservation(Duration::ZERO)
-                .validate()
-                .expect("zero turns claims off");
             let (f, _) = reason(base.with_table("bad name").validate().expect_err("table"));
             assert_eq!(f, "table");
         }
-    }
-
-    #[test]
-    fn waiter_claims_default_by_backend() {
-        let c = SqlConfig::new("mysql://h/db");
-        assert_eq!(c.waiter_reservation(), None);
-        assert_eq!(
-            c.effective_waiter_reservation(Backend::Mysql),
-            DEFAULT_WAITER_RESERVATION
-        );
-        assert_eq!(
-            c.effective_waiter_reservation(Backend::Sqlite),
-            DEFAULT_WAITER_RESERVATION
-        );
-        assert_eq!(
-            c.effective_waiter_reservation(Backend::Postgres),
-            Duration::ZERO
-        );
-        let set = c.with_waiter_reservation(Duration::from_millis(800));
-        assert_eq!(
-            set.effective_waiter_reservation(Backend::Postgres),
-            Duration::from_millis(800)
-        );
     }
 }

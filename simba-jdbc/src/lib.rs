@@ -12,15 +12,15 @@ pub mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod gate;
 #[cfg(feature = "postgres")]
 mod listen;
 mod sql;
 mod store;
 
 pub use config::{
-    Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE,
-    DEFAULT_WAITER_RESERVATION, MAX_POOL_SIZE, MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN,
-    OWNER_COLUMN_LEN, SqlConfig, redact_url,
+    Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
+    MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
 pub use sql::{create_table_sql, lease_clock_sql};
 pub use store::SqlStore;

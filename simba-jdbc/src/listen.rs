@@ -10,19 +10,17 @@
 //! (re)connect every subscriber gets [`StoreEvent::Resync`] and re-reads the owner.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use simba_core::StoreEvent;
+use simba_core::backend::StoreEvent;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
 use tokio_postgres::{AsyncMessage, NoTls};
 use tracing::{debug, info, warn};
 
-/// Events a subscriber may have queued before it reads them. A full queue already holds an
-/// event that makes the contender look again, so dropping more is harmless.
-const QUEUE: usize = 16;
 /// How often the LISTEN connection is checked when no notification arrives.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// First and longest pause between reconnect attempts.
@@ -32,6 +30,15 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 struct Sub {
     contender: String,
     tx: mpsc::Sender<StoreEvent>,
+    /// Set once the subscriber contends: its gate wakes it then (one waiter per release),
+    /// so it hears nothing more from here.
+    contending: Arc<AtomicBool>,
+}
+
+impl Sub {
+    fn listens(&self) -> bool {
+        !self.tx.is_closed() && !self.contending.load(Ordering::Relaxed)
+    }
 }
 
 /// Subscribers by mutex name.
@@ -45,16 +52,21 @@ impl Hub {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add(&self, mutex: &str, contender: &str) -> mpsc::Receiver<StoreEvent> {
-        let (tx, rx) = mpsc::channel(QUEUE);
+    fn add(
+        &self,
+        mutex: &str,
+        contender: &str,
+        tx: mpsc::Sender<StoreEvent>,
+        contending: Arc<AtomicBool>,
+    ) {
         let mut subs = self.lock();
         let list = subs.entry(mutex.to_owned()).or_default();
-        list.retain(|s| !s.tx.is_closed());
+        list.retain(Sub::listens);
         list.push(Sub {
             contender: contender.to_owned(),
             tx,
+            contending,
         });
-        rx
     }
 
     /// Sends `event` to the subscribers of `mutex` other than `actor`.
@@ -63,7 +75,7 @@ impl Hub {
         let Some(list) = subs.get_mut(mutex) else {
             return;
         };
-        list.retain(|s| !s.tx.is_closed());
+        list.retain(Sub::listens);
         for s in list.iter().filter(|s| s.contender != actor) {
             let _ = s.tx.try_send(event.clone());
         }
@@ -76,7 +88,7 @@ impl Hub {
     fn resync_all(&self) {
         let mut subs = self.lock();
         subs.retain(|_, list| {
-            list.retain(|s| !s.tx.is_closed());
+            list.retain(Sub::listens);
             for s in list.iter() {
                 let _ = s.tx.try_send(StoreEvent::Resync);
             }
@@ -144,9 +156,16 @@ impl Listener {
         }
     }
 
-    /// Registers `contender` for events about `mutex` and makes sure the listener runs.
-    pub(crate) fn subscribe(&self, mutex: &str, contender: &str) -> mpsc::Receiver<StoreEvent> {
-        let rx = self.hub.add(mutex, contender);
+    /// Registers `contender` for events about `mutex` (on `tx`, until `contending` is set)
+    /// and makes sure the listener runs.
+    pub(crate) fn subscribe(
+        &self,
+        mutex: &str,
+        contender: &str,
+        tx: mpsc::Sender<StoreEvent>,
+        contending: Arc<AtomicBool>,
+    ) {
+        self.hub.add(mutex, contender, tx, contending);
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.as_ref().is_none_or(JoinHandle::is_finished) {
             *task = Some(tokio::spawn(run(
@@ -156,7 +175,6 @@ impl Listener {
                 self.hub.clone(),
             )));
         }
-        rx
     }
 }
 
@@ -253,9 +271,14 @@ mod tests {
     #[test]
     fn dispatch_skips_the_actor_and_other_mutexes() {
         let hub = Hub::default();
-        let mut a = hub.add("m", "a");
-        let mut b = hub.add("m", "b");
-        let mut other = hub.add("n", "c");
+        let add = |m: &str, c: &str| {
+            let (tx, rx) = mpsc::channel(16);
+            hub.add(m, c, tx, Arc::default());
+            rx
+        };
+        let mut a = add("m", "a");
+        let mut b = add("m", "b");
+        let mut other = add("n", "c");
         hub.handle(&released_payload("m", "a"));
         assert!(a.try_recv().is_err());
         assert_eq!(b.try_recv().ok(), Some(StoreEvent::Released));

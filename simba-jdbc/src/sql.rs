@@ -90,14 +90,19 @@ pub fn create_table_sql(backend: Backend, table: &str) -> simba_core::Result<Str
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
     /// `true` when acquire and release statements take two more arguments, the NOTIFY
-    /// channel and payload (PostgreSQL).
+    /// channel and payload (PostgreSQL, for observers).
     pub(crate) notify: bool,
-    /// Args: me, me, me, me, ttl, ttl+transition, me, mutex, me, me [, channel, payload].
-    pub(crate) acquire: String,
-    /// Args: reservation ms, me, mutex, me, me. Claims the waiter slot for `me`.
-    pub(crate) wait: String,
-    /// Args: mutex, me. Gives up `me`'s waiter slot.
-    pub(crate) leave: String,
+    /// `true` when the acquire statements return the row themselves (PostgreSQL: one
+    /// statement, `UPDATE … RETURNING` joined with the row); else `select` follows.
+    pub(crate) returns_row: bool,
+    /// Acquire while this process holds the mutex's native lock: takes a free row (SQLite:
+    /// also the row of an owner whose process is gone). Args: me, 1, me, me, ttl,
+    /// ttl+transition, me, mutex, me [, channel, payload, mutex].
+    pub(crate) acquire_locked: String,
+    /// Acquire without the native lock: renews its own row, takes a row only when its
+    /// lease ran out (never a released one before `grace` ms). Args: me, 0, me, me, ttl,
+    /// ttl+transition, me, mutex, me, grace [, channel, payload, mutex].
+    pub(crate) acquire_unlocked: String,
     /// Args: ttl, ttl+transition, mutex, me.
     pub(crate) renew: String,
     /// Args: mutex, me [, channel, payload].
@@ -124,43 +129,55 @@ impl Statements {
             Backend::Sqlite => "MAX",
         };
         // MySQL runs SET assignments left to right and later ones see earlier results, so
-        // everything that reads the old owner_id / transition_at / waiter_id is assigned
-        // before those columns are.
+        // everything that reads the old owner_id / transition_at is assigned before those
+        // columns are.
         //
-        // Taking the mutex: its owner renews it within the lease; anyone takes it once the
-        // lease is over, unless another waiter holds the waiter slot (`waiter_id` until
-        // `waiter_until`): a waiter that found the mutex held keeps first claim on it while
-        // it keeps polling, so a releaser that contends again at once cannot barge past it.
-        // Taking it frees the slot if it was the taker's.
-        let acquire = format!(
-            "UPDATE {t} SET \
-             waiter_until = CASE WHEN waiter_id = ? THEN 0 ELSE waiter_until END, \
-             waiter_id = CASE WHEN waiter_id = ? THEN '' ELSE waiter_id END, \
-             version = CASE WHEN owner_id = ? AND transition_at > {now} \
-                 THEN version ELSE {greatest}(version + 1, {now}) END, \
-             acquired_at = CASE WHEN owner_id = ? AND transition_at > {now} \
-                 THEN acquired_at ELSE {now} END, \
-             ttl_at = {now} + ?, \
-             transition_at = {now} + ?, \
-             owner_id = ? \
-             WHERE mutex = ? AND ((owner_id = ? AND transition_at > {now}) \
-                 OR (transition_at <= {now} AND (waiter_id = ? OR waiter_until <= {now})))"
-        );
-        // Claims (or keeps) the waiter slot: only when it is free, lapsed or already ours,
-        // and never by the owner.
-        let wait = format!(
-            "UPDATE {t} SET waiter_until = {now} + ?, waiter_id = ? \
-             WHERE mutex = ? AND owner_id <> ? AND (waiter_id = ? OR waiter_until <= {now})"
-        );
-        let leave = format!(
-            "UPDATE {t} SET waiter_until = 0, waiter_id = '' WHERE mutex = ? AND waiter_id = ?"
-        );
+        // `waiter_until` (a column of earlier versions, which used it for a waiter's claim)
+        // is the *gated* flag: 1 while the owner took the row holding the native lock, so
+        // that on SQLite a waiter that gets the lock file may take the row over at once.
+        let update = |take: &str| {
+            format!(
+                "UPDATE {t} SET \
+                 waiter_until = CASE WHEN owner_id = ? AND transition_at > {now} \
+                     THEN waiter_until ELSE ? END, \
+                 version = CASE WHEN owner_id = ? AND transition_at > {now} \
+                     THEN version ELSE {greatest}(version + 1, {now}) END, \
+                 acquired_at = CASE WHEN owner_id = ? AND transition_at > {now} \
+                     THEN acquired_at ELSE {now} END, \
+                 ttl_at = {now} + ?, \
+                 transition_at = {now} + ?, \
+                 owner_id = ? \
+                 WHERE mutex = ? AND ((owner_id = ? AND transition_at > {now}) OR {take})"
+            )
+        };
+        // With the native lock: any row whose lease is over (released or run out). On
+        // SQLite the lock file also proves that the process of a gated owner is gone
+        // (the kernel frees a lock only with its process, or when it unlocks after its
+        // release): such a row is taken over at once, unless it is a hold (`held@@…`),
+        // which must be waited out whoever made it.
+        let locked_take = match backend {
+            Backend::Sqlite => format!(
+                "transition_at <= {now} \
+                 OR (waiter_until = 1 AND substr(owner_id, 1, 6) <> 'held@@')"
+            ),
+            Backend::Mysql | Backend::Postgres => format!("transition_at <= {now}"),
+        };
+        // Without it: only a row whose owner's lease ran out (lease-bound failover); a
+        // released row (owner_id = '') is for the holder of the native lock, unless it
+        // has lain free for `grace` (its holder went silent).
+        let unlocked_take =
+            format!("(transition_at <= {now} AND (owner_id <> '' OR transition_at <= {now} - ?))");
+        let acquire_locked = update(&locked_take);
+        let acquire_unlocked = update(&unlocked_take);
         let renew = format!(
             "UPDATE {t} SET ttl_at = {now} + ?, transition_at = {now} + ? \
              WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
         );
+        // The release time stays in transition_at: waiters without the native lock leave a
+        // released row alone for a grace period after it.
         let release = format!(
-            "UPDATE {t} SET acquired_at = 0, ttl_at = 0, transition_at = 0, owner_id = '' \
+            "UPDATE {t} SET acquired_at = 0, ttl_at = {now}, transition_at = {now}, \
+             owner_id = '', waiter_until = 0 \
              WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
         );
         // Keeps version (the fence) and acquired_at: the same ownership, ending at a fixed
@@ -192,35 +209,55 @@ impl Statements {
              waiter_until FROM {t} WHERE 1 = 0"
         );
         match backend {
-            Backend::Postgres => Statements {
-                notify: true,
-                // A new acquisition sets acquired_at to the statement's now; a renewal keeps it.
-                acquire: numbered(&format!(
-                    "WITH u AS ({acquire} RETURNING acquired_at, {now} AS now_ms) \
-                     SELECT pg_notify(?, ?) FROM u WHERE u.acquired_at = u.now_ms"
-                )),
-                renew: numbered(&renew),
-                wait: numbered(&wait),
-                leave: numbered(&leave),
-                release: numbered(&format!(
-                    "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
-                )),
-                // Observers hear of the hold as of a new owner (the hold's id).
-                release_after: numbered(&format!(
-                    "WITH h AS ({release_after} RETURNING mutex) SELECT pg_notify(?, ?) FROM h"
-                )),
-                insert: numbered(&insert),
-                select: numbered(&select),
-                // One implicit transaction: the advisory lock is held until the end.
-                migrate: format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK}); {create}"),
-                check,
-            },
+            Backend::Postgres => {
+                // One statement: the UPDATE, the row after it (the UPDATE's own row if it
+                // changed one, else the row as it is: `m` is the row before the UPDATE), the
+                // time, and a NOTIFY for observers when it made a new owner (a renewal keeps
+                // the version, even within the millisecond of its acquisition).
+                let returning = |update: &str| {
+                    numbered(&format!(
+                        "WITH u AS ({update} RETURNING owner_id, acquired_at, ttl_at, \
+                         transition_at, version, waiter_id, waiter_until), \
+                         n AS (SELECT {now} AS now_ms) \
+                         SELECT n.now_ms AS now_ms, \
+                         COALESCE(u.owner_id, m.owner_id) AS owner_id, \
+                         COALESCE(u.acquired_at, m.acquired_at) AS acquired_at, \
+                         COALESCE(u.ttl_at, m.ttl_at) AS ttl_at, \
+                         COALESCE(u.transition_at, m.transition_at) AS transition_at, \
+                         COALESCE(u.version, m.version) AS version, \
+                         COALESCE(u.waiter_id, m.waiter_id) AS waiter_id, \
+                         COALESCE(u.waiter_until, m.waiter_until) AS waiter_until, \
+                         (SELECT COUNT(pg_notify(?, ?)) FROM u WHERE u.version IS DISTINCT FROM m.version) \
+                             AS notified \
+                         FROM n LEFT JOIN u ON TRUE LEFT JOIN {t} m ON m.mutex = ?"
+                    ))
+                };
+                Statements {
+                    notify: true,
+                    returns_row: true,
+                    acquire_locked: returning(&acquire_locked),
+                    acquire_unlocked: returning(&acquire_unlocked),
+                    renew: numbered(&renew),
+                    release: numbered(&format!(
+                        "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
+                    )),
+                    // Observers hear of the hold as of a new owner (the hold's id).
+                    release_after: numbered(&format!(
+                        "WITH h AS ({release_after} RETURNING mutex) SELECT pg_notify(?, ?) FROM h"
+                    )),
+                    insert: numbered(&insert),
+                    select: numbered(&select),
+                    // One implicit transaction: the advisory lock is held until the end.
+                    migrate: format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK}); {create}"),
+                    check,
+                }
+            }
             Backend::Mysql | Backend::Sqlite => Statements {
                 notify: false,
-                acquire,
+                returns_row: false,
+                acquire_locked,
+                acquire_unlocked,
                 renew,
-                wait,
-                leave,
                 release,
                 release_after,
                 insert,
@@ -239,11 +276,10 @@ mod tests {
     #[test]
     fn postgres_placeholders_are_numbered() {
         let s = Statements::new(Backend::Postgres, "simba_mutex");
-        assert!(!s.acquire.contains('?'), "{}", s.acquire);
-        assert!(s.acquire.contains("$12"), "{}", s.acquire);
-        assert!(!s.acquire.contains("$13"), "{}", s.acquire);
-        assert!(s.wait.contains("$5") && !s.wait.contains("$6"));
-        assert!(s.leave.contains("$2") && !s.leave.contains("$3"));
+        assert!(!s.acquire_locked.contains('?'), "{}", s.acquire_locked);
+        assert!(s.acquire_locked.contains("$12"), "{}", s.acquire_locked);
+        assert!(!s.acquire_locked.contains("$13"), "{}", s.acquire_locked);
+        assert!(s.acquire_unlocked.contains("$13") && !s.acquire_unlocked.contains("$14"));
         assert!(s.release.contains("$4") && !s.release.contains("$5"));
         assert!(s.renew.contains("$4") && !s.renew.contains("$5"));
         assert!(s.release_after.contains("$7") && !s.release_after.contains("$8"));
@@ -253,9 +289,8 @@ mod tests {
     fn placeholder_counts_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite] {
             let s = Statements::new(backend, "simba_mutex");
-            assert_eq!(s.acquire.matches('?').count(), 10);
-            assert_eq!(s.wait.matches('?').count(), 5);
-            assert_eq!(s.leave.matches('?').count(), 2);
+            assert_eq!(s.acquire_locked.matches('?').count(), 9);
+            assert_eq!(s.acquire_unlocked.matches('?').count(), 10);
             assert_eq!(s.renew.matches('?').count(), 4);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);

@@ -17,14 +17,13 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-use simba_core::{
-    Error, Lease, LeaseReply, LeaseStore, MutexOwner, Result, StoreEvent, held_owner_id,
-    hold_millis, validate_contender_id, validate_mutex_name,
-};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, held_owner_id, hold_millis};
+use simba_core::{Error, MutexOwner, Result, validate_contender_id, validate_mutex_name};
 use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::config::{Backend, OWNER_COLUMN_LEN, SqlConfig, Target, redact_url};
+use crate::gate::{Gates, Kind as GateKind, Pass};
 use crate::sql::Statements;
 
 #[cfg(feature = "mysql")]
@@ -60,17 +59,6 @@ struct OwnerRow {
     transition_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     version: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
-    waiter_id: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    waiter_until: Option<i64>,
-}
-
-impl OwnerRow {
-    /// Whether `me` owns the mutex within its lease, by this row.
-    fn owned_by(&self, me: &str) -> bool {
-        self.owner_id.as_deref() == Some(me) && self.transition_at.unwrap_or(0) > self.now_ms
-    }
 }
 
 fn bind_all<'a, DB>(sql: &str, args: &[Arg<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
@@ -149,8 +137,6 @@ struct Call<'a> {
     st: &'a Statements,
     mutex: &'a str,
     channel: &'a str,
-    /// How long a waiter's claim lasts after its last look, in ms; 0: no claims.
-    reservation_ms: i64,
 }
 
 impl Call<'_> {
@@ -160,41 +146,27 @@ impl Call<'_> {
             .pop())
     }
 
-    /// Acquire: one conditional UPDATE on the database clock, then the owner and the
-    /// database's time. Inserts the row first when it does not exist yet. When the mutex
-    /// stays with someone else, claims the waiter slot if it is free.
+    /// Acquire: one conditional UPDATE on the database clock, which may take a free row
+    /// only with the native lock ([`Pass::Locked`]), then the owner and the database's
+    /// time (PostgreSQL: all in one statement). Inserts the row first when it does not
+    /// exist yet.
     async fn acquire<C: SqlConn>(
         &self,
         c: &mut C,
         me: &str,
         lease: Lease,
-    ) -> QueryResult<Option<OwnerRow>> {
-        let row = self.take(c, me, lease).await?;
-        if self.reservation_ms > 0 && !row.as_ref().is_some_and(|r| r.owned_by(me)) {
-            let args = [
-                Arg::Int(self.reservation_ms),
-                Arg::Text(me),
-                Arg::Text(self.mutex),
-                Arg::Text(me),
-                Arg::Text(me),
-            ];
-            c.exec(&self.st.wait, &args).await?;
-        }
-        Ok(row)
-    }
-
-    async fn take<C: SqlConn>(
-        &self,
-        c: &mut C,
-        me: &str,
-        lease: Lease,
+        pass: Pass,
     ) -> QueryResult<Option<OwnerRow>> {
         let ttl = lease.ttl_ms();
         let total = ttl.saturating_add(lease.transition_ms());
+        let (sql, gated) = match pass {
+            Pass::Locked => (&self.st.acquire_locked, 1),
+            Pass::Unlocked => (&self.st.acquire_unlocked, 0),
+        };
         let payload;
         let mut args = vec![
             Arg::Text(me),
-            Arg::Text(me),
+            Arg::Int(gated),
             Arg::Text(me),
             Arg::Text(me),
             Arg::Int(ttl),
@@ -202,21 +174,35 @@ impl Call<'_> {
             Arg::Text(me),
             Arg::Text(self.mutex),
             Arg::Text(me),
-            Arg::Text(me),
         ];
+        if pass == Pass::Unlocked {
+            args.push(Arg::Int(total));
+        }
         if self.st.notify {
             payload = notify_acquired(self.mutex, me);
             args.push(Arg::Text(self.channel));
             args.push(Arg::Text(&payload));
+            args.push(Arg::Text(self.mutex));
         }
-        c.exec(&self.st.acquire, &args).await?;
-        let row = self.select(c).await?;
+        let row = self.run_acquire(c, sql, &args).await?;
         if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
             return Ok(row);
         }
         // First use of this mutex: create its row (racing inserts are no-ops) and decide again.
         c.exec(&self.st.insert, &[Arg::Text(self.mutex)]).await?;
-        c.exec(&self.st.acquire, &args).await?;
+        self.run_acquire(c, sql, &args).await
+    }
+
+    async fn run_acquire<C: SqlConn>(
+        &self,
+        c: &mut C,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> QueryResult<Option<OwnerRow>> {
+        if self.st.returns_row {
+            return Ok(c.load_owner(sql, args).await?.pop());
+        }
+        c.exec(sql, args).await?;
         self.select(c).await
     }
 
@@ -237,12 +223,6 @@ impl Call<'_> {
         ];
         c.exec(&self.st.renew, &args).await?;
         self.select(c).await
-    }
-
-    /// Leave: gives up `me`'s claim as the waiter, if it has it.
-    async fn leave<C: SqlConn>(&self, c: &mut C, me: &str) -> QueryResult<usize> {
-        c.exec(&self.st.leave, &[Arg::Text(self.mutex), Arg::Text(me)])
-            .await
     }
 
     /// Release with a hold: one owner-checked UPDATE that hands the ownership to the hold's
@@ -414,6 +394,44 @@ macro_rules! on_conn {
     }};
 }
 
+/// Runs one store call (`$body` on a connection `$c`) bounded by the statement timeout,
+/// its failure described as `$what`: on PostgreSQL's prepared-statement connection when
+/// the store has one (`fast`), else on a pooled connection.
+macro_rules! run_fast {
+    ($inner:expr, $what:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        #[cfg(feature = "postgres")]
+        let done = match &inner.fast {
+            Some(fast) => {
+                let limit = inner.config.statement_timeout();
+                let what = $what;
+                let result = inner
+                    .bounded(&what, limit, async {
+                        let mut handle = fast
+                            .handle()
+                            .await
+                            .map_err(|e| Failure::Connect(e.clone(), e.into()))?;
+                        let $c = &mut handle;
+                        $body.await.map_err(Failure::Query)
+                    })
+                    .await;
+                if result.is_err() {
+                    // Failed or cut off halfway: the next call opens a new connection.
+                    fast.reset_any().await;
+                }
+                Some(result)
+            }
+            None => None,
+        };
+        #[cfg(not(feature = "postgres"))]
+        let done = None;
+        match done {
+            Some(result) => result,
+            None => run!(inner, $what, |$c| $body),
+        }
+    }};
+}
+
 /// Runs one store call (`$body` on a pooled connection `$c`) bounded by the statement
 /// timeout, its failure described as `$what`.
 macro_rules! run {
@@ -433,13 +451,16 @@ struct Inner {
     pool: Pool,
     st: Statements,
     channel: String,
-    /// How long a waiter's claim lasts after its last look, in ms; 0: no claims.
-    reservation_ms: i64,
+    /// The native wait queues of this store's mutexes.
+    gates: Arc<Gates>,
     /// Close connections whose call failed or was cut off (not SQLite: its calls run to
     /// completion on a blocking thread, and an in-memory database lives in its connection).
     discard: bool,
     #[cfg(feature = "postgres")]
     listener: Option<crate::listen::Listener>,
+    /// PostgreSQL: prepared statements for acquire and release.
+    #[cfg(feature = "postgres")]
+    fast: Option<fast::Fast>,
 }
 
 impl Inner {
@@ -525,7 +546,6 @@ impl Inner {
             st: &self.st,
             mutex,
             channel: &self.channel,
-            reservation_ms: self.reservation_ms,
         }
     }
 
@@ -563,10 +583,11 @@ impl Inner {
         Ok(())
     }
 
-    /// The reply to `me` (`None`: a reader) from the row. A free mutex that another waiter
-    /// has first claim on is, to a contender, held by nobody (empty id) until the claim
-    /// lapses, so that it looks again then.
-    fn reply(&self, row: Option<OwnerRow>, me: Option<&str>) -> Result<LeaseReply> {
+    /// The reply from the row. `grace` is given to a contender that may not take a free
+    /// row yet (it has not got the native lock): a row released less than `grace` ms ago
+    /// is, to it, held by nobody (empty id) until then, so that the engine looks again
+    /// when the grace ends if no push came before.
+    fn reply(&self, row: Option<OwnerRow>, grace: Option<i64>) -> Result<LeaseReply> {
         let backend = self.kind.name();
         let Some(row) = row else {
             return Err(Error::backend(
@@ -575,9 +596,9 @@ impl Inner {
             ));
         };
         let now = row.now_ms;
+        let transition_at = row.transition_at.unwrap_or(0);
         let owner = match row.owner_id {
             Some(owner_id) if !owner_id.is_empty() => {
-                let transition_at = row.transition_at.unwrap_or(0);
                 if transition_at > now {
                     let version = row.version.unwrap_or(0);
                     let fence = u64::try_from(version).map_err(|_| {
@@ -598,21 +619,20 @@ impl Inner {
                     MutexOwner::NONE
                 }
             }
-            _ => MutexOwner::NONE,
-        };
-        let claimed_until = row.waiter_until.unwrap_or(0);
-        let claimant = row.waiter_id.as_deref().filter(|w| !w.is_empty());
-        let owner = match (me, claimant) {
-            (Some(me), Some(w)) if w != me && !owner.has_owner() && claimed_until > now => {
-                MutexOwner {
-                    owner_id: String::new(),
-                    acquired_at: 0,
-                    ttl_at: claimed_until,
-                    transition_at: claimed_until,
-                    fence: 0,
+            Some(_) => match grace {
+                Some(grace) if transition_at.saturating_add(grace) > now => {
+                    let until = transition_at.saturating_add(grace);
+                    MutexOwner {
+                        owner_id: String::new(),
+                        acquired_at: 0,
+                        ttl_at: until,
+                        transition_at: until,
+                        fence: 0,
+                    }
                 }
-            }
-            _ => owner,
+                _ => MutexOwner::NONE,
+            },
+            None => MutexOwner::NONE,
         };
         Ok(LeaseReply { owner, now })
     }
@@ -670,6 +690,13 @@ impl SqlStore {
         let channel = channel_name(config.table());
         let pool = build_pool(&target, &config)?;
         #[cfg(feature = "postgres")]
+        let statement_timeout = config.statement_timeout();
+        let gates = Arc::new(Gates::new(
+            gate_kind(&target),
+            lock_scope(&target, config.table()),
+            config.statement_timeout(),
+        ));
+        #[cfg(feature = "postgres")]
         let listener = match &target {
             Target::Postgres(url) => Some(crate::listen::Listener::new(
                 url.clone(),
@@ -682,16 +709,18 @@ impl SqlStore {
             inner: Arc::new(Inner {
                 kind,
                 discard: kind != Backend::Sqlite,
-                reservation_ms: i64::try_from(
-                    config.effective_waiter_reservation(kind).as_millis(),
-                )
-                .unwrap_or(i64::MAX),
+                gates,
                 config,
                 pool,
                 st,
                 channel,
                 #[cfg(feature = "postgres")]
                 listener,
+                #[cfg(feature = "postgres")]
+                fast: match &target {
+                    Target::Postgres(url) => Some(fast::Fast::new(url.clone(), statement_timeout)),
+                    _ => None,
+                },
             }),
         })
     }
@@ -751,6 +780,39 @@ impl SqlStore {
 fn is_sqlite_busy(e: &diesel::result::Error) -> bool {
     let text = e.to_string();
     text.contains("locked") || text.contains("busy")
+}
+
+/// Where the native locks of a store on `target` live.
+fn gate_kind(target: &Target) -> GateKind {
+    match target {
+        #[cfg(feature = "postgres")]
+        Target::Postgres(url) => GateKind::Postgres { url: url.clone() },
+        #[cfg(feature = "mysql")]
+        Target::Mysql(url) => GateKind::Mysql { url: url.clone() },
+        #[cfg(feature = "sqlite")]
+        Target::Sqlite {
+            path,
+            memory: false,
+        } => GateKind::Files {
+            prefix: path.clone(),
+        },
+        _ => GateKind::Local,
+    }
+}
+
+/// The namespace of a store's lock keys: its database and table. MySQL's user locks are
+/// server-wide, PostgreSQL's advisory locks per database; the path part of the URL names
+/// the database (lock files live beside the SQLite file anyway).
+fn lock_scope(target: &Target, table: &str) -> String {
+    let database = match target {
+        Target::Postgres(url) | Target::Mysql(url) => {
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+            let path = rest.split_once('/').map_or("", |(_, p)| p);
+            path.split(['?', '#']).next().unwrap_or("").to_owned()
+        }
+        Target::Sqlite { .. } => String::new(),
+    };
+    format!("{database}\n{table}")
 }
 
 fn channel_name(table: &str) -> String {
@@ -890,31 +952,53 @@ impl LeaseStore for SqlStore {
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         let inner = &*self.inner;
         let call = inner.start(mutex, Some(contender_id))?;
-        let row = run!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
+        let sent = tokio::time::Instant::now();
+        let pass = inner.gates.enter(mutex, contender_id).await;
+        let row = run_fast!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
             c,
             contender_id,
-            lease
+            lease,
+            pass
         ))?;
-        inner.reply(row, Some(contender_id))
+        let grace = match pass {
+            Pass::Locked => None,
+            Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
+        };
+        let reply = inner.reply(row, grace)?;
+        let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
+        inner
+            .gates
+            .outcome(mutex, contender_id, owns, sent + lease.total());
+        Ok(reply)
     }
 
     /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
     async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         let inner = &*self.inner;
         let call = inner.start(mutex, Some(contender_id))?;
+        let sent = tokio::time::Instant::now();
         let row = run!(inner, format!("renew mutex {mutex:?}"), |c| call.renew(
             c,
             contender_id,
             lease
         ))?;
-        inner.reply(row, None)
+        let reply = inner.reply(row, None)?;
+        let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
+        inner
+            .gates
+            .outcome(mutex, contender_id, owns, sent + lease.total());
+        Ok(reply)
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
         let inner = &*self.inner;
         let call = inner.start(mutex, Some(contender_id))?;
-        run!(inner, format!("release mutex {mutex:?}"), |c| call
-            .release(c, contender_id))
+        let released = run_fast!(inner, format!("release mutex {mutex:?}"), |c| call
+            .release(c, contender_id));
+        // The row first, then the native lock: the waiter it wakes finds the row free.
+        // On failure too: the engine releases only what it no longer believes it owns.
+        inner.gates.done(mutex, contender_id, false).await;
+        released
     }
 
     /// One conditional UPDATE on the database clock (see [`LeaseStore::release_after`]).
@@ -925,9 +1009,13 @@ impl LeaseStore for SqlStore {
         if ms == 0 {
             return self.release(mutex, contender_id).await;
         }
-        run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
+        let held = run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
             call.release_after(c, contender_id, ms)
-        })
+        });
+        // The next waiter gets the native lock, finds the row held, and waits for the
+        // hold's end on the lease clock.
+        inner.gates.done(mutex, contender_id, false).await;
+        held
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
@@ -938,23 +1026,22 @@ impl LeaseStore for SqlStore {
         inner.reply(row, None)
     }
 
-    /// Gives up the contender's first claim on the mutex (the waiter slot), so that a
-    /// contender that stopped waiting does not hold up the next release.
+    /// Takes the contender out of the mutex's wait queue: its place in the local queue,
+    /// and the native lock if it had been handed to it.
     async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
         let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        if inner.reservation_ms == 0 {
-            return Ok(());
-        }
-        run!(inner, format!("leave the wait for mutex {mutex:?}"), |c| {
-            call.leave(c, contender_id)
-        })
-        .map(|_| ())
+        inner.start(mutex, Some(contender_id))?;
+        inner.gates.done(mutex, contender_id, true).await;
+        Ok(())
     }
 
-    /// PostgreSQL: events from LISTEN/NOTIFY ([`StoreEvent::Released`] and
-    /// [`StoreEvent::Acquired`] from other contenders, [`StoreEvent::Resync`] after the LISTEN
-    /// connection (re)connects). MySQL and SQLite: `None`, the engine polls.
+    /// Every backend pushes to contenders: a contender that waits is woken with
+    /// [`StoreEvent::Released`] when the database (or, on SQLite, the kernel) hands its
+    /// process the mutex's native lock, and gets [`StoreEvent::Resync`] when waiting
+    /// failed (a lost session). On PostgreSQL a subscriber that does not contend (an
+    /// observer) hears every change by LISTEN/NOTIFY; on MySQL and SQLite an observer gets
+    /// `None` (the engine reads on its schedule). A contender is one that called
+    /// [`LeaseStore::acquire`] on this store and has not released or left since.
     async fn subscribe(
         &self,
         mutex: &str,
@@ -962,10 +1049,203 @@ impl LeaseStore for SqlStore {
     ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
         self.inner.check_name(mutex)?;
         #[cfg(feature = "postgres")]
-        if let Some(listener) = &self.inner.listener {
-            return Ok(Some(listener.subscribe(mutex, contender_id)));
+        let observers_hear = self.inner.listener.is_some();
+        #[cfg(not(feature = "postgres"))]
+        let observers_hear = false;
+        if !observers_hear && !self.inner.gates.contends(mutex, contender_id) {
+            // An observer on MySQL / SQLite: nothing tells it of other processes'
+            // changes, so the engine reads on its own schedule.
+            return Ok(None);
         }
-        let _ = contender_id;
-        Ok(None)
+        let (rx, tx, contending) = self.inner.gates.subscribe(mutex, contender_id);
+        #[cfg(feature = "postgres")]
+        if let Some(listener) = &self.inner.listener {
+            listener.subscribe(mutex, contender_id, tx.clone(), contending.clone());
+        }
+        drop((tx, contending));
+        Ok(Some(rx))
+    }
+}
+
+/// PostgreSQL's fast path for the statements of a handoff (acquire, release): one
+/// tokio-postgres connection per store whose statements are prepared once and then run
+/// in one round trip each, pipelined when several run at once. (diesel's `sql_query`
+/// prepares and plans every statement anew on every call.) Any failure closes the
+/// connection; the next call opens a new one.
+#[cfg(feature = "postgres")]
+mod fast {
+    use std::collections::HashMap;
+    use std::future::Future;
+    use std::sync::{Arc, Mutex as StdMutex};
+    use std::time::Duration;
+
+    use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
+    use tokio_postgres::types::ToSql;
+    use tokio_postgres::{Client, NoTls, Statement};
+
+    use super::{Arg, OwnerRow, SqlConn};
+
+    pub(super) struct FastConn {
+        client: Client,
+        statements: StdMutex<HashMap<String, Statement>>,
+        driver: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for FastConn {
+        fn drop(&mut self) {
+            self.driver.abort();
+        }
+    }
+
+    fn failed(e: impl std::fmt::Display) -> DieselError {
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(e.to_string()))
+    }
+
+    /// The connection of a store, opened on first use.
+    pub(super) struct Fast {
+        url: String,
+        setup: String,
+        conn: tokio::sync::Mutex<Option<Arc<FastConn>>>,
+    }
+
+    impl Fast {
+        pub(super) fn new(url: String, statement_timeout: Duration) -> Self {
+            Fast {
+                url,
+                setup: format!("SET statement_timeout = {}", statement_timeout.as_millis()),
+                conn: tokio::sync::Mutex::new(None),
+            }
+        }
+
+        /// The open connection, or a new one.
+        pub(super) async fn handle(&self) -> Result<Handle, String> {
+            let mut conn = self.conn.lock().await;
+            if let Some(c) = conn.as_ref()
+                && !c.client.is_closed()
+            {
+                return Ok(Handle(c.clone()));
+            }
+            let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            let driver = tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            let c = Arc::new(FastConn {
+                client,
+                statements: StdMutex::new(HashMap::new()),
+                driver,
+            });
+            c.client
+                .batch_execute(&self.setup)
+                .await
+                .map_err(|e| e.to_string())?;
+            *conn = Some(c.clone());
+            Ok(Handle(c))
+        }
+
+        /// Closes the connection (after a failure or a call cut off halfway); calls in
+        /// flight on it fail.
+        pub(super) async fn reset_any(&self) {
+            *self.conn.lock().await = None;
+        }
+    }
+
+    /// A use of the connection, for the statement functions of the store.
+    pub(super) struct Handle(Arc<FastConn>);
+
+    impl Handle {
+        async fn statement(&self, sql: &str) -> QueryResult<Statement> {
+            let cached = self
+                .0
+                .statements
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(sql)
+                .cloned();
+            if let Some(st) = cached {
+                return Ok(st);
+            }
+            let st = self.0.client.prepare(sql).await.map_err(failed)?;
+            self.0
+                .statements
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(sql.to_owned(), st.clone());
+            Ok(st)
+        }
+    }
+
+    fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+        args.iter()
+            .map(|a| match a {
+                Arg::Text(s) => s as &(dyn ToSql + Sync),
+                Arg::Int(i) => i as &(dyn ToSql + Sync),
+            })
+            .collect()
+    }
+
+    fn get<T>(row: &tokio_postgres::Row, name: &str) -> QueryResult<T>
+    where
+        T: for<'b> tokio_postgres::types::FromSql<'b>,
+    {
+        row.try_get(name).map_err(failed)
+    }
+
+    // The same signatures as the trait's (and the diesel connections' impls), kept as
+    // `impl Future + Send`.
+    #[allow(clippy::manual_async_fn)]
+    impl SqlConn for Handle {
+        fn exec<'a>(
+            &'a mut self,
+            sql: &'a str,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
+            async move {
+                let st = self.statement(sql).await?;
+                let n = self
+                    .0
+                    .client
+                    .execute(&st, &params(args))
+                    .await
+                    .map_err(failed)?;
+                Ok(usize::try_from(n).unwrap_or(usize::MAX))
+            }
+        }
+
+        fn load_owner<'a>(
+            &'a mut self,
+            sql: &'a str,
+            args: &'a [Arg<'a>],
+        ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a {
+            async move {
+                let st = self.statement(sql).await?;
+                let rows = self
+                    .0
+                    .client
+                    .query(&st, &params(args))
+                    .await
+                    .map_err(failed)?;
+                rows.iter()
+                    .map(|r| {
+                        Ok(OwnerRow {
+                            now_ms: get(r, "now_ms")?,
+                            owner_id: get(r, "owner_id")?,
+                            acquired_at: get(r, "acquired_at")?,
+                            ttl_at: get(r, "ttl_at")?,
+                            transition_at: get(r, "transition_at")?,
+                            version: get(r, "version")?,
+                        })
+                    })
+                    .collect()
+            }
+        }
+
+        fn batch<'a>(
+            &'a mut self,
+            sql: &'a str,
+        ) -> impl Future<Output = QueryResult<()>> + Send + 'a {
+            async move { self.0.client.batch_execute(sql).await.map_err(failed) }
+        }
     }
 }

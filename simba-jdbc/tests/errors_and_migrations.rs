@@ -10,7 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use simba_core::{Error, LeaseStore};
+use simba_core::Error;
+use simba_core::backend::LeaseStore;
 use simba_jdbc::{Backend, SqlConfig, SqlStore, create_table_sql};
 
 use common::SqlHarness;

@@ -175,9 +175,9 @@ async fn postgres_hung_while_owning() {
 
 #[cfg(feature = "postgres")]
 async fn next(
-    rx: &mut tokio::sync::mpsc::Receiver<simba_core::StoreEvent>,
+    rx: &mut tokio::sync::mpsc::Receiver<simba_core::backend::StoreEvent>,
     bound: Duration,
-) -> Option<simba_core::StoreEvent> {
+) -> Option<simba_core::backend::StoreEvent> {
     timeout(bound, rx.recv()).await.ok().flatten()
 }
 
@@ -186,7 +186,7 @@ async fn next(
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_listener_resyncs_after_restart() {
-    use simba_core::{LeaseStore, StoreEvent};
+    use simba_core::backend::{LeaseStore, StoreEvent};
     let server = simba_test_kit::servers::postgres_private()
         .await
         .expect("private PostgreSQL");

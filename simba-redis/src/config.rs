@@ -1,6 +1,7 @@
 //! [`RedisConfig`]: where the server is and how to talk to it.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fred::types::config::{Config as FredConfig, ServerConfig};
@@ -8,6 +9,9 @@ use simba_core::{Error, Result, validate_duration};
 
 /// The default key prefix, as in the JVM Simba: keys are `simba:{mutex}`, ….
 pub const DEFAULT_KEY_PREFIX: &str = "simba";
+
+/// How long an acquisition or renewal waits for its replicas unless told otherwise.
+pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The longest key prefix accepted (bytes).
 pub const MAX_KEY_PREFIX_LEN: usize = 64;
@@ -81,6 +85,81 @@ pub struct RedisConfig {
     /// lease once per fresh server; a Redis that kept its data does not pay it. Not
     /// applied on Redis Cluster.
     pub restart_quarantine: bool,
+    /// How many replicas must have every acquisition and renewal before it counts
+    /// (`WAIT`): an acquisition or renewal that fewer replicas confirmed within
+    /// [`replica_ack_timeout`](Self::replica_ack_timeout) fails (retryably) instead, so a
+    /// failover to a replica cannot lose a live owner's key or fence (see the crate docs,
+    /// *Failover*). `None` (the default) means 1 behind Sentinel and 0 otherwise; URL
+    /// option `replicaAcks=N`. Not supported on Redis Cluster yet (must be 0 there).
+    pub replica_acks: Option<u32>,
+    /// How long an acquisition or renewal waits for [`replica_acks`](Self::replica_acks)
+    /// replicas; `None` (the default) means the URL option `replicaAckTimeoutMs=N`, else
+    /// 500 ms. Must be shorter than [`command_timeout`](Self::command_timeout) and
+    /// [`unresponsive_timeout`](Self::unresponsive_timeout): the connection waits with it.
+    pub replica_ack_timeout: Option<Duration>,
+    /// TLS settings for `rediss://` URLs (feature `tls`); also from the URL options
+    /// `tlsCaFile`, `tlsCertFile`, `tlsKeyFile`, `tlsServerName`. Fields set here override
+    /// the URL's.
+    pub tls: TlsOptions,
+}
+
+/// TLS settings of a `rediss://` connection (feature `tls`): which certificate
+/// authorities to trust, an optional client certificate (mutual TLS) and the name the
+/// server's certificate must carry.
+///
+/// The server's certificate is always verified: its chain must end at a trusted CA, it
+/// must be valid now, and it must name the host (or [`server_name`](Self::server_name)).
+/// The same settings apply to every connection of the store: sentinels, the primary,
+/// every Cluster node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TlsOptions {
+    /// PEM file with the CA certificate(s) to trust instead of the system's roots
+    /// (`tlsCaFile=`).
+    pub ca_file: Option<PathBuf>,
+    /// PEM file with the client certificate chain, for servers that ask for one
+    /// (`tlsCertFile=`; needs [`key_file`](Self::key_file)).
+    pub cert_file: Option<PathBuf>,
+    /// PEM file with the client certificate's private key (PKCS#8, PKCS#1 or SEC1;
+    /// `tlsKeyFile=`).
+    pub key_file: Option<PathBuf>,
+    /// The name sent as SNI and required in the server's certificate, instead of the
+    /// host of each address (`tlsServerName=`). Useful when connecting by IP address to a
+    /// server whose certificate names only its DNS name.
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    fn is_empty(&self) -> bool {
+        self == &TlsOptions::default()
+    }
+
+    /// `self` with every unset field taken from `url`.
+    fn or(&self, url: &TlsOptions) -> TlsOptions {
+        TlsOptions {
+            ca_file: self.ca_file.clone().or_else(|| url.ca_file.clone()),
+            cert_file: self.cert_file.clone().or_else(|| url.cert_file.clone()),
+            key_file: self.key_file.clone().or_else(|| url.key_file.clone()),
+            server_name: self.server_name.clone().or_else(|| url.server_name.clone()),
+        }
+    }
+}
+
+/// The settings a URL carries besides what fred parses.
+#[derive(Debug, Default)]
+struct UrlOptions {
+    replica_acks: Option<u32>,
+    replica_ack_timeout: Option<Duration>,
+    tls: TlsOptions,
+}
+
+/// The resolved connection settings: fred's config, plus what this crate does itself.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    pub(crate) fred: FredConfig,
+    pub(crate) replica_acks: u32,
+    pub(crate) replica_ack_timeout: Duration,
+    pub(crate) tls: Option<TlsOptions>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -98,6 +177,9 @@ impl fmt::Debug for RedisConfig {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("restart_quarantine", &self.restart_quarantine)
+            .field("replica_acks", &self.replica_acks)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -118,7 +200,28 @@ impl RedisConfig {
             heartbeat_interval: Duration::from_secs(1),
             reconnect_max_delay: Duration::from_secs(1),
             restart_quarantine: true,
+            replica_acks: None,
+            replica_ack_timeout: None,
+            tls: TlsOptions::default(),
         }
+    }
+
+    /// Sets [`replica_acks`](Self::replica_acks): `Some(0)` turns the replica check off.
+    pub fn with_replica_acks(mut self, acks: Option<u32>) -> Self {
+        self.replica_acks = acks;
+        self
+    }
+
+    /// Sets [`replica_ack_timeout`](Self::replica_ack_timeout).
+    pub fn with_replica_ack_timeout(mut self, d: Duration) -> Self {
+        self.replica_ack_timeout = Some(d);
+        self
+    }
+
+    /// Sets the TLS settings (see [`TlsOptions`]).
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Sets [`restart_quarantine`](Self::restart_quarantine).
@@ -190,15 +293,24 @@ impl RedisConfig {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the first bad setting and saying what is wrong: an
-    /// unparsable URL or unknown scheme, `rediss://` without the `tls` feature, a bad key
-    /// prefix, a duration under 1 ms, over a year or not whole milliseconds, `hash_tag = false`
-    /// with Cluster.
+    /// unparsable URL or unknown scheme, an unknown or bad URL option, `rediss://` without
+    /// the `tls` feature, TLS options on a URL without TLS, a CA, certificate or key file
+    /// that cannot be read or holds no usable PEM item, a bad key prefix, a duration under
+    /// 1 ms, over a year or not whole milliseconds, a replica-ack timeout not shorter than
+    /// the command timeout, `hash_tag = false` or replica acks with Cluster.
     pub fn validate(&self) -> Result<()> {
-        self.fred_config().map(|_| ())
+        let resolved = self.resolve()?;
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &resolved.tls {
+            crate::tls::client_config(tls)?;
+        }
+        drop(resolved);
+        Ok(())
     }
 
-    /// The fred client configuration (server, credentials, TLS) for this config.
-    pub(crate) fn fred_config(&self) -> Result<FredConfig> {
+    /// The fred client configuration (server, credentials) and this crate's own
+    /// connection settings.
+    pub(crate) fn resolve(&self) -> Result<Resolved> {
         let checks: [(&'static str, Duration); 5] = [
             ("connect_timeout", self.connect_timeout),
             ("command_timeout", self.command_timeout),
@@ -210,22 +322,216 @@ impl RedisConfig {
             validate_duration(field, d, Duration::from_millis(1))?;
         }
         validate_prefix(&self.key_prefix)?;
-        let mut config = parse_url(&self.url)?;
+        let (fred_url, options) = split_options(&self.url)?;
+        let mut config = parse_url(&fred_url, &self.url)?;
         if let Some(user) = &self.username {
             config.username = Some(user.clone());
         }
         if let Some(password) = &self.password {
             config.password = Some(password.clone());
         }
-        if !self.hash_tag && config.server.is_clustered() {
+        let clustered = config.server.is_clustered();
+        if !self.hash_tag && clustered {
             return Err(Error::config(
                 "hash_tag",
                 "Redis Cluster needs the hash tag: every key of a mutex must be in one slot; \
                  set hash_tag = true",
             ));
         }
-        Ok(config)
+        let sentinel = matches!(config.server, ServerConfig::Sentinel { .. });
+        let replica_acks = self
+            .replica_acks
+            .or(options.replica_acks)
+            .unwrap_or(u32::from(sentinel));
+        if replica_acks > 0 && clustered {
+            return Err(Error::config(
+                "replica_acks",
+                format!(
+                    "{replica_acks} replica acknowledgements were asked for on Redis Cluster, \
+                     which simba-redis does not support yet; use replicaAcks=0"
+                ),
+            ));
+        }
+        let replica_ack_timeout = self
+            .replica_ack_timeout
+            .or(options.replica_ack_timeout)
+            .unwrap_or(DEFAULT_REPLICA_ACK_TIMEOUT);
+        validate_duration(
+            "replica_ack_timeout",
+            replica_ack_timeout,
+            Duration::from_millis(1),
+        )?;
+        if replica_acks > 0
+            && (replica_ack_timeout >= self.command_timeout
+                || replica_ack_timeout >= self.unresponsive_timeout)
+        {
+            return Err(Error::config(
+                "replica_ack_timeout",
+                format!(
+                    "{replica_ack_timeout:?} is not shorter than the command timeout \
+                     ({:?}) and the unresponsive timeout ({:?}); the connection waits for the \
+                     replicas, so make it shorter (e.g. 500 ms)",
+                    self.command_timeout, self.unresponsive_timeout
+                ),
+            ));
+        }
+        let tls_url = is_tls_scheme(&self.url);
+        let tls = self.tls.or(&options.tls);
+        let tls = if tls_url {
+            Some(tls)
+        } else if tls.is_empty() {
+            None
+        } else {
+            return Err(Error::config(
+                "tls",
+                format!(
+                    "{:?} has TLS options (tlsCaFile, tlsCertFile, tlsKeyFile, tlsServerName) \
+                     but no TLS scheme; use rediss:// (or rediss-cluster://, \
+                     rediss-sentinel://)",
+                    redact_url(&self.url)
+                ),
+            ));
+        };
+        if let Some(t) = &tls
+            && t.cert_file.is_some() != t.key_file.is_some()
+        {
+            return Err(Error::config(
+                "tls",
+                "a client certificate needs both tlsCertFile and tlsKeyFile",
+            ));
+        }
+        Ok(Resolved {
+            fred: config,
+            replica_acks,
+            replica_ack_timeout,
+            tls,
+        })
     }
+}
+
+/// `%XX` escapes decoded (a bad escape is kept as it is).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'?'));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn is_tls_scheme(url: &str) -> bool {
+    let scheme = url
+        .split_once("://")
+        .map_or("", |(s, _)| s)
+        .to_ascii_lowercase();
+    scheme.starts_with("rediss") || scheme.starts_with("valkeys")
+}
+
+/// The URL options this crate reads itself (fred would ignore them).
+const OWN_OPTIONS: &[&str] = &[
+    "replicaAcks",
+    "replicaAckTimeoutMs",
+    "tlsCaFile",
+    "tlsCertFile",
+    "tlsKeyFile",
+    "tlsServerName",
+];
+
+/// The query parameters fred reads.
+const FRED_OPTIONS: &[&str] = &[
+    "node",
+    "sentinelServiceName",
+    "sentinelUsername",
+    "sentinelPassword",
+];
+
+/// Splits this crate's own options off `url`: the URL for fred, and the options.
+fn split_options(url: &str) -> Result<(String, UrlOptions)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), UrlOptions::default()));
+    };
+    let mut kept = Vec::new();
+    let mut options = UrlOptions::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |what: &str| {
+            Err(Error::config(
+                "url",
+                format!("URL option {key}={value:?} {what}"),
+            ))
+        };
+        let path = || {
+            let decoded = percent_decode(value);
+            if decoded.is_empty() {
+                None
+            } else {
+                Some(PathBuf::from(decoded))
+            }
+        };
+        match key {
+            "replicaAcks" => match value.parse::<u32>() {
+                Ok(n) => options.replica_acks = Some(n),
+                Err(_) => return bad("is not a number of replicas (0 turns the check off)"),
+            },
+            "replicaAckTimeoutMs" => match value.parse::<u64>() {
+                Ok(ms) if ms > 0 => options.replica_ack_timeout = Some(Duration::from_millis(ms)),
+                _ => return bad("is not a positive number of milliseconds"),
+            },
+            "tlsCaFile" => match path() {
+                Some(p) => options.tls.ca_file = Some(p),
+                None => return bad("names no file"),
+            },
+            "tlsCertFile" => match path() {
+                Some(p) => options.tls.cert_file = Some(p),
+                None => return bad("names no file"),
+            },
+            "tlsKeyFile" => match path() {
+                Some(p) => options.tls.key_file = Some(p),
+                None => return bad("names no file"),
+            },
+            "tlsServerName" => {
+                let name = percent_decode(value);
+                if name.is_empty() {
+                    return bad("names no server");
+                }
+                options.tls.server_name = Some(name);
+            }
+            k if FRED_OPTIONS.contains(&k) => kept.push(pair),
+            _ => {
+                return Err(Error::config(
+                    "url",
+                    format!(
+                        "unknown URL option {key:?}; known: {}",
+                        FRED_OPTIONS
+                            .iter()
+                            .chain(OWN_OPTIONS)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, options))
 }
 
 fn validate_prefix(prefix: &str) -> Result<()> {
@@ -262,9 +568,11 @@ const SCHEMES: &[&str] = &[
     "valkeys-sentinel",
 ];
 
-fn parse_url(url: &str) -> Result<FredConfig> {
+/// Parses `url` (this crate's options removed) with fred; `original` is what the user gave,
+/// for messages.
+fn parse_url(url: &str, original: &str) -> Result<FredConfig> {
     let fail = |reason: String| Err(Error::config("url", reason));
-    let shown = redact_url(url);
+    let shown = redact_url(original);
     let Some((scheme, rest)) = url.split_once("://") else {
         return fail(format!(
             "{shown:?} is not a URL; expected e.g. redis://127.0.0.1:6379"
@@ -287,7 +595,14 @@ fn parse_url(url: &str) -> Result<FredConfig> {
              enable it (simba-redis = {{ features = [\"tls\"] }})"
         ));
     }
-    let config = FredConfig::from_url(url).map_err(|e| {
+    let url = if tls {
+        // fred parses these schemes; this crate sets up TLS itself (see `tls.rs`).
+        url.replacen("rediss", "redis", 1)
+            .replacen("valkeys", "valkey", 1)
+    } else {
+        url.to_owned()
+    };
+    let config = FredConfig::from_url(&url).map_err(|e| {
         Error::config(
             "url",
             format!("{shown:?} is not a valid Redis URL: {}", e.details()),
@@ -431,6 +746,62 @@ mod tests {
             "redis-sentinel://:***@h:1?sentinelServiceName=m&sentinelPassword=***"
         );
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn replica_acks_defaults_and_options() {
+        let acks = |url: &str| RedisConfig::new(url).resolve().unwrap().replica_acks;
+        assert_eq!(acks("redis://h:1"), 0);
+        assert_eq!(acks("redis-sentinel://h:1?sentinelServiceName=m"), 1);
+        assert_eq!(
+            acks("redis-sentinel://h:1?sentinelServiceName=m&replicaAcks=0"),
+            0
+        );
+        assert_eq!(acks("redis://h:1?replicaAcks=2"), 2);
+        let r = RedisConfig::new("redis://h:1?replicaAcks=1&replicaAckTimeoutMs=250")
+            .resolve()
+            .unwrap();
+        assert_eq!(r.replica_ack_timeout, Duration::from_millis(250));
+        // The field overrides the URL.
+        let r = RedisConfig::new("redis://h:1?replicaAcks=1")
+            .with_replica_acks(Some(0))
+            .resolve()
+            .unwrap();
+        assert_eq!(r.replica_acks, 0);
+        // fred's own options pass through.
+        let r =
+            RedisConfig::new("redis-sentinel://h:1?sentinelServiceName=m&node=h:2&replicaAcks=1")
+                .resolve()
+                .unwrap();
+        assert!(
+            matches!(r.fred.server, ServerConfig::Sentinel { ref hosts, .. } if hosts.len() == 2)
+        );
+    }
+
+    #[test]
+    fn rejects_bad_replica_settings() {
+        let e = RedisConfig::new("redis-cluster://h:1?replicaAcks=1")
+            .validate()
+            .unwrap_err();
+        assert_eq!(field(e), "replica_acks");
+        let e = RedisConfig::new("redis://h:1?replicaAcks=1")
+            .with_replica_ack_timeout(Duration::from_secs(2))
+            .validate()
+            .unwrap_err();
+        assert_eq!(field(e), "replica_ack_timeout");
+        for url in [
+            "redis://h:1?replicaAcks=x",
+            "redis://h:1?replicaAckTimeoutMs=0",
+            "redis://h:1?nosuchoption=1",
+            "redis://h:1?tlsCaFile=",
+        ] {
+            let e = RedisConfig::new(url).validate().expect_err(url);
+            assert_eq!(field(e), "url", "{url}");
+        }
+        let e = RedisConfig::new("redis://h:1?tlsCaFile=/x.pem")
+            .validate()
+            .unwrap_err();
+        assert_eq!(field(e), "tls");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
-use simba_core::{Error, LeaseReply, MutexOwner, Result};
+use simba_core::backend::LeaseReply;
+use simba_core::{Error, MutexOwner, Result};
 
 /// The backend name in errors and traces.
 pub(crate) const BACKEND: &str = "redis";

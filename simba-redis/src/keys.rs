@@ -1,5 +1,10 @@
 //! Key and channel names.
 
+/// The separator of Simba's Redis messages (`event@@contenderId`, as the JVM Simba writes
+/// them): a contender id on Redis must not contain it, or its messages could not be read
+/// back.
+pub const MESSAGE_SEPARATOR: &str = "@@";
+
 /// What the handoff channel of a mutex adds to its mutex channel (the release script
 /// spells it out too).
 pub(crate) const HANDOFF_CHANNEL_SUFFIX: &str = ":@@handoff";

@@ -10,13 +10,19 @@ pub mod fuzzing;
 mod keys;
 mod store;
 mod subscriptions;
+mod tls;
 mod watchdog;
 
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 
-pub use config::{DEFAULT_KEY_PREFIX, MAX_KEY_PREFIX_LEN, RedisConfig, WaitMode, redact_url};
+pub use config::{
+    DEFAULT_KEY_PREFIX, DEFAULT_REPLICA_ACK_TIMEOUT, MAX_KEY_PREFIX_LEN, RedisConfig, TlsOptions,
+    WaitMode, redact_url,
+};
 pub use floor::PubSubProbe;
+pub use keys::MESSAGE_SEPARATOR;
 pub use store::RedisStore;
+pub use tls::TlsFailure;
 
 /// Connects to `url` with default settings and returns a contend-service factory with the
 /// lease timing `lease`.

@@ -5,15 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientInterface, ClientLike};
 use fred::types::config::{
     ConnectionConfig, PerformanceConfig, ReconnectPolicy, TcpConfig, UnresponsiveConfig,
 };
 use fred::types::{Builder, Value, scripts::Script};
-use simba_core::{
-    Error, Lease, LeaseReply, LeaseStore, Result, StoreEvent, held_owner_id, hold_millis,
-    validate_contender_id, validate_mutex_name,
-};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, held_owner_id, hold_millis};
+use simba_core::{Error, Result, validate_contender_id, validate_mutex_name};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -21,6 +19,7 @@ use tracing::debug;
 use crate::config::{RedisConfig, WaitMode};
 use crate::error::{BACKEND, backend, lease_reply, release_reply};
 use crate::keys::KeySpace;
+use crate::keys::MESSAGE_SEPARATOR;
 use crate::subscriptions::Subscriptions;
 use crate::watchdog::Watchdog;
 
@@ -85,6 +84,10 @@ struct Inner {
     watchdog: Watchdog,
     /// Whether acquisitions keep the restart quarantine (see the crate docs).
     quarantine: bool,
+    /// Replicas that must confirm each acquisition and renewal (`WAIT`), 0 for none.
+    replica_acks: u32,
+    /// How long to wait for them (ms).
+    replica_ack_timeout_ms: u64,
     tasks: Vec<JoinHandle<()>>,
     config: RedisConfig,
 }
@@ -147,8 +150,27 @@ impl RedisStore {
     /// # Cancel safety
     /// Dropping the future closes whatever connections it opened.
     pub async fn connect(config: RedisConfig) -> Result<RedisStore> {
-        let fred_config = config.fred_config()?;
+        let resolved = config.resolve()?;
+        #[cfg(not(feature = "tls"))]
+        let fred_config = {
+            // Without the feature a TLS URL does not validate: there is nothing to set.
+            debug_assert!(resolved.tls.is_none());
+            resolved.fred
+        };
+        #[cfg(feature = "tls")]
+        let mut fred_config = resolved.fred;
         let clustered = fred_config.server.is_clustered();
+        #[cfg(feature = "tls")]
+        let tls_config = match &resolved.tls {
+            Some(tls) => {
+                let rustls = std::sync::Arc::new(crate::tls::client_config(tls)?);
+                fred_config.tls =
+                    Some(fred::types::config::TlsConnector::from((*rustls).clone()).into());
+                Some((rustls, tls.clone()))
+            }
+            None => None,
+        };
+        let first_host = first_host(&fred_config.server);
         let perf = PerformanceConfig {
             default_command_timeout: config.command_timeout,
             broadcast_channel_capacity: BROADCAST_CAPACITY,
@@ -180,7 +202,24 @@ impl RedisStore {
             .build()
             .map_err(|e| backend("building the Redis client", e))?;
         let client_guard = QuitOnDrop(Some(client.clone()));
-        init(&client, &config).await?;
+        if let Err(e) = init(&client, &config).await {
+            // Say why, where it can be told: a certificate, or TLS on one side only.
+            let (host, port) = first_host;
+            #[cfg(feature = "tls")]
+            if let Some((rustls, tls)) = tls_config {
+                if crate::tls::speaks_plain(&host, port).await {
+                    return Err(crate::tls::TlsFailure::NotOffered.into_error(&connecting(&config)));
+                }
+                if let Some(failure) = crate::tls::tls_probe(rustls, &host, port, &tls).await {
+                    return Err(failure.into_error(&connecting(&config)));
+                }
+                return Err(e);
+            }
+            if let Some(failure) = crate::tls::plain_probe(&host, port).await {
+                return Err(failure.into_error(&connecting(&config)));
+            }
+            return Err(e);
+        }
 
         let scripts = Scripts::new();
         for (name, script) in scripts.all() {
@@ -218,6 +257,9 @@ impl RedisStore {
                 scripts,
                 watchdog: watchdog(&config),
                 quarantine: config.restart_quarantine && !clustered,
+                replica_acks: resolved.replica_acks,
+                replica_ack_timeout_ms: u64::try_from(resolved.replica_ack_timeout.as_millis())
+                    .unwrap_or(u64::MAX),
                 tasks,
                 config,
             }),
@@ -279,6 +321,65 @@ impl RedisStore {
         watch.finish(&result);
         result.map_err(|e| backend(what, e))
     }
+
+    /// A lease script whose reply must be confirmed by the replicas when it made `id` the
+    /// owner (see *Failover* in the crate docs).
+    async fn eval_confirmed(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+        id: &str,
+    ) -> Result<LeaseReply> {
+        if self.inner.replica_acks == 0 {
+            let reply = self.eval_keys(what, script, keys, args).await?;
+            return lease_reply(what, reply);
+        }
+        let client = &self.inner.client;
+        let connections = client.connection_ids();
+        let reply = self.eval_keys(what, script, keys, args).await?;
+        let reply = lease_reply(what, reply)?;
+        if reply.owner.owner_id != id {
+            return Ok(reply);
+        }
+        let wanted = self.inner.replica_acks;
+        let watch = self.inner.watchdog.watch(client);
+        let acked = client
+            .custom::<i64, String>(
+                fred::cmd!("WAIT"),
+                vec![
+                    wanted.to_string(),
+                    self.inner.replica_ack_timeout_ms.to_string(),
+                ],
+            )
+            .await;
+        watch.finish(&acked);
+        let acked = acked.map_err(|e| backend(&format!("{what}: WAIT for the replicas"), e))?;
+        // WAIT covers the writes made on *its* connection: had fred replaced the
+        // connection between the script and WAIT, WAIT would vouch for nothing.
+        if client.connection_ids() != connections {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{what}: the connection was replaced between the write and the replica \
+                     check; not counted, will retry"
+                ),
+            ));
+        }
+        if acked < i64::from(wanted) {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{what}: only {acked} of the {wanted} replica(s) asked for confirmed it \
+                     within {} ms, so a failover could lose it; not counted, will retry. If \
+                     this server has fewer replicas, lower replicaAcks (0 turns the check off)",
+                    self.inner.replica_ack_timeout_ms
+                ),
+            ));
+        }
+        Ok(reply)
+    }
 }
 
 /// Quits a client when dropped, unless defused: a `connect` that fails or is cancelled
@@ -303,21 +404,61 @@ impl<C: ClientLike + 'static> Drop for QuitOnDrop<C> {
     }
 }
 
+fn connecting(config: &RedisConfig) -> String {
+    format!("connecting to {}", crate::config::redact_url(&config.url))
+}
+
+/// The first address a client dials: the host, the first sentinel, the first Cluster node.
+fn first_host(server: &fred::types::config::ServerConfig) -> (String, u16) {
+    use fred::types::config::ServerConfig;
+    let first = match server {
+        ServerConfig::Centralized { server } => Some(server),
+        ServerConfig::Clustered { hosts, .. } | ServerConfig::Sentinel { hosts, .. } => {
+            hosts.first()
+        }
+    };
+    first.map_or_else(
+        || ("127.0.0.1".to_owned(), 6379),
+        |s| (s.host.to_string(), s.port),
+    )
+}
+
+/// Connects `client` within the connect timeout.
+///
+/// Behind Sentinel, a connection can fail while a failover is being completed (the
+/// sentinels name a primary that is not ready yet, or close the clients of the node they
+/// reconfigure: "Broken pipe"), so Sentinel errors are retried until the timeout.
 async fn init<C: ClientLike>(client: &C, config: &RedisConfig) -> Result<()> {
-    match tokio::time::timeout(config.connect_timeout, client.init()).await {
-        Ok(Ok(_handle)) => Ok(()),
-        Ok(Err(e)) => Err(backend(
-            &format!("connecting to {}", crate::config::redact_url(&config.url)),
-            e,
-        )),
-        Err(_) => Err(Error::backend(
-            BACKEND,
-            format!(
-                "connecting to {} did not succeed within {:?}",
-                crate::config::redact_url(&config.url),
-                config.connect_timeout
-            ),
-        )),
+    let deadline = tokio::time::Instant::now() + config.connect_timeout;
+    let sentinel = matches!(
+        client.client_config().server,
+        fred::types::config::ServerConfig::Sentinel { .. }
+    );
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, client.init()).await {
+            Ok(Ok(_handle)) => return Ok(()),
+            Ok(Err(e))
+                if sentinel
+                    && e.kind() != &fred::error::ErrorKind::Auth
+                    && tokio::time::Instant::now() + Duration::from_millis(100) < deadline =>
+            {
+                debug!(error = %e, "connecting through the sentinels failed, retrying");
+                let _ = client.quit().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(e)) => return Err(backend(&connecting(config), e)),
+            Err(_) => {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!(
+                        "{} did not succeed within {:?}",
+                        connecting(config),
+                        config.connect_timeout
+                    ),
+                ));
+            }
+        }
     }
 }
 
@@ -329,8 +470,35 @@ fn watchdog(config: &RedisConfig) -> Watchdog {
 }
 
 fn check(mutex: &str, contender_id: &str) -> Result<()> {
+    check_name(mutex)?;
+    check_id(contender_id)
+}
+
+/// The shared rules, and no `{` or `}`: they would make a Redis Cluster hash tag of part
+/// of the name (every key of a mutex must hash to one slot: `P:{M}`).
+fn check_name(mutex: &str) -> Result<()> {
     validate_mutex_name(mutex)?;
-    validate_contender_id(contender_id)
+    if mutex.contains(['{', '}']) {
+        return Err(Error::InvalidName {
+            name: mutex.to_owned(),
+            reason: "contains `{` or `}`, which would break Redis Cluster hash tags".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The shared rules, and no [`MESSAGE_SEPARATOR`] (`@@`): messages are `event@@id`.
+fn check_id(contender_id: &str) -> Result<()> {
+    validate_contender_id(contender_id)?;
+    if contender_id.contains(MESSAGE_SEPARATOR) {
+        return Err(Error::InvalidContenderId {
+            id: contender_id.to_owned(),
+            reason: format!(
+                "contains `{MESSAGE_SEPARATOR}`, the separator of simba's Redis messages"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn lease_args(contender_id: &str, lease: Lease, publish: &str) -> Result<Vec<String>> {
@@ -356,6 +524,16 @@ impl LeaseStore for RedisStore {
         BACKEND
     }
 
+    /// No `{` or `}` (Redis Cluster hash tags).
+    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
+        check_name(mutex)
+    }
+
+    /// No [`MESSAGE_SEPARATOR`] (`@@`).
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        check_id(contender_id)
+    }
+
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         check(mutex, contender_id)?;
         let mut args = lease_args(contender_id, lease, self.inner.publish)?;
@@ -368,19 +546,27 @@ impl LeaseStore for RedisStore {
             subs.take_handoff(&self.inner.keys.contender_channel(mutex, contender_id))
         });
         args.push(if handed { "1" } else { "0" }.to_owned());
-        let reply = self
-            .eval_keys("acquire script", &self.inner.scripts.acquire, keys, args)
-            .await?;
-        lease_reply("acquire script", reply)
+        self.eval_confirmed(
+            "acquire script",
+            &self.inner.scripts.acquire,
+            keys,
+            args,
+            contender_id,
+        )
+        .await
     }
 
     async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         check(mutex, contender_id)?;
         let args = lease_args(contender_id, lease, self.inner.publish)?;
-        let reply = self
-            .eval("guard script", &self.inner.scripts.guard, mutex, args)
-            .await?;
-        lease_reply("guard script", reply)
+        self.eval_confirmed(
+            "guard script",
+            &self.inner.scripts.guard,
+            self.inner.keys.keys(mutex),
+            args,
+            contender_id,
+        )
+        .await
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {

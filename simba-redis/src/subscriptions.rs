@@ -23,7 +23,8 @@ use fred::error::Error as FredError;
 use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::config::{Options, Server};
 use fred::types::{Message, Value};
-use simba_core::{Result, StoreEvent};
+use simba_core::Result;
+use simba_core::backend::StoreEvent;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc};
@@ -60,7 +61,7 @@ pub(crate) enum Notice<'a> {
 }
 
 pub(crate) fn parse_notice(text: &str) -> Option<Notice<'_>> {
-    let (event, id) = text.split_once(simba_core::MESSAGE_SEPARATOR)?;
+    let (event, id) = text.split_once(crate::keys::MESSAGE_SEPARATOR)?;
     match event {
         "acquired" => Some(Notice::Acquired(id)),
         "released" => Some(Notice::Released(id)),

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{lease, random_prefix, test_config, wait_status};
-use simba_core::{ContendService, Lease, LeaseServiceFactory, LeaseStore, SilentContender};
+use simba_core::backend::{Lease, LeaseStore};
+use simba_core::{ContendService, LeaseServiceFactory, SilentContender};
 use simba_redis::RedisStore;
 use simba_test_kit::servers::redis_cluster;
 use tokio::time::Instant;
@@ -90,4 +91,137 @@ async fn cluster_acquire_renew_release_and_handoff() {
         assert!(st.held.map(|h| h.fence) > first.held.map(|h| h.fence));
         w.stop().await.unwrap();
     }
+}
+
+/// The id of a cluster node (`CLUSTER MYID`).
+async fn node_id(client: &fred::clients::Client) -> String {
+    common::cmd(client, "CLUSTER", &["MYID"])
+        .await
+        .as_string()
+        .unwrap()
+}
+
+/// Moves `slot` from `from` to `to` as `redis-cli --cluster reshard` does: IMPORTING /
+/// MIGRATING, `MIGRATE` of its keys in batches, then `SETSLOT NODE` on every node.
+async fn migrate_slot(
+    nodes: &[fred::clients::Client],
+    ports: &[u16],
+    ids: &[String],
+    slot: u16,
+    from: usize,
+    to: usize,
+) {
+    let slot = slot.to_string();
+    common::cmd(
+        &nodes[to],
+        "CLUSTER",
+        &["SETSLOT", &slot, "IMPORTING", &ids[from]],
+    )
+    .await;
+    common::cmd(
+        &nodes[from],
+        "CLUSTER",
+        &["SETSLOT", &slot, "MIGRATING", &ids[to]],
+    )
+    .await;
+    loop {
+        let keys = common::cmd(&nodes[from], "CLUSTER", &["GETKEYSINSLOT", &slot, "1"]).await;
+        let keys: Vec<String> = match keys {
+            fred::types::Value::Array(v) => v.iter().filter_map(|k| k.as_string()).collect(),
+            other => panic!("GETKEYSINSLOT: {other:?}"),
+        };
+        let Some(key) = keys.first() else {
+            break;
+        };
+        // One key at a time, so the owner's scripts meet the slot half-moved.
+        let port = ports[to].to_string();
+        common::cmd(
+            &nodes[from],
+            "MIGRATE",
+            &["127.0.0.1", &port, "", "0", "5000", "KEYS", key],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for node in nodes {
+        common::cmd(node, "CLUSTER", &["SETSLOT", &slot, "NODE", &ids[to]]).await;
+    }
+}
+
+/// The slot of a held mutex's hash tag migrates back and forth between two nodes, key by
+/// key, while its owner renews, a waiter waits, and the two hand the mutex over: no two
+/// ownerships overlap and fences keep increasing (the kit's history checker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_migration_of_a_held_mutex_keeps_safety() {
+    use simba_test_kit::history::History;
+    common::init_tracing();
+    let cluster = redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}"));
+    let url = cluster.cluster_url();
+    let prefix = random_prefix();
+    let timing = lease(1000, 500);
+    let factory = |store| LeaseServiceFactory::new(store, timing.clone()).unwrap();
+    let fa = factory(
+        RedisStore::connect(test_config(&url, &prefix))
+            .await
+            .unwrap(),
+    );
+    let fb = factory(
+        RedisStore::connect(test_config(&url, &prefix))
+            .await
+            .unwrap(),
+    );
+    let m = "migrating";
+    let slot = fred::util::redis_keyslot(fa.store().owner_key(m).as_bytes());
+    let home = usize::from(slot) * 3 / 16_384;
+    let away = (home + 1) % 3;
+
+    let mut nodes = Vec::new();
+    let mut ids = Vec::new();
+    let mut ports = Vec::new();
+    for node in cluster.nodes() {
+        let c = common::raw(node.url()).await;
+        ids.push(node_id(&c).await);
+        ports.push(node.port());
+        nodes.push(c);
+    }
+
+    let history = History::new();
+    let a = fa.contend_service(m, history.contender("a")).unwrap();
+    let b = fb.contend_service(m, history.contender("b")).unwrap();
+    a.start().unwrap();
+    wait_status(&a, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    b.start().unwrap();
+    wait_status(&b, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
+
+    let (mut from, mut to) = (home, away);
+    let mut stalls = 0;
+    for round in 0..6 {
+        migrate_slot(&nodes, &ports, &ids, slot, from, to).await;
+        std::mem::swap(&mut from, &mut to);
+        // Hand over now and then: the owner stops (releasing), and comes back as a waiter.
+        let (owner, other) = if a.is_owner() { (&a, &b) } else { (&b, &a) };
+        if round % 2 == 1 && owner.is_owner() {
+            owner.stop().await.unwrap();
+            // Liveness is not what this test checks: after a migration, calls sometimes
+            // time out for seconds (an open problem, see the README), so a handoff that
+            // does not come in time is reported, not failed.
+            let mut rx = other.status();
+            let handed =
+                tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.held.is_some()))
+                    .await;
+            if handed.is_err() {
+                stalls += 1;
+                tracing::warn!(status = ?*other.status().borrow(), "no handoff within 10 s");
+            }
+            owner.start().unwrap();
+        }
+        // Let a few renewals (every ttl) happen on the slot's new node.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+    let v = history.violations();
+    assert!(v.is_empty(), "violations across slot migrations: {v:?}");
+    assert!(history.len() >= 2, "only {} ownerships", history.len());
+    tracing::info!(stalls, ownerships = history.len(), "slot migrations done");
 }

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{cmd, lease, random_prefix, raw, test_config};
-use simba_core::{Error, Lease, LeaseConfig, LeaseStore};
+use simba_core::backend::{Lease, LeaseStore};
+use simba_core::{Error, LeaseConfig};
 use simba_redis::{RedisConfig, RedisStore};
 use simba_test_kit::servers::redis_private;
 

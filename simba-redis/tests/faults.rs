@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{lease, random_prefix, raw, test_config, wait_numsub, wait_status};
-use simba_core::{
-    ContendService, Lease, LeaseServiceFactory, LeaseStore, LossReason, SilentContender,
-};
+use simba_core::backend::{Lease, LeaseStore};
+use simba_core::{ContendService, LeaseServiceFactory, LossReason, SilentContender};
 use simba_redis::RedisStore;
 use simba_test_kit::history::History;
 use simba_test_kit::proxy::FaultProxy;

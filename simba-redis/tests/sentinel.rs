@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{cmd, lease, random_prefix, raw, test_config, wait_status};
-use simba_core::{ContendService, Lease, LeaseServiceFactory, LeaseStore, SilentContender};
+use simba_core::backend::{Lease, LeaseStore};
+use simba_core::{ContendService, LeaseServiceFactory, SilentContender};
 use simba_redis::RedisStore;
-use simba_test_kit::servers::redis_private;
+use simba_test_kit::servers::{redis_private, redis_sentinel};
 use tokio::time::Instant;
 
 /// A sentinel process (`redis-server --sentinel`) watching one primary; killed on drop.
@@ -88,7 +89,9 @@ async fn sentinel_finds_the_primary() {
         sentinel.port
     );
     let prefix = random_prefix();
-    let store = RedisStore::connect(test_config(&url, &prefix))
+    // This primary has no replica: no replica can confirm anything (see the failover
+    // tests below for the replica check).
+    let store = RedisStore::connect(test_config(&url, &prefix).with_replica_acks(Some(0)))
         .await
         .unwrap();
     let lease_of = Lease {
@@ -110,7 +113,7 @@ async fn sentinel_finds_the_primary() {
         .contend_service("s", Arc::new(SilentContender))
         .unwrap();
     let w = LeaseServiceFactory::new(
-        RedisStore::connect(test_config(&url, &prefix))
+        RedisStore::connect(test_config(&url, &prefix).with_replica_acks(Some(0)))
             .await
             .unwrap(),
         timing,
@@ -129,4 +132,169 @@ async fn sentinel_finds_the_primary() {
     })
     .await;
     w.stop().await.unwrap();
+}
+
+/// A lease long enough that the first owner still believes it owns through the whole
+/// failover (which takes a few seconds: the sentinels call the primary down after 1 s).
+fn long_lease() -> Lease {
+    Lease {
+        ttl: Duration::from_secs(20),
+        transition: Duration::from_secs(5),
+    }
+}
+
+/// Warms a mutex up: one acquisition and release, replicated, so that the new primary
+/// will have the fence counter (as it would in any long-lived deployment). Replication is
+/// asynchronous, so the warm-up ends with an acquisition of another mutex that one replica
+/// confirmed (`WAIT 1`) on the same connection: the replica then has every write before
+/// it, the release included. Without that, a freeze right after the warm-up could leave
+/// the replica without the counter, and the promoted replica would seed a new, larger
+/// fence from its clock (seen in a cold run of the test command).
+async fn warm_up(url: &str, prefix: &str, mutex: &str) -> u64 {
+    let store = RedisStore::connect(
+        test_config(url, prefix)
+            .with_replica_acks(Some(1))
+            .with_connect_timeout(Duration::from_secs(15)),
+    )
+    .await
+    .unwrap();
+    let first = store.acquire(mutex, "warm", long_lease()).await.unwrap();
+    assert_eq!(first.owner.owner_id, "warm");
+    assert!(store.release(mutex, "warm").await.unwrap());
+    let sync = format!("{mutex}-replicated");
+    let confirmed = store.acquire(&sync, "warm", long_lease()).await.unwrap();
+    assert_eq!(confirmed.owner.owner_id, "warm");
+    first.owner.fence
+}
+
+/// The finding of issue #14, reproduced with the replica check turned off: replication is
+/// frozen, an owner acquires, the primary dies and the replica is promoted without the
+/// owner key. A second contender then acquires while the first still believes it owns,
+/// with the *same* fence. This shows the fault tooling produces the failure that the
+/// replica check (next test) prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_without_replica_acks_loses_the_owner_and_reuses_its_fence() {
+    common::init_tracing();
+    let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
+    let prefix = random_prefix();
+    let config = || {
+        test_config(&deployment.url(), &prefix)
+            .with_replica_acks(Some(0))
+            .with_connect_timeout(Duration::from_secs(15))
+    };
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    let warm = warm_up(&deployment.url(), &prefix, "m").await;
+    deployment.freeze_replication().await.unwrap();
+    let a = a_store.acquire("m", "a", long_lease()).await.unwrap();
+    assert_eq!(a.owner.owner_id, "a");
+    assert_eq!(a.owner.fence, warm + 1);
+    deployment
+        .kill_primary_and_fail_over(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let b = b_store.acquire("m", "b", long_lease()).await.unwrap();
+    // a's lease (25 s from its acquisition) has not ended, yet b owns: the unsafety.
+    assert_eq!(b.owner.owner_id, "b", "the promoted replica kept a's key");
+    assert_eq!(b.owner.fence, a.owner.fence, "fences of a and b");
+}
+
+/// simba's answer: behind Sentinel every acquisition and renewal waits for one replica
+/// (`WAIT 1`); one that no replica confirmed fails and is not counted. Across a failover
+/// with frozen replication, fences stay strictly increasing and a confirmed owner's key
+/// survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
+    common::init_tracing();
+    let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
+    let prefix = random_prefix();
+    // The default for Sentinel: one replica must confirm.
+    let config =
+        || test_config(&deployment.url(), &prefix).with_connect_timeout(Duration::from_secs(15));
+    let a_store = RedisStore::connect(config()).await.unwrap();
+
+    // A confirmed owner of "h".
+    let held = retry_acquire(&a_store, "h", "a").await;
+    let warm = warm_up(&deployment.url(), &prefix, "m").await;
+    deployment.freeze_replication().await.unwrap();
+
+    // An acquisition made while replication is frozen is refused, not counted.
+    let t0 = Instant::now();
+    let e = a_store
+        .acquire("m", "a", long_lease())
+        .await
+        .expect_err("an acquisition no replica has must not count");
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("replica"), "{e}");
+    // Bounded by the replica-ack timeout (500 ms), with room for a slow machine.
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // So is a renewal.
+    let e = a_store
+        .guard("h", "a", long_lease())
+        .await
+        .expect_err("a renewal no replica has must not count");
+    assert!(e.to_string().contains("replica"), "{e}");
+
+    deployment
+        .kill_primary_and_fail_over(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    // The unconfirmed acquisition was lost; b's fence is above every fence handed out.
+    let b = retry_acquire(&b_store, "m", "b").await;
+    assert!(b > warm, "{b} after {warm}");
+    // The confirmed owner of "h" kept its key and fence through the failover.
+    let seen = b_store.acquire("h", "b", long_lease()).await.unwrap();
+    assert_eq!(
+        seen.owner.owner_id, "a",
+        "the promoted replica lost a confirmed owner"
+    );
+    assert_eq!(seen.owner.fence, held);
+    // And a renews on the new primary, with its fence.
+    let renewed = a_store.guard("h", "a", long_lease()).await.unwrap();
+    assert_eq!(renewed.owner.owner_id, "a");
+    assert_eq!(renewed.owner.fence, held);
+}
+
+async fn retry_acquire(store: &RedisStore, mutex: &str, id: &str) -> u64 {
+    // Right after a failover the new replica may still be syncing (no event to await).
+    let t0 = Instant::now();
+    loop {
+        match store.acquire(mutex, id, long_lease()).await {
+            Ok(r) if r.owner.owner_id == id => return r.owner.fence,
+            Ok(r) => panic!("{mutex} is owned by {}", r.owner.owner_id),
+            Err(e) => assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "no confirmed acquisition: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A store that connects through the sentinels while a failover is under way (the
+/// primary just died, the sentinels still name it) waits for the new primary instead of
+/// failing ("cannot connect through the sentinels after failover", issue #14).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_during_a_failover_finds_the_new_primary() {
+    common::init_tracing();
+    let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
+    let prefix = random_prefix();
+    let old = deployment.primary().await.unwrap();
+    let failover = deployment.kill_primary_and_fail_over(Duration::from_secs(60));
+    let connect = async {
+        // Connect as soon as the primary is gone, while the sentinels still name it.
+        while deployment.nodes()[old].is_running().await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        RedisStore::connect(
+            test_config(&deployment.url(), &prefix).with_connect_timeout(Duration::from_secs(30)),
+        )
+        .await
+    };
+    let (failover, store) = tokio::join!(failover, connect);
+    assert_eq!(failover.unwrap(), 1 - old);
+    let store = store.unwrap_or_else(|e| panic!("connecting during the failover: {e}"));
+    let a = retry_acquire(&store, "m", "a").await;
+    assert!(a > 0);
 }

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use common::{cmd, lease, numsub, random_prefix, raw, test_config, wait_numsub, wait_status};
 use fred::types::Value;
-use simba_core::{
-    ContendService, Lease, LeaseServiceFactory, LeaseStore, MutexOwner, SilentContender,
-};
+use simba_core::backend::{Lease, LeaseStore};
+use simba_core::{ContendService, LeaseServiceFactory, MutexOwner, SilentContender};
 use simba_redis::{RedisStore, WaitMode};
 use simba_test_kit::history::History;
 use simba_test_kit::servers::{TestServer, redis};
@@ -364,14 +363,14 @@ async fn events_reach_subscribers() {
     let ev = tokio::time::timeout(bound, rx.recv()).await.unwrap();
     assert_eq!(
         ev,
-        Some(simba_core::StoreEvent::Acquired {
+        Some(simba_core::backend::StoreEvent::Acquired {
             owner_id: "o".into()
         })
     );
     waiter.acquire("ev", "w", LEASE).await.unwrap();
     assert!(owner.release("ev", "o").await.unwrap());
     let ev = tokio::time::timeout(bound, rx.recv()).await.unwrap();
-    assert_eq!(ev, Some(simba_core::StoreEvent::Released));
+    assert_eq!(ev, Some(simba_core::backend::StoreEvent::Released));
     // The owner hears nothing of its own acquisition.
     assert!(own_rx.try_recv().is_err());
 }
@@ -398,7 +397,7 @@ async fn keys_without_hash_tag() {
     let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .unwrap();
-    assert_eq!(ev, Some(simba_core::StoreEvent::Released));
+    assert_eq!(ev, Some(simba_core::backend::StoreEvent::Released));
     assert_eq!(
         waiter
             .acquire("plain", "w", LEASE)
@@ -433,7 +432,7 @@ async fn the_woken_waiter_cannot_be_barged() {
         );
         assert!(store.release(m, "a").await.unwrap());
         let ev = tokio::time::timeout(bound, rx.recv()).await.unwrap();
-        assert_eq!(ev, Some(simba_core::StoreEvent::Released));
+        assert_eq!(ev, Some(simba_core::backend::StoreEvent::Released));
         if !reserved {
             // The reservation is short (250 ms): a woken waiter that never comes back does
             // not keep the mutex from the others for long.

@@ -2,10 +2,9 @@
 
 use std::sync::Arc;
 
+use simba_core::backend::{BoxFuture, LeaseStore};
 use simba_core::fault::{Behavior, FaultControl, FaultStore};
-use simba_core::{
-    BoxFuture, ContendServiceFactory, LeaseConfig, LeaseServiceFactory, LeaseStore, MemoryStore,
-};
+use simba_core::{ContendServiceFactory, LeaseConfig, LeaseServiceFactory, MemoryStore};
 
 use crate::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
 

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use simba_core::backend::{Lease, LeaseStore};
 use simba_core::fault::{FaultStore, Op};
 use simba_core::{
-    ContendServiceFactory, Lease, LeaseConfig, LeaseServiceFactory, LeaseStore, Locker, MutexState,
-    SilentRetriever,
+    ContendServiceFactory, LeaseConfig, LeaseServiceFactory, Locker, MutexState, SilentRetriever,
 };
 use tokio::time::{Instant, sleep, timeout};
 

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use simba_core::{Lease, LeaseReply, LeaseStore, MemoryStore, MutexOwner, Result};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore};
+use simba_core::{MemoryStore, MutexOwner, Result};
 use simba_test_kit::memory::StoreHarness;
 use simba_test_kit::suite;
 

@@ -160,3 +160,128 @@ async fn container_is_removed_when_the_test_panics() {
         "container {id} survived the panic"
     );
 }
+
+/// The names of what the engine holds with this test process's label: containers (`ps`) or
+/// networks (`network ls`).
+fn labelled(what: &[&str]) -> Vec<String> {
+    let pid = format!("label=simba.test.pid={}", std::process::id());
+    let output = std::process::Command::new("docker")
+        .args(what)
+        .args(["--filter", &pid, "--format"])
+        .arg(if what[0] == "ps" {
+            "{{.Names}}"
+        } else {
+            "{{.Name}}"
+        })
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "docker {what:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether a TCP connection to `addr` is made within `within`, trying again after errors
+/// (right after a network is connected again, the host's neighbour entry for the address
+/// may still be the failed one of the cut, which gives "no route to host" at once).
+async fn reachable(addr: &str, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Ok(Ok(_)) = tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The three-node ensemble: one leader, and the handle's faults do what they say — a killed
+/// leader is replaced by an election among the other two and rejoins as a follower; a
+/// follower parted from the others stops serving and serves again when healed; a cut client
+/// network reaches no node while the other client network still does. Containers and
+/// networks are gone after the drop, also when a test panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_ensemble() {
+    use simba_test_kit::servers::{ENSEMBLE_SIZE, NodeMode, ZkEnsemble};
+    let ens = tokio::time::timeout(Duration::from_secs(180), ZkEnsemble::start(2))
+        .await
+        .expect("no ensemble within 180 s")
+        .unwrap_or_else(|e| panic!("ensemble: {e}"));
+    assert_eq!(labelled(&["ps", "-a"]).len(), ENSEMBLE_SIZE);
+    assert_eq!(
+        labelled(&["network", "ls"]).len(),
+        4,
+        "peers, control, 2 clients"
+    );
+    let mut modes = Vec::new();
+    for i in 0..ENSEMBLE_SIZE {
+        modes.push(ens.mode(i).await);
+    }
+    let leader = ens.leader().await.expect("a leader");
+    assert_eq!(modes[leader], NodeMode::Leader, "{modes:?}");
+    assert_eq!(
+        modes.iter().filter(|m| **m == NodeMode::Follower).count(),
+        2,
+        "{modes:?}"
+    );
+
+    // Leader killed: the two others elect one of themselves.
+    ens.kill(leader).await.unwrap();
+    assert_eq!(ens.mode(leader).await, NodeMode::Down);
+    let new = ens
+        .wait_for_quorum(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(new, leader);
+    ens.start_node(leader).await.unwrap();
+    assert_eq!(ens.mode(leader).await, NodeMode::Follower);
+
+    // A follower parted from the others: no quorum for it, so it stops serving.
+    let follower = (0..ENSEMBLE_SIZE).find(|&i| i != new).unwrap();
+    ens.partition(follower).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ens.mode(follower).await != NodeMode::NotServing {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a partitioned follower still serves after 30 s: {:?}",
+            ens.mode(follower).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        ens.leader().await,
+        Some(new),
+        "the majority keeps its leader"
+    );
+    ens.heal(follower).await.unwrap();
+    ens.wait_serving(follower, Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    // Client 0 cut off: no node reachable on its network; client 1 unaffected.
+    let first = |c: usize| ens.connect_string(c).split(',').next().unwrap().to_owned();
+    assert!(reachable(&first(0), Duration::from_secs(5)).await);
+    ens.cut_client(0).await.unwrap();
+    assert!(!reachable(&first(0), Duration::from_secs(3)).await);
+    assert!(reachable(&first(1), Duration::from_secs(5)).await);
+    ens.restore_client(0).await.unwrap();
+    assert!(reachable(&first(0), Duration::from_secs(5)).await);
+    let addr = first(0).parse().unwrap();
+    assert_eq!(ens.node_of(addr), Some(0));
+
+    drop(ens);
+    assert_eq!(labelled(&["ps", "-a"]), Vec::<String>::new());
+    assert_eq!(labelled(&["network", "ls"]), Vec::<String>::new());
+
+    // A panic while the ensemble is held removes it too.
+    let task = tokio::spawn(async move {
+        let _ens = ZkEnsemble::start(1).await.unwrap();
+        panic!("a failing test");
+    });
+    assert!(task.await.unwrap_err().is_panic());
+    assert_eq!(labelled(&["ps", "-a"]), Vec::<String>::new());
+    assert_eq!(labelled(&["network", "ls"]), Vec::<String>::new());
+}

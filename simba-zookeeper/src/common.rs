@@ -1,18 +1,10 @@
 //! Pieces shared by the contend and the retrieval service.
 
-use std::collections::hash_map::RandomState;
-use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::Mutex as StdMutex;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use simba_core::{Error, MutexOwner, Result};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use simba_core::backend::random_u64;
+use simba_core::{Error, MutexOwner};
 use tokio::time::{Instant, sleep_until};
-use tracing::warn;
 use zookeeper_async::Stat;
 
 /// The part of a latch node's name before the sequence number (Curator's LeaderLatch uses
@@ -34,18 +26,7 @@ pub(crate) fn hold_unsupported() -> Error {
 /// A new random token in UUID form, used in node names to find a node again whose create
 /// answer was lost.
 pub(crate) fn new_token() -> String {
-    static STATE: OnceLock<RandomState> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let word = || {
-        let mut h = STATE.get_or_init(RandomState::new).build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        h.write_u32(std::process::id());
-        if let Ok(t) = SystemTime::now().duration_since(UNIX_EPOCH) {
-            h.write_u128(t.as_nanos());
-        }
-        h.finish()
-    };
-    let (a, b) = (word(), word());
+    let (a, b) = (random_u64(), random_u64());
     // UUID version 4 layout: 8-4-4-4-12 hex digits.
     format!(
         "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
@@ -116,65 +97,6 @@ pub(crate) async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(t) => sleep_until(t).await,
         None => std::future::pending().await,
-    }
-}
-
-struct Running {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-/// The background task of a service: start once, stop, restart.
-#[derive(Default)]
-pub(crate) struct Runner {
-    running: StdMutex<Option<Running>>,
-}
-
-impl Runner {
-    /// Spawns `make(stop_receiver)` unless a task is already running.
-    pub(crate) fn start<F, Fut>(&self, what: &str, make: F) -> Result<()>
-    where
-        F: FnOnce(watch::Receiver<bool>) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::InvalidState("start() must be called inside a tokio runtime".into())
-        })?;
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if running.as_ref().is_some_and(|r| !r.task.is_finished()) {
-            return Err(Error::InvalidState(format!("{what} is already running")));
-        }
-        let (stop, stop_rx) = watch::channel(false);
-        let task = handle.spawn(make(stop_rx));
-        *running = Some(Running { stop, task });
-        Ok(())
-    }
-
-    /// Signals the task to stop; returns it so the caller can wait for it.
-    pub(crate) fn signal_stop(&self) -> Option<JoinHandle<()>> {
-        let running = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()?;
-        let _ = running.stop.send(true);
-        Some(running.task)
-    }
-
-    /// Signals the task to stop without waiting (for `Drop`).
-    pub(crate) fn signal_stop_on_drop(&mut self) {
-        if let Some(running) = self.running.get_mut().ok().and_then(Option::take) {
-            let _ = running.stop.send(true);
-        }
-    }
-}
-
-/// Waits for a stopped task.
-pub(crate) async fn join(task: Option<JoinHandle<()>>, mutex: &str) {
-    if let Some(task) = task
-        && let Err(e) = task.await
-    {
-        warn!(%mutex, "zookeeper service task ended abnormally: {e}");
     }
 }
 

@@ -130,6 +130,10 @@ pub struct ZkConfig {
     /// half the session timeout): covers clock-rate drift between this process and the
     /// server.
     pub drift_margin: Duration,
+    /// Label the [metrics](simba_core::metrics) of this factory's services with `mutex`
+    /// (the mutex name) besides `backend` (default off: names are unbounded, every one
+    /// makes its own time series). As [`LeaseConfig::metrics_mutex_label`](simba_core::LeaseConfig::metrics_mutex_label).
+    pub metrics_mutex_label: bool,
 }
 
 impl ZkConfig {
@@ -142,6 +146,7 @@ impl ZkConfig {
             root: DEFAULT_ROOT.to_owned(),
             digest: None,
             drift_margin: Duration::from_millis(200),
+            metrics_mutex_label: false,
         }
     }
 
@@ -223,6 +228,12 @@ impl ZkConfig {
     /// Sets [`ZkConfig::drift_margin`].
     pub fn with_drift_margin(mut self, margin: Duration) -> Self {
         self.drift_margin = margin;
+        self
+    }
+
+    /// Sets [`ZkConfig::metrics_mutex_label`].
+    pub fn with_metrics_mutex_label(mut self, on: bool) -> Self {
+        self.metrics_mutex_label = on;
         self
     }
 

@@ -1,21 +1,22 @@
 //! [`ZkContendService`]: the leader latch on ephemeral sequential nodes.
 
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use simba_core::backend::{BoxFuture, OwnershipTracker, Reporter, ServiceRunner, ServiceStatus};
+use simba_core::metrics::FailureKind;
 use simba_core::{
-    BoxFuture, ContendService, Contender, ContenderStatus, Held, Loss, LossReason, MutexOwner,
-    MutexState, Result,
+    ContendService, Contender, ContenderStatus, LossReason, MutexOwner, MutexState, Result,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, warn};
-use zookeeper_async::{CreateMode, WatchedEvent, ZkError};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, warn};
+use zookeeper_async::{CreateMode, WatchedEvent, ZkError, ZkResult};
 
-use crate::common::{
-    Runner, join, new_token, node_prefix, owner_at, owner_of, sleep_until_opt, sort_latch,
-};
+use crate::common::{new_token, node_prefix, owner_at, owner_of, sleep_until_opt, sort_latch};
 use crate::session::{BACKEND, Core, Fail, Orphan, Session, View};
 
 /// After this many immediate re-checks in a row, wait a retry interval before the next.
@@ -27,9 +28,7 @@ pub(crate) struct Shared {
     pub(crate) contender_id: String,
     /// The server-side path of the mutex node (`{chroot}{root}/{encoded mutex}`).
     pub(crate) parent: String,
-    pub(crate) contender: Arc<dyn Contender>,
-    pub(crate) status: watch::Sender<ContenderStatus>,
-    pub(crate) owner_state: watch::Sender<MutexState>,
+    pub(crate) out: ServiceStatus,
 }
 
 /// A contend service on ZooKeeper: the leader-latch recipe.
@@ -39,7 +38,7 @@ pub(crate) struct Shared {
 ///   watches only its predecessor, and checks again at once when the predecessor is already
 ///   gone. The owner watches its own node.
 /// - The fence is the owning node's creation zxid (`czxid`).
-/// - When the connection drops, an owner becomes *suspect* ([`Held::suspect`]) and keeps
+/// - When the connection drops, an owner becomes *suspect* ([`Held::suspect`](simba_core::Held::suspect)) and keeps
 ///   the ownership only until its local deadline: the send time of the last request the
 ///   server answered in this session, plus the session timeout, minus the drift margin —
 ///   the earliest instant the server can expire the session. If no request is answered by
@@ -53,7 +52,7 @@ pub(crate) struct Shared {
 ///   cannot be done now, the session deletes the node as soon as it can.
 pub struct ZkContendService {
     shared: Arc<Shared>,
-    runner: Runner,
+    runner: ServiceRunner,
 }
 
 impl fmt::Debug for ZkContendService {
@@ -62,7 +61,7 @@ impl fmt::Debug for ZkContendService {
             .field("mutex", &self.shared.mutex)
             .field("contender_id", &self.shared.contender_id)
             .field("path", &self.shared.parent)
-            .field("status", &*self.shared.status.borrow())
+            .field("status", &self.shared.out.current())
             .finish()
     }
 }
@@ -74,18 +73,23 @@ impl ZkContendService {
         contender_id: String,
         parent: String,
         contender: Arc<dyn Contender>,
+        mutex_label: bool,
     ) -> Self {
+        let out = ServiceStatus::new(Reporter::Contender(contender)).with_identity(
+            BACKEND,
+            &mutex,
+            &contender_id,
+            mutex_label,
+        );
         ZkContendService {
             shared: Arc::new(Shared {
                 session,
                 mutex,
                 contender_id,
                 parent,
-                contender,
-                status: watch::Sender::new(ContenderStatus::default()),
-                owner_state: watch::Sender::new(MutexState::default()),
+                out,
             }),
-            runner: Runner::default(),
+            runner: ServiceRunner::new(),
         }
     }
 
@@ -97,14 +101,7 @@ impl ZkContendService {
     /// A receiver of the last owner change this service observed (waiters learn of a new
     /// owner when their predecessor changes, not on every change).
     pub fn owner_state(&self) -> watch::Receiver<MutexState> {
-        self.shared.owner_state.subscribe()
-    }
-}
-
-impl Drop for ZkContendService {
-    fn drop(&mut self) {
-        // The driver notices and deletes the node in the background.
-        self.runner.signal_stop_on_drop();
+        self.shared.out.owner_state()
     }
 }
 
@@ -120,31 +117,22 @@ impl ContendService for ZkContendService {
     fn start(&self) -> Result<()> {
         let shared = self.shared.clone();
         let what = format!("contend service for mutex {:?}", shared.mutex);
-        self.runner.start(&what, move |stop| {
-            shared.status.send_modify(|s| {
-                s.running = true;
-                s.held = None;
-                s.attempts = 0;
-                s.last_error = None;
-            });
+        self.runner.start(what, move |stop| {
+            let tracker = shared.out.begin();
             let span = tracing::debug_span!(
                 "simba",
                 backend = BACKEND,
                 mutex = %shared.mutex,
                 contender = %shared.contender_id
             );
-            Driver::new(shared, stop).run().instrument(span)
+            Driver::new(shared, tracker, stop).run().instrument(span)
         })
     }
 
     fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signal synchronously so that dropping the returned future still stops.
-        let task = self.runner.signal_stop();
-        let mutex = self.shared.mutex.clone();
-        Box::pin(async move {
-            join(task, &mutex).await;
-            Ok(())
-        })
+        // Signalled now, so that dropping the returned future still stops; the driver
+        // deletes what it created (dropping the service does the same, in the background).
+        self.runner.stop()
     }
 
     /// Not supported: ZooKeeper has sessions, not leases (the service keeps running).
@@ -153,7 +141,7 @@ impl ContendService for ZkContendService {
     }
 
     fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.shared.status.subscribe()
+        self.shared.out.status()
     }
 }
 
@@ -169,11 +157,6 @@ struct Node {
     epoch: u64,
 }
 
-struct Owned {
-    fence: u64,
-    suspect: bool,
-}
-
 /// The outcome of a check that did not fail.
 enum Step {
     /// Decided: owner, or waiting on the predecessor's watch.
@@ -183,18 +166,17 @@ enum Step {
 }
 
 struct Driver {
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     view: watch::Receiver<View>,
     events: mpsc::UnboundedReceiver<u64>,
     latch: Latch,
 }
 
 impl Driver {
-    fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+    fn new(shared: Arc<Shared>, tracker: OwnershipTracker, stop: CancellationToken) -> Self {
         let core = shared.session.core().clone();
         let view = core.view();
         let (events_tx, events) = mpsc::unbounded_channel();
-        let known = shared.owner_state.borrow().after.clone();
         let latch = Latch {
             shared,
             epoch: core.epoch(),
@@ -205,13 +187,14 @@ impl Driver {
             node: None,
             pending: None,
             stale: Vec::new(),
-            owned: None,
-            known,
+            tracker,
             known_lowest: None,
             dirty: true,
             retry_at: None,
             rechecks: 0,
             failures: 0,
+            predecessor_owns: false,
+            last_fail: StdMutex::new(None),
         };
         Driver {
             stop,
@@ -226,7 +209,7 @@ impl Driver {
         let mut republish = tokio::time::interval(every.max(Duration::from_millis(10)));
         republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if *self.stop.borrow() {
+            if self.stop.is_cancelled() {
                 break;
             }
             let view = *self.view.borrow_and_update();
@@ -246,7 +229,7 @@ impl Driver {
             if due {
                 let step = tokio::select! {
                     biased;
-                    _ = self.stop.changed() => break,
+                    () = self.stop.cancelled() => break,
                     () = sleep_until_opt(deadline) => continue,
                     step = latch.check() => step,
                 };
@@ -256,7 +239,7 @@ impl Driver {
             let retry_at = latch.retry_at.filter(|_| latch.dirty);
             tokio::select! {
                 biased;
-                _ = self.stop.changed() => break,
+                () = self.stop.cancelled() => break,
                 () = sleep_until_opt(deadline) => {}
                 _ = self.view.changed() => {}
                 Some(generation) = self.events.recv() => latch.on_event(generation),
@@ -284,8 +267,8 @@ struct Latch {
     pending: Option<String>,
     /// Our nodes that must be deleted (ownership given up while they may still exist).
     stale: Vec<Node>,
-    owned: Option<Owned>,
-    known: MutexOwner,
+    /// The ownership state machine; the only writer of the status.
+    tracker: OwnershipTracker,
     /// The name of the lowest node whose data `known` holds.
     known_lowest: Option<String>,
     /// A check is needed.
@@ -293,11 +276,63 @@ struct Latch {
     retry_at: Option<Instant>,
     rechecks: u32,
     failures: u32,
+    /// The node this waiter watches is the owner's: its watch firing starts a handoff.
+    predecessor_owns: bool,
+    /// The kind of the last failed request (for the backend-error metric).
+    last_fail: StdMutex<Option<FailureKind>>,
 }
 
 impl Latch {
     fn parent(&self) -> &str {
         &self.shared.parent
+    }
+
+    /// One ZooKeeper request of the contend path, in its own span `simba_call` with the
+    /// fields `op`, `backend`, `mutex`, `contender`, `path`, `fence` (while owning) and
+    /// `outcome` (`ok`, `timeout`, or the ZooKeeper error, e.g. `NoNode`). A failure that
+    /// is not an answer (not `NoNode` / `NodeExists`) is remembered for the metrics.
+    fn traced<'a, T: 'a>(
+        &'a self,
+        op: &'static str,
+        path: &'a str,
+        request: impl Future<Output = ZkResult<T>> + Send + 'a,
+    ) -> impl Future<Output = std::result::Result<T, Fail>> + Send + 'a {
+        let span = tracing::debug_span!(
+            "simba_call",
+            op,
+            backend = BACKEND,
+            mutex = %self.shared.mutex,
+            contender = %self.shared.contender_id,
+            path,
+            fence = self.tracker.held().map(|h| h.fence),
+            outcome = tracing::field::Empty,
+        );
+        async move {
+            let r = self.core.call(request).instrument(span.clone()).await;
+            let kind = match &r {
+                Ok(_) => {
+                    span.record("outcome", "ok");
+                    None
+                }
+                Err(Fail::Timeout(_)) => {
+                    span.record("outcome", "timeout");
+                    Some(FailureKind::Timeout)
+                }
+                Err(Fail::Zk(e)) => {
+                    span.record("outcome", tracing::field::debug(e));
+                    match e {
+                        ZkError::NoNode | ZkError::NodeExists => None,
+                        ZkError::ConnectionLoss => Some(FailureKind::Disconnected),
+                        _ if Fail::Zk(*e).retryable() => Some(FailureKind::Retryable),
+                        _ => Some(FailureKind::Fatal),
+                    }
+                }
+            };
+            if kind.is_some() {
+                *self.last_fail.lock().unwrap_or_else(|p| p.into_inner()) = kind;
+            }
+            r
+        }
     }
 
     /// Applies what the session says: an expired session takes the node (and the
@@ -313,12 +348,12 @@ impl Latch {
             if self.node.as_ref().is_some_and(|n| n.epoch != epoch) {
                 self.node = None;
                 self.known_lowest = None;
-                self.lose(LossReason::SessionLost, MutexOwner::NONE);
+                self.tracker.lose(LossReason::SessionLost, MutexOwner::NONE);
             }
         }
         if view.closed && self.node.take().is_some() {
             self.known_lowest = None;
-            self.lose(LossReason::SessionLost, MutexOwner::NONE);
+            self.tracker.lose(LossReason::SessionLost, MutexOwner::NONE);
         }
         if view.link != self.link {
             self.link = view.link;
@@ -331,7 +366,7 @@ impl Latch {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.owned.as_ref().map(|_| self.core.deadline())
+        self.tracker.is_held().then(|| self.core.deadline())
     }
 
     fn deadline_passed(&self) -> bool {
@@ -344,7 +379,8 @@ impl Latch {
             "no ZooKeeper request answered within the session timeout: giving up ownership \
              before the server can expire the session"
         );
-        self.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+        self.tracker
+            .lose(LossReason::LeaseExpired, MutexOwner::NONE);
         if let Some(node) = self.node.take() {
             // A new ownership needs a new node (and fence); this one goes as soon as the
             // session answers again.
@@ -358,26 +394,17 @@ impl Latch {
     fn on_event(&mut self, generation: u64) {
         if generation == self.generation {
             debug!(generation, "watch fired");
+            if self.predecessor_owns {
+                // The owner's node changed or went: the handoff to this waiter begins.
+                self.tracker.handoff_begins();
+            }
             self.dirty = true;
             self.retry_at = None;
         }
     }
 
     fn mark_suspect(&mut self, why: &str) {
-        if let Some(o) = &mut self.owned
-            && !o.suspect
-        {
-            warn!(
-                fence = o.fence,
-                "{why}: ownership suspect until the session answers again"
-            );
-            o.suspect = true;
-            let held = Held {
-                fence: o.fence,
-                suspect: true,
-            };
-            self.shared.status.send_modify(|s| s.held = Some(held));
-        }
+        self.tracker.mark_suspect(&why);
     }
 
     fn not_ready(&mut self, view: View) {
@@ -387,7 +414,10 @@ impl Latch {
         } else {
             "not connected to ZooKeeper (reconnecting)"
         };
-        self.count_attempt(Some(format!("{BACKEND} backend: {why}")));
+        self.tracker.count_failure(
+            FailureKind::Disconnected,
+            format!("{BACKEND} backend: {why}"),
+        );
     }
 
     fn after_check(&mut self, step: Result<Step>) {
@@ -403,7 +433,7 @@ impl Latch {
                 self.failures = 0;
                 self.dirty = false;
                 self.retry_at = None;
-                self.count_attempt(None);
+                self.tracker.count_attempt(None);
             }
             Err(e) => {
                 self.rechecks = 0;
@@ -416,27 +446,29 @@ impl Latch {
                 } else {
                     debug!("contending failed again: {e}");
                 }
-                self.count_attempt(Some(e.to_string()));
+                let kind = self
+                    .last_fail
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_else(|| FailureKind::of(&e));
+                self.tracker.count_failure(kind, e.to_string());
             }
         }
-    }
-
-    /// Counts a completed check; published after its effects, so a watcher that sees the
-    /// count also sees the outcome.
-    fn count_attempt(&self, error: Option<String>) {
-        self.shared.status.send_modify(|s| {
-            s.attempts += 1;
-            s.last_error = error;
-        });
     }
 
     /// One pass of the recipe: make sure our node exists, list the children, then own or
     /// watch the predecessor.
     async fn check(&mut self) -> Result<Step> {
         self.generation += 1;
+        self.predecessor_owns = false;
+        *self.last_fail.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let core = self.core.clone();
         while let Some(old) = self.stale.last() {
-            match core.call(core.zk().delete(&old.path, None)).await {
+            match self
+                .traced("delete", &old.path, core.zk().delete(&old.path, None))
+                .await
+            {
                 Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
                     debug!(path = %old.path, "deleted the node of a lost ownership");
                     self.stale.pop();
@@ -453,8 +485,12 @@ impl Latch {
                 None => return Ok(Step::Recheck),
             },
         };
-        let children = match core
-            .call(core.zk().get_children(self.parent(), false))
+        let children = match self
+            .traced(
+                "get_children",
+                self.parent(),
+                core.zk().get_children(self.parent(), false),
+            )
             .await
         {
             Ok(c) => c,
@@ -470,7 +506,10 @@ impl Latch {
             .filter(|c| c.contains(&node.token) && **c != node.name)
         {
             let path = format!("{}/{extra}", self.parent());
-            match core.call(core.zk().delete(&path, None)).await {
+            match self
+                .traced("delete", &path, core.zk().delete(&path, None))
+                .await
+            {
                 Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
                     debug!(%path, "deleted a duplicate node")
                 }
@@ -489,7 +528,14 @@ impl Latch {
             let _ = tx.send(generation);
         };
         if index == 0 {
-            match core.call(core.zk().exists_w(&node.path, on_event)).await {
+            match self
+                .traced(
+                    "exists_w",
+                    &node.path,
+                    core.zk().exists_w(&node.path, on_event),
+                )
+                .await
+            {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     self.vanished(&node);
@@ -504,24 +550,36 @@ impl Latch {
             self.own(&node);
             return Ok(Step::Settled);
         }
-        if self.owned.is_some() {
-            self.lose(LossReason::TakenOver, MutexOwner::NONE);
+        if self.tracker.is_held() {
+            self.tracker.lose(LossReason::TakenOver, MutexOwner::NONE);
         }
         let lowest = sorted[0];
         if self.known_lowest.as_deref() != Some(lowest) {
             let path = format!("{}/{lowest}", self.parent());
-            match core.call(core.zk().get_data(&path, false)).await {
+            match self
+                .traced("get_data", &path, core.zk().get_data(&path, false))
+                .await
+            {
                 Ok((data, stat)) => {
                     let owner = owner_of(&data, &stat, core.timing().session_timeout);
                     self.known_lowest = Some(lowest.to_owned());
-                    self.observe(owner);
+                    self.tracker.observe(owner);
                 }
                 Err(Fail::Zk(ZkError::NoNode)) => return Ok(Step::Recheck),
                 Err(e) => return Err(e.into_error(&format!("reading the owner {path}"))),
             }
         }
         let predecessor = format!("{}/{}", self.parent(), sorted[index - 1]);
-        match core.call(core.zk().exists_w(&predecessor, on_event)).await {
+        self.tracker.handoff_missed();
+        self.predecessor_owns = index == 1;
+        match self
+            .traced(
+                "exists_w",
+                &predecessor,
+                core.zk().exists_w(&predecessor, on_event),
+            )
+            .await
+        {
             Ok(Some(_)) => Ok(Step::Settled),
             // Already gone: check again at once (a watch on it would never fire).
             Ok(None) => Ok(Step::Recheck),
@@ -535,7 +593,14 @@ impl Latch {
         let core = self.core.clone();
         let parent = self.parent().to_owned();
         if let Some(token) = self.pending.clone() {
-            let found = match core.call(core.zk().get_children(&parent, false)).await {
+            let found = match self
+                .traced(
+                    "get_children",
+                    &parent,
+                    core.zk().get_children(&parent, false),
+                )
+                .await
+            {
                 Ok(children) => sort_latch(&children)
                     .into_iter()
                     .find(|c| c.contains(&token))
@@ -545,7 +610,10 @@ impl Latch {
             };
             if let Some(name) = found {
                 let path = format!("{parent}/{name}");
-                match core.call(core.zk().exists(&path, false)).await {
+                match self
+                    .traced("exists", &path, core.zk().exists(&path, false))
+                    .await
+                {
                     Ok(Some(stat)) => {
                         debug!(%path, "found the node of a create whose answer was lost");
                         let node = Node {
@@ -568,8 +636,10 @@ impl Latch {
         let token = self.pending.get_or_insert_with(new_token).clone();
         let prefix = format!("{parent}/{}", node_prefix(&token));
         let data = self.shared.contender_id.as_bytes().to_vec();
-        match core
-            .call(
+        match self
+            .traced(
+                "create",
+                &prefix,
                 core.zk()
                     .create2(&prefix, data, core.acl(), CreateMode::EphemeralSequential),
             )
@@ -609,59 +679,24 @@ impl Latch {
         } else {
             LossReason::TakenOver
         };
-        if self.owned.is_some() {
+        if self.tracker.is_held() {
             warn!(path = %node.path, "the owner's node disappeared");
         }
-        self.lose(reason, MutexOwner::NONE);
+        self.tracker.lose(reason, MutexOwner::NONE);
     }
 
+    /// Our node is the lowest: we own (or still own) the mutex.
     fn own(&mut self, node: &Node) {
-        if let Some(o) = &mut self.owned {
-            if o.suspect {
-                info!(
-                    fence = o.fence,
-                    "ZooKeeper answers again and the node is still the lowest: ownership no longer suspect"
-                );
-                o.suspect = false;
-                let held = Held {
-                    fence: o.fence,
-                    suspect: false,
-                };
-                self.shared.status.send_modify(|s| s.held = Some(held));
-            }
-            return;
-        }
         let owner = owner_at(
             self.shared.contender_id.clone(),
             node.ctime,
             node.czxid,
             self.core.timing().session_timeout,
         );
-        let fence = owner.fence;
-        self.owned = Some(Owned {
-            fence,
-            suspect: false,
-        });
         self.known_lowest = Some(node.name.clone());
-        let state = self.observe(owner.clone());
-        let state = if state.is_changed() {
-            state
-        } else {
-            MutexState::new(MutexOwner::NONE, owner)
-        };
-        info!(fence, path = %node.path, "acquired");
-        // The callback first: whoever sees the status also sees what the callback did.
-        self.shared.contender.on_acquired(&state);
-        let held = Held {
-            fence,
-            suspect: false,
-        };
-        let deadline = self.deadline();
-        self.shared.status.send_modify(|s| {
-            s.held = Some(held);
-            s.deadline = deadline;
-            s.state = state.clone();
-        });
+        if self.tracker.hold(owner, Some(self.core.deadline())) {
+            debug!(path = %node.path, "our latch node is the lowest");
+        }
     }
 
     /// Publishes the local deadline while owning, so that `LockGuard::is_held` can check it
@@ -669,72 +704,33 @@ impl Latch {
     /// with every answered request; the run loop republishes it at least every fifth of
     /// the session timeout, so the published value lags the real one by about that much,
     /// which only makes it earlier (safe).
-    fn publish_deadline(&self) {
+    fn publish_deadline(&mut self) {
         let deadline = self.deadline();
-        self.shared.status.send_if_modified(|s| {
-            if s.held.is_some() && s.deadline != deadline {
-                s.deadline = deadline;
-                true
-            } else {
-                false
-            }
-        });
-    }
-
-    /// Records the owner seen; publishes a change.
-    fn observe(&mut self, owner: MutexOwner) -> MutexState {
-        let state = MutexState::new(std::mem::replace(&mut self.known, owner.clone()), owner);
-        if state.is_changed() {
-            self.shared.owner_state.send_replace(state.clone());
-            self.shared.status.send_modify(|s| s.state = state.clone());
-        }
-        state
-    }
-
-    /// Ends this process's ownership for `reason`; `after` is the owner known afterwards.
-    fn lose(&mut self, reason: LossReason, after: MutexOwner) {
-        let Some(owned) = self.owned.take() else {
-            return;
-        };
-        match reason {
-            LossReason::Released => info!(fence = owned.fence, "released"),
-            _ => warn!(fence = owned.fence, %reason, "ownership lost"),
-        }
-        let state = MutexState::new(
-            std::mem::replace(&mut self.known, after),
-            self.known.clone(),
-        );
-        if state.is_changed() {
-            self.shared.owner_state.send_replace(state.clone());
-        }
-        let loss = Loss {
-            fence: owned.fence,
-            reason,
-        };
-        // The callback first: whoever sees the status also sees what the callback did.
-        self.shared.contender.on_released(&state, reason);
-        self.shared.status.send_modify(|s| {
-            s.held = None;
-            s.deadline = None;
-            s.last_loss = Some(loss);
-            s.state = state.clone();
-        });
+        self.tracker.set_deadline(deadline);
     }
 
     /// Stop: report the release first, then delete the node (or leave it to the session).
     async fn shutdown(mut self, ready: bool) {
-        self.lose(LossReason::Released, MutexOwner::NONE);
+        self.tracker.lose(LossReason::Released, MutexOwner::NONE);
         let core = self.core.clone();
         let parent = self.shared.parent.clone();
         let epoch = core.epoch();
         let mut leftovers: Vec<String> = Vec::new();
-        let nodes = self.node.take().into_iter().chain(self.stale.drain(..));
-        for node in nodes.filter(|n| n.epoch == epoch) {
+        let nodes: Vec<Node> = self
+            .node
+            .take()
+            .into_iter()
+            .chain(self.stale.drain(..))
+            .collect();
+        for node in nodes.into_iter().filter(|n| n.epoch == epoch) {
             if !ready {
                 leftovers.push(node.token);
                 continue;
             }
-            match core.call(core.zk().delete(&node.path, None)).await {
+            match self
+                .traced("delete", &node.path, core.zk().delete(&node.path, None))
+                .await
+            {
                 Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
                     debug!(path = %node.path, "stop: node deleted");
                 }
@@ -751,10 +747,6 @@ impl Latch {
                 token,
             });
         }
-        self.shared.status.send_modify(|s| {
-            s.running = false;
-            s.held = None;
-            s.deadline = None;
-        });
+        self.tracker.finish();
     }
 }

@@ -4,10 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::{
-    ContendService, ContendServiceFactory, Contender, MutexRetriever, Result, RetrievalService,
-    generate_contender_id, validate_contender_id, validate_mutex_name,
-};
+use simba_core::backend::{ServiceFactory, contender_id_for};
+use simba_core::{Contender, MutexRetriever, Result, validate_mutex_name};
 
 use crate::config::{ZkConfig, encode_name};
 use crate::contend::ZkContendService;
@@ -113,19 +111,14 @@ impl ZkFactory {
         contender: Arc<dyn Contender>,
     ) -> Result<ZkContendService> {
         let parent = self.mutex_path(mutex)?;
-        let id = match contender.contender_id() {
-            Some(id) => {
-                validate_contender_id(&id)?;
-                id
-            }
-            None => generate_contender_id(),
-        };
+        let id = contender_id_for(contender.as_ref())?;
         Ok(ZkContendService::new(
             self.session.clone(),
             mutex.to_owned(),
             id,
             parent,
             contender,
+            self.config.metrics_mutex_label,
         ))
     }
 
@@ -144,6 +137,7 @@ impl ZkFactory {
             mutex.to_owned(),
             parent,
             retriever,
+            self.config.metrics_mutex_label,
         ))
     }
 
@@ -165,7 +159,12 @@ impl ZkFactory {
     }
 }
 
-impl ContendServiceFactory for ZkFactory {
+/// The object-safe [`ContendServiceFactory`](simba_core::ContendServiceFactory) comes
+/// with this.
+impl ServiceFactory for ZkFactory {
+    type Contend = ZkContendService;
+    type Retrieve = ZkRetrievalService;
+
     fn backend(&self) -> &'static str {
         BACKEND
     }
@@ -175,19 +174,15 @@ impl ContendServiceFactory for ZkFactory {
         Err(crate::common::hold_unsupported())
     }
 
-    fn create_contend_service(
-        &self,
-        mutex: &str,
-        contender: Arc<dyn Contender>,
-    ) -> Result<Arc<dyn ContendService>> {
-        Ok(Arc::new(self.contend_service(mutex, contender)?))
+    fn contend_service(&self, mutex: &str, c: Arc<dyn Contender>) -> Result<ZkContendService> {
+        ZkFactory::contend_service(self, mutex, c)
     }
 
-    fn create_retrieval_service(
+    fn retrieval_service(
         &self,
         mutex: &str,
-        retriever: Arc<dyn MutexRetriever>,
-    ) -> Result<Arc<dyn RetrievalService>> {
-        Ok(Arc::new(self.retrieval_service(mutex, retriever)?))
+        r: Arc<dyn MutexRetriever>,
+    ) -> Result<ZkRetrievalService> {
+        ZkFactory::retrieval_service(self, mutex, r)
     }
 }

@@ -3,21 +3,22 @@
 use std::fmt;
 use std::sync::Arc;
 
-use simba_core::{BoxFuture, MutexOwner, MutexRetriever, MutexState, Result, RetrievalService};
+use simba_core::backend::{BoxFuture, OwnershipTracker, Reporter, ServiceRunner, ServiceStatus};
+use simba_core::{MutexOwner, MutexRetriever, MutexState, Result, RetrievalService};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tracing::{Instrument, debug, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, warn};
 use zookeeper_async::{WatchedEvent, ZkError};
 
-use crate::common::{Runner, join, owner_of, sleep_until_opt, sort_latch};
+use crate::common::{owner_of, sleep_until_opt, sort_latch};
 use crate::session::{BACKEND, Core, Fail, Session, View};
 
 struct Shared {
     session: Arc<Session>,
     mutex: String,
     parent: String,
-    retriever: Arc<dyn MutexRetriever>,
-    owner_state: watch::Sender<MutexState>,
+    out: ServiceStatus,
 }
 
 /// Observes the owner of a mutex on ZooKeeper without contending.
@@ -29,7 +30,7 @@ struct Shared {
 /// the last owner it saw.
 pub struct ZkRetrievalService {
     shared: Arc<Shared>,
-    runner: Runner,
+    runner: ServiceRunner,
 }
 
 impl fmt::Debug for ZkRetrievalService {
@@ -37,7 +38,7 @@ impl fmt::Debug for ZkRetrievalService {
         f.debug_struct("ZkRetrievalService")
             .field("mutex", &self.shared.mutex)
             .field("path", &self.shared.parent)
-            .field("state", &*self.shared.owner_state.borrow())
+            .field("state", &self.shared.out.current_owner())
             .finish()
     }
 }
@@ -48,28 +49,28 @@ impl ZkRetrievalService {
         mutex: String,
         parent: String,
         retriever: Arc<dyn MutexRetriever>,
+        mutex_label: bool,
     ) -> Self {
+        let out = ServiceStatus::new(Reporter::Retriever(retriever)).with_identity(
+            BACKEND,
+            &mutex,
+            "",
+            mutex_label,
+        );
         ZkRetrievalService {
             shared: Arc::new(Shared {
                 session,
                 mutex,
                 parent,
-                retriever,
-                owner_state: watch::Sender::new(MutexState::default()),
+                out,
             }),
-            runner: Runner::default(),
+            runner: ServiceRunner::new(),
         }
     }
 
     /// The server-side path of this mutex's node.
     pub fn path(&self) -> &str {
         &self.shared.parent
-    }
-}
-
-impl Drop for ZkRetrievalService {
-    fn drop(&mut self) {
-        self.runner.signal_stop_on_drop();
     }
 }
 
@@ -81,29 +82,27 @@ impl RetrievalService for ZkRetrievalService {
     fn start(&self) -> Result<()> {
         let shared = self.shared.clone();
         let what = format!("retrieval service for mutex {:?}", shared.mutex);
-        self.runner.start(&what, move |stop| {
+        self.runner.start(what, move |stop| {
+            let tracker = shared.out.begin();
             let span =
                 tracing::debug_span!("simba-retriever", backend = BACKEND, mutex = %shared.mutex);
-            Observer::new(shared, stop).run().instrument(span)
+            Observer::new(shared, tracker, stop).run().instrument(span)
         })
     }
 
     fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        let task = self.runner.signal_stop();
-        let mutex = self.shared.mutex.clone();
-        Box::pin(async move {
-            join(task, &mutex).await;
-            Ok(())
-        })
+        // Signalled now, so that dropping the returned future still stops; the driver
+        // deletes what it created (dropping the service does the same, in the background).
+        self.runner.stop()
     }
 
     fn state(&self) -> watch::Receiver<MutexState> {
-        self.shared.owner_state.subscribe()
+        self.shared.out.owner_state()
     }
 }
 
 struct Observer {
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     view: watch::Receiver<View>,
     events: mpsc::UnboundedReceiver<u64>,
     inner: Inner,
@@ -115,7 +114,8 @@ struct Inner {
     tx: mpsc::UnboundedSender<u64>,
     generation: u64,
     link: u64,
-    known: MutexOwner,
+    /// Publishes the owner changes (and calls the retriever).
+    tracker: OwnershipTracker,
     known_lowest: Option<String>,
     dirty: bool,
     retry_at: Option<Instant>,
@@ -123,10 +123,9 @@ struct Inner {
 }
 
 impl Observer {
-    fn new(shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+    fn new(shared: Arc<Shared>, tracker: OwnershipTracker, stop: CancellationToken) -> Self {
         let core = shared.session.core().clone();
         let (tx, events) = mpsc::unbounded_channel();
-        let known = shared.owner_state.borrow().after.clone();
         Observer {
             stop,
             view: core.view(),
@@ -137,7 +136,7 @@ impl Observer {
                 tx,
                 generation: 0,
                 link: 0,
-                known,
+                tracker,
                 known_lowest: None,
                 dirty: true,
                 retry_at: None,
@@ -148,7 +147,7 @@ impl Observer {
 
     async fn run(mut self) {
         loop {
-            if *self.stop.borrow() {
+            if self.stop.is_cancelled() {
                 break;
             }
             let view = *self.view.borrow_and_update();
@@ -163,7 +162,7 @@ impl Observer {
             if due {
                 let r = tokio::select! {
                     biased;
-                    _ = self.stop.changed() => break,
+                    () = self.stop.cancelled() => break,
                     r = inner.check() => r,
                 };
                 inner.after_check(r);
@@ -172,7 +171,7 @@ impl Observer {
             let retry_at = inner.retry_at.filter(|_| inner.dirty);
             tokio::select! {
                 biased;
-                _ = self.stop.changed() => break,
+                () = self.stop.cancelled() => break,
                 _ = self.view.changed() => {}
                 Some(generation) = self.events.recv() => {
                     if generation == inner.generation {
@@ -256,11 +255,6 @@ impl Inner {
     }
 
     fn observe(&mut self, owner: MutexOwner) {
-        let state = MutexState::new(std::mem::replace(&mut self.known, owner.clone()), owner);
-        if state.is_changed() {
-            debug!(owner = %state.after.owner_id, fence = state.after.fence, "owner changed");
-            self.shared.owner_state.send_replace(state.clone());
-            self.shared.retriever.on_changed(&state);
-        }
+        self.tracker.observe(owner);
     }
 }

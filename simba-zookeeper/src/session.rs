@@ -30,6 +30,7 @@ use simba_core::{Error, Result};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 use zookeeper_async::{Acl, CreateMode, WatchedEvent, ZkError, ZkResult, ZkState, ZooKeeper};
 
@@ -377,7 +378,7 @@ impl Core {
 /// A session shared by a factory and its services. Dropping the last handle closes it.
 pub(crate) struct Session {
     core: Arc<Core>,
-    close: watch::Sender<bool>,
+    close: CancellationToken,
 }
 
 impl fmt::Debug for Session {
@@ -389,7 +390,7 @@ impl fmt::Debug for Session {
 impl Drop for Session {
     fn drop(&mut self) {
         // The adapter task closes the session (if the runtime still runs).
-        self.close.send_replace(true);
+        self.close.cancel();
     }
 }
 
@@ -400,7 +401,7 @@ impl Session {
 
     /// Closes the session now and waits (bounded) until it is closed.
     pub(crate) async fn close(&self) {
-        self.close.send_replace(true);
+        self.close.cancel();
         let mut view = self.core.view();
         let _ = timeout(CLOSE_TIMEOUT * 2, view.wait_for(|v| v.closed)).await;
     }
@@ -613,17 +614,14 @@ pub(crate) async fn connect(config: &ZkConfig) -> Result<Session> {
         closed: false,
     });
     info!(%servers, base = %core.base(), "ZooKeeper session established");
-    let (close_tx, close_rx) = watch::channel(false);
+    let close = CancellationToken::new();
     let span = tracing::debug_span!("simba-zookeeper session", servers = %servers);
     tokio::spawn(
-        Adapter::new(core.clone(), state_rx, close_rx)
+        Adapter::new(core.clone(), state_rx, close.clone())
             .run()
             .instrument(span),
     );
-    Ok(Session {
-        core,
-        close: close_tx,
-    })
+    Ok(Session { core, close })
 }
 
 enum Done {
@@ -636,7 +634,7 @@ enum Done {
 struct Adapter {
     core: Arc<Core>,
     states: mpsc::UnboundedReceiver<ZkState>,
-    close: watch::Receiver<bool>,
+    close: CancellationToken,
     tasks: JoinSet<Done>,
     /// Counts `Connected` events (each is a new TCP connection).
     conn: u64,
@@ -651,7 +649,7 @@ impl Adapter {
     fn new(
         core: Arc<Core>,
         states: mpsc::UnboundedReceiver<ZkState>,
-        close: watch::Receiver<bool>,
+        close: CancellationToken,
     ) -> Self {
         Adapter {
             core,
@@ -691,7 +689,7 @@ impl Adapter {
         loop {
             tokio::select! {
                 biased;
-                _ = self.close.changed() => break,
+                () = self.close.cancelled() => break,
                 Some(state) = self.states.recv() => self.on_state(state),
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     if let Ok(done) = done {

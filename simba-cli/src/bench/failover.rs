@@ -172,6 +172,32 @@ fn simba_zookeeper_min_session() -> Duration {
     }
 }
 
+/// When the lease of the mutex's owner (not `me`) ends, by the backend's clock read now
+/// (the middle of the read, plus what the owner had left).
+async fn lease_left(
+    reader: &dyn crate::backend::OwnerReader,
+    mutex: &str,
+    me: &str,
+) -> anyhow::Result<Instant> {
+    let sent = Instant::now();
+    let reply = reader.read(mutex).await.context("reading the owner")?;
+    let answered = Instant::now();
+    let owner = &reply.owner;
+    if owner.owner_id.is_empty() || owner.owner_id == me {
+        bail!("the killed process did not own the mutex when it was killed");
+    }
+    let left = Duration::from_millis(u64::try_from(owner.transition_at - reply.now).unwrap_or(0));
+    Ok(sent + (answered - sent) / 2 + left)
+}
+
+/// Whether `me` owns the mutex already.
+async fn taken_by(reader: &dyn crate::backend::OwnerReader, mutex: &str, me: &str) -> bool {
+    reader
+        .read(mutex)
+        .await
+        .is_ok_and(|r| r.owner.owner_id == me)
+}
+
 fn random_below(n: Duration) -> Duration {
     let r = RandomState::new().hash_one(std::time::SystemTime::now());
     let n_ms = n.as_millis().max(1) as u64;
@@ -224,22 +250,25 @@ async fn once(
     // Kill at a random point of the owner's renewal cycle, once the waiter waits.
     tokio::time::sleep(Duration::from_millis(50) + random_below(ttl)).await;
 
+    // The owner's lease as read right before the kill: on SQLite the waiter may take
+    // over before a read after the kill could see the killed owner (the kernel frees the
+    // owner's lock file at once); a renewal after this read only makes the lease end later.
+    let before = match &waiter.reader {
+        Some(reader) => Some(lease_left(reader.as_ref(), &mutex, &me).await?),
+        None => None,
+    };
     let killed = Instant::now();
     child.start_kill().context("SIGKILL to the owner process")?;
     kill_group(command_pid);
     let lease_end = match &waiter.reader {
-        Some(reader) => {
-            let sent = Instant::now();
-            let reply = reader.read(&mutex).await.context("reading the owner")?;
-            let answered = Instant::now();
-            let owner = &reply.owner;
-            if owner.owner_id.is_empty() || owner.owner_id == me {
-                bail!("the killed process did not own the mutex when it was killed");
-            }
-            let left =
-                Duration::from_millis(u64::try_from(owner.transition_at - reply.now).unwrap_or(0));
-            sent + (answered - sent) / 2 + left
-        }
+        Some(reader) => match lease_left(reader.as_ref(), &mutex, &me).await {
+            Ok(end) => end,
+            Err(_) if taken_by(reader.as_ref(), &mutex, &me).await => match before {
+                Some(end) => end,
+                None => bail!("the killed process did not own the mutex when it was killed"),
+            },
+            Err(e) => return Err(e),
+        },
         None => killed + ttl + transition,
     };
     let (acquired, at) = acquiring.await.context("waiter task")?;

@@ -283,10 +283,14 @@ pub fn owner_and_watch_follow_exec(url: &str, test: &str) {
     let seen = file(dir.path(), "seen");
     let go = file(dir.path(), "go");
 
+    // Lease backends tell their clock with every read; ZooKeeper's watches do not.
+    let leases = !url.starts_with("zk");
     let watcher = Watcher::start(url, &mutex);
     let first = watcher.next(Duration::from_secs(30));
     assert_eq!(first["event"], "current", "{first}");
     assert!(first["owner"].is_null(), "{first}");
+    assert!(first["fence"].is_null(), "{first}");
+    assert_eq!(first["backend_time"].is_i64(), leases, "{first}");
     assert_eq!(owner_json(url, &mutex)["owner"], serde_json::Value::Null);
 
     // The command records what it was given, then holds until the test says go.
@@ -297,10 +301,12 @@ pub fn owner_and_watch_follow_exec(url: &str, test: &str) {
         go = go.display()
     );
     let mut exec = simba(Some(url))
-        .args(["exec", &mutex])
+        .args(["-v", "exec", &mutex])
         .args(sh(&script))
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start simba exec");
+    let stderr = reader(exec.stderr.take().expect("stderr"));
     eventually(Duration::from_secs(30), "the command starts", || {
         lines(&seen).len() == 1
     });
@@ -317,6 +323,8 @@ pub fn owner_and_watch_follow_exec(url: &str, test: &str) {
     assert_eq!(acquired["event"], "acquired", "{acquired}");
     assert_eq!(acquired["owner"]["owner_id"], id, "{acquired}");
     assert_eq!(acquired["owner"]["fence"], fence, "{acquired}");
+    assert_eq!(acquired["fence"], fence, "{acquired}");
+    assert_eq!(acquired["backend_time"].is_i64(), leases, "{acquired}");
 
     let now = owner_json(url, &mutex);
     assert_eq!(now["owner"]["owner_id"], id, "{now}");
@@ -325,11 +333,23 @@ pub fn owner_and_watch_follow_exec(url: &str, test: &str) {
     std::fs::write(&go, b"").expect("write go");
     let status = wait_for(&mut exec, Duration::from_secs(30), "simba exec");
     assert_eq!(status.code(), Some(0));
+    // `-v` narrates the ownership: acquired and released, with the fence.
+    let said = text(&join_reader(stderr));
+    let narrated = |what: &str| {
+        said.lines().any(|l| {
+            l.starts_with("simba: ")
+                && l.contains(&format!("mutex {mutex:?} {what} (fence {fence})"))
+        })
+    };
+    assert!(narrated("acquired"), "{said}");
+    assert!(narrated("released"), "{said}");
 
     let released = watcher.next(Duration::from_secs(10));
     assert_eq!(released["event"], "released", "{released}");
     assert!(released["owner"].is_null(), "{released}");
     assert_eq!(released["previous"]["owner_id"], id, "{released}");
+    assert!(released["fence"].is_null(), "{released}");
+    assert_eq!(released["backend_time"].is_i64(), leases, "{released}");
     assert_eq!(owner_json(url, &mutex)["owner"], serde_json::Value::Null);
 
     let status = watcher.interrupt();

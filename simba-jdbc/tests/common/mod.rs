@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use simba_core::backend::BoxFuture;
 use simba_core::fault::FaultStore;
-use simba_core::{BoxFuture, ContendServiceFactory, LeaseServiceFactory};
+use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_jdbc::{SqlConfig, SqlStore};
 use simba_test_kit::memory::{HangFault, lease_capabilities, lease_config};
 use simba_test_kit::proxy::FaultProxy;
@@ -213,7 +214,7 @@ impl Harness for SqlHarness {
 }
 
 /// The lease the store-level tests use.
-pub const LEASE: simba_core::Lease = simba_core::Lease {
+pub const LEASE: simba_core::backend::Lease = simba_core::backend::Lease {
     ttl: Duration::from_millis(1000),
     transition: Duration::from_millis(500),
 };
@@ -226,10 +227,10 @@ pub fn local_now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// The [`simba_core::LeaseStore`] contract, checked call by call on two stores (two pools,
+/// The [`simba_core::backend::LeaseStore`] contract, checked call by call on two stores (two pools,
 /// as two processes would have) over the same table.
 pub async fn store_contract(a: &SqlStore, b: &SqlStore, mutex: &str) {
-    use simba_core::LeaseStore;
+    use simba_core::backend::LeaseStore;
     let (me, other) = ("contender-a", "contender-b");
 
     let free = a.owner(mutex).await.expect("owner of a new mutex");

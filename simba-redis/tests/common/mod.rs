@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::{BoxFuture, ContendServiceFactory, LeaseServiceFactory, generate_contender_id};
+use simba_core::backend::BoxFuture;
+use simba_core::{ContendServiceFactory, LeaseServiceFactory, generate_contender_id};
 use simba_redis::{RedisConfig, RedisStore};
 use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::proxy::FaultProxy;
@@ -37,6 +38,10 @@ pub fn test_config(url: &str, prefix: &str) -> RedisConfig {
 pub struct RedisHarness {
     server: TestServer,
     prefix: String,
+    /// URL options appended to the server's URL (`?tlsCaFile=…`).
+    options: String,
+    /// Whatever must live as long as the harness (certificates, a cluster's nodes).
+    _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl RedisHarness {
@@ -49,7 +54,29 @@ impl RedisHarness {
         RedisHarness {
             server,
             prefix: random_prefix(),
+            options: String::new(),
+            _keep: None,
         }
+    }
+
+    /// A harness on `server`, whose URL gets `options` (e.g. `?tlsCaFile=…`) appended;
+    /// `keep` lives as long as the harness.
+    pub fn on(
+        server: TestServer,
+        options: impl Into<String>,
+        keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        init_tracing();
+        RedisHarness {
+            server,
+            prefix: random_prefix(),
+            options: options.into(),
+            _keep: keep,
+        }
+    }
+
+    fn url(&self, base: &str) -> String {
+        format!("{base}{}", self.options)
     }
 }
 
@@ -84,7 +111,8 @@ impl Harness for RedisHarness {
         timing: Timing,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
-            let store = RedisStore::connect(test_config(self.server.url(), &self.prefix)).await?;
+            let url = self.url(self.server.url());
+            let store = RedisStore::connect(test_config(&url, &self.prefix)).await?;
             let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
             Ok(Arc::new(factory) as Arc<dyn ContendServiceFactory>)
         })
@@ -96,7 +124,7 @@ impl Harness for RedisHarness {
     ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
         Box::pin(async move {
             let proxy = FaultProxy::start(self.server.socket_addr()?).await?;
-            let url = self.server.url_via(proxy.addr());
+            let url = self.url(&self.server.url_via(proxy.addr()));
             let store = RedisStore::connect(test_config(&url, &self.prefix)).await?;
             let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
             Ok((

@@ -3,8 +3,12 @@
 //! line, and keeps them until SIGTERM / SIGINT. `scripts/test.sh` shares them among all
 //! test processes this way.
 //!
+//! With `--redis-sentinel` it starts instead a Redis primary, a replica and three
+//! sentinels, and writes `SIMBA_TEST_REDIS_SENTINEL_URL` (for `simba bench` against
+//! Sentinel).
+//!
 //! ```text
-//! simba-test-servers [--env-file PATH]
+//! simba-test-servers [--env-file PATH] [--redis-sentinel]
 //! ```
 
 use std::io::Write;
@@ -17,14 +21,28 @@ use tokio::signal::unix::{SignalKind, signal};
 async fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut env_file = None;
+    let mut sentinel = false;
     while let Some(a) = args.next() {
-        match (a.as_str(), args.next()) {
-            ("--env-file", Some(p)) => env_file = Some(p),
-            _ => {
-                eprintln!("usage: simba-test-servers [--env-file PATH]");
-                return ExitCode::from(64);
-            }
+        match a.as_str() {
+            "--redis-sentinel" => sentinel = true,
+            "--env-file" => match args.next() {
+                Some(p) => env_file = Some(p),
+                None => return usage(),
+            },
+            _ => return usage(),
         }
+    }
+    if sentinel {
+        return match servers::redis_sentinel().await {
+            Ok(d) => {
+                let lines = format!("SIMBA_TEST_REDIS_SENTINEL_URL={}\nREADY\n", d.url());
+                serve(env_file.as_deref(), &lines, d).await
+            }
+            Err(e) => {
+                eprintln!("simba-test-servers: Redis Sentinel: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let kinds = [
         ServerKind::Redis,
@@ -48,8 +66,18 @@ async fn main() -> ExitCode {
         }
     }
     lines.push_str("READY\n");
+    serve(env_file.as_deref(), &lines, held).await
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: simba-test-servers [--env-file PATH] [--redis-sentinel]");
+    ExitCode::from(64)
+}
+
+/// Writes the variables, then keeps `held` (the servers) until SIGTERM / SIGINT.
+async fn serve<T>(env_file: Option<&str>, lines: &str, held: T) -> ExitCode {
     let written = match &env_file {
-        Some(p) => std::fs::write(p, &lines),
+        Some(p) => std::fs::write(p, lines),
         None => std::io::stdout().write_all(lines.as_bytes()),
     };
     if let Err(e) = written {

@@ -48,6 +48,12 @@ pub enum ChaosBackend {
     Sqlite,
     /// ZooKeeper.
     Zookeeper,
+    /// Redis behind Sentinel: a primary, a replica and three sentinels
+    /// ([`servers::redis_sentinel`]); the only target of [`FaultKind::Failover`].
+    RedisSentinel,
+    /// A three-node ZooKeeper ensemble in containers (`servers::ZkEnsemble`,
+    /// feature `containers`): the target of the faults that need hosts.
+    ZookeeperEnsemble,
 }
 
 impl FromStr for ChaosBackend {
@@ -59,9 +65,12 @@ impl FromStr for ChaosBackend {
             "postgres" | "postgresql" => ChaosBackend::Postgres,
             "sqlite" => ChaosBackend::Sqlite,
             "zookeeper" | "zk" => ChaosBackend::Zookeeper,
+            "redis-sentinel" => ChaosBackend::RedisSentinel,
+            "zookeeper-ensemble" | "zk-ensemble" => ChaosBackend::ZookeeperEnsemble,
             other => {
                 return Err(ChaosError::Usage(format!(
-                    "unknown backend {other:?}: use redis, mysql, postgres, sqlite or zookeeper"
+                    "unknown backend {other:?}: use redis, redis-sentinel, mysql, postgres, \
+                     sqlite, zookeeper or zookeeper-ensemble"
                 )));
             }
         })
@@ -75,8 +84,18 @@ impl ChaosBackend {
             ChaosBackend::Mysql => Some(ServerKind::Mysql),
             ChaosBackend::Postgres => Some(ServerKind::Postgres),
             ChaosBackend::Zookeeper => Some(ServerKind::Zookeeper),
-            ChaosBackend::Sqlite => None,
+            ChaosBackend::Sqlite
+            | ChaosBackend::RedisSentinel
+            | ChaosBackend::ZookeeperEnsemble => None,
         }
+    }
+
+    /// Whether this is a ZooKeeper target (sessions instead of leases).
+    fn is_zookeeper(self) -> bool {
+        matches!(
+            self,
+            ChaosBackend::Zookeeper | ChaosBackend::ZookeeperEnsemble
+        )
     }
 }
 
@@ -95,6 +114,43 @@ pub enum FaultKind {
     Delay,
     /// Hold the owner's traffic past its lease (ZooKeeper: session expiry).
     Partition,
+    /// Fail over the primary (backend `redis-sentinel` only): freeze the replication, wait
+    /// for the next acquisition or renewal (which now exists on the primary alone), kill
+    /// the primary and let the sentinels promote the replica; the old primary comes back
+    /// as the new replica.
+    Failover,
+    /// `zookeeper-ensemble`: kill the ensemble's leader (SIGKILL of its container), let
+    /// the other two elect a new one, start it again.
+    LeaderKill,
+    /// `zookeeper-ensemble`: disconnect a follower from the other nodes' network (the one
+    /// the owner is connected to, when it is a follower), reconnect it after the session
+    /// timeout and a second.
+    FollowerPartition,
+    /// `zookeeper-ensemble`: disconnect the owner's client network from every node, for
+    /// half to twice the session timeout, so that ZooKeeper keeps or expires the session.
+    ContenderPartition,
+}
+
+impl FaultKind {
+    /// Whether this fault can be injected on `backend`.
+    fn applies_to(self, backend: ChaosBackend) -> bool {
+        match self {
+            FaultKind::Kill | FaultKind::Pause => true,
+            FaultKind::Failover => backend == ChaosBackend::RedisSentinel,
+            FaultKind::LeaderKill
+            | FaultKind::FollowerPartition
+            | FaultKind::ContenderPartition => backend == ChaosBackend::ZookeeperEnsemble,
+            // The proxy and the private server's restart are not there on the ensemble,
+            // whose connections go through Docker networks, nor behind Sentinel, whose
+            // contenders reach the deployment directly.
+            FaultKind::Restart | FaultKind::Cut | FaultKind::Delay | FaultKind::Partition => {
+                !matches!(
+                    backend,
+                    ChaosBackend::ZookeeperEnsemble | ChaosBackend::RedisSentinel
+                )
+            }
+        }
+    }
 }
 
 impl FromStr for FaultKind {
@@ -107,9 +163,15 @@ impl FromStr for FaultKind {
             "cut" => FaultKind::Cut,
             "delay" => FaultKind::Delay,
             "partition" | "expire" => FaultKind::Partition,
+            "failover" => FaultKind::Failover,
+            "leader-kill" => FaultKind::LeaderKill,
+            "follower-partition" => FaultKind::FollowerPartition,
+            "contender-partition" => FaultKind::ContenderPartition,
             other => {
                 return Err(ChaosError::Usage(format!(
-                    "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition"
+                    "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition, \
+                     on redis-sentinel failover, or on zookeeper-ensemble leader-kill, \
+                     follower-partition, contender-partition"
                 )));
             }
         })
@@ -146,30 +208,34 @@ pub struct ChaosConfig {
 }
 
 impl ChaosConfig {
-    /// A config with the usual settings: 3 contenders, ttl 1 s, transition 500 ms, a fault
-    /// every 2 s, all faults.
+    /// A config with the usual settings: 3 contenders, ttl 1 s (ZooKeeper: 1.5 s),
+    /// transition 500 ms, a fault every 2 s, all the target's faults.
     pub fn new(backend: ChaosBackend, program: impl Into<PathBuf>, args: Vec<String>) -> Self {
+        let faults = [
+            FaultKind::Kill,
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+            FaultKind::Partition,
+            FaultKind::Failover,
+            FaultKind::LeaderKill,
+            FaultKind::FollowerPartition,
+            FaultKind::ContenderPartition,
+        ]
+        .into_iter()
+        .filter(|f| f.applies_to(backend))
+        .collect();
         ChaosConfig {
             backend,
             url: None,
             duration: Duration::from_secs(30),
-            faults: vec![
-                FaultKind::Kill,
-                FaultKind::Pause,
-                FaultKind::Restart,
-                FaultKind::Cut,
-                FaultKind::Delay,
-                FaultKind::Partition,
-            ],
+            faults,
             contenders: 3,
             program: program.into(),
             args,
             // ZooKeeper: ttl + transition is the session timeout, at least 2 s.
-            ttl: Duration::from_millis(if backend == ChaosBackend::Zookeeper {
-                1500
-            } else {
-                1000
-            }),
+            ttl: Duration::from_millis(if backend.is_zookeeper() { 1500 } else { 1000 }),
             transition: Duration::from_millis(500),
             fault_every: Duration::from_secs(2),
             min_handoffs: 5,
@@ -219,6 +285,8 @@ pub struct ChaosSummary {
     pub min_handoffs: usize,
     /// The last lines of each contender's log, kept when the run found violations.
     pub log_tails: Vec<String>,
+    /// Faults that could not be injected (or not undone) and why, the first ten.
+    pub fault_errors: Vec<String>,
 }
 
 impl ChaosSummary {
@@ -243,6 +311,9 @@ impl fmt::Display for ChaosSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for v in self.violations.iter().take(10) {
             writeln!(f, "violation: {v}")?;
+        }
+        for e in &self.fault_errors {
+            writeln!(f, "fault error: {e}")?;
         }
         writeln!(
             f,
@@ -273,9 +344,14 @@ struct Contender {
 
 struct Run<'a> {
     cfg: &'a ChaosConfig,
+    /// The Sentinel deployment of [`ChaosBackend::RedisSentinel`].
+    sentinel: Option<servers::RedisSentinel>,
     resource: FencedResource,
     mutex: String,
     contenders: Vec<Contender>,
+    /// The `zookeeper-ensemble` target's ensemble; contender `i` uses its client network `i`.
+    #[cfg(feature = "containers")]
+    ensemble: Option<crate::servers::ZkEnsemble>,
 }
 
 impl Run<'_> {
@@ -321,6 +397,8 @@ impl Run<'_> {
                 None => true,
             };
             if dead {
+                // It exited by itself (a contender crashes on purpose now and then).
+                self.resource.died(&self.contenders[i].name, None);
                 self.spawn(i)?;
             }
         }
@@ -362,14 +440,22 @@ impl Run<'_> {
         match kind {
             FaultKind::Kill => {
                 if let Some(ch) = self.contenders[owner].child.as_mut() {
+                    let killed = std::time::Instant::now();
                     let _ = ch.start_kill();
-                    let _ = ch.wait().await;
+                    if ch.wait().await.is_ok() {
+                        // Reaped: it is dead, and believes nothing from its kill on.
+                        self.resource
+                            .died(&self.contenders[owner].name, Some(killed));
+                    }
                 }
                 self.spawn(owner)?;
             }
             FaultKind::Pause => {
                 self.signal(owner, "STOP").await?;
-                sleep(self.lease() + Duration::from_millis(500)).await;
+                // Past the lease end and past the waiters' wake-up jitter after it (up to
+                // 1 s by default): a waiter that is not pushed (its push would come from
+                // the stopped owner) takes over while the owner is still stopped.
+                sleep(self.lease() + Duration::from_millis(1500)).await;
                 self.signal(owner, "CONT").await?;
             }
             FaultKind::Restart => {
@@ -406,14 +492,157 @@ impl Run<'_> {
                 p.blackhole(false);
                 p.cut();
             }
+            FaultKind::Failover => {
+                let Some(d) = &self.sentinel else {
+                    return Ok(false);
+                };
+                d.freeze_replication().await?;
+                // Right after the next acquisition (a handoff or crash takeover), or after
+                // a renewal, which comes within a ttl.
+                let before = self.resource.report().ownerships;
+                let until = Instant::now() + self.lease();
+                while self.resource.report().ownerships == before && Instant::now() < until {
+                    sleep(Duration::from_millis(2)).await;
+                }
+                d.kill_primary_and_fail_over(Duration::from_secs(60))
+                    .await?;
+            }
+            FaultKind::LeaderKill
+            | FaultKind::FollowerPartition
+            | FaultKind::ContenderPartition => {
+                return self.ensemble_fault(kind, owner).await;
+            }
         }
         Ok(true)
     }
+
+    /// The faults on the ensemble. Each one leaves the ensemble whole again (every node
+    /// serving, every network connected) before it returns, also when a step failed.
+    #[cfg(feature = "containers")]
+    async fn ensemble_fault(&self, kind: FaultKind, owner: usize) -> Result<bool, ChaosError> {
+        let Some(ens) = &self.ensemble else {
+            return Ok(false);
+        };
+        // The session timeout of the contenders (ttl + transition).
+        let session = self.lease();
+        match kind {
+            FaultKind::LeaderKill => {
+                let Some(leader) = ens.leader().await else {
+                    return Ok(false);
+                };
+                ens.kill(leader).await?;
+                let t = Instant::now();
+                let elected = ens.wait_for_quorum(Duration::from_secs(60)).await;
+                if let Ok(new) = &elected {
+                    info!(killed = leader + 1, leader = new + 1, after = ?t.elapsed(), "new leader");
+                }
+                // Down for a session timeout: sessions are kept or expire meanwhile.
+                sleep(session).await;
+                ens.start_node(leader).await?;
+                elected?;
+            }
+            FaultKind::FollowerPartition => {
+                let mut followers = Vec::new();
+                for i in 0..crate::servers::ENSEMBLE_SIZE {
+                    if ens.mode(i).await == crate::servers::NodeMode::Follower {
+                        followers.push(i);
+                    }
+                }
+                let owners_server = self.contenders[owner]
+                    .child
+                    .as_ref()
+                    .and_then(Child::id)
+                    .and_then(zookeeper_peer)
+                    .and_then(|addr| ens.node_of(addr));
+                let node = match owners_server {
+                    Some(n) if followers.contains(&n) => n,
+                    _ => match followers.first() {
+                        Some(&n) => n,
+                        None => return Ok(false),
+                    },
+                };
+                info!(node = node + 1, owners_server = ?owners_server.map(|n| n + 1), "partition a follower");
+                ens.partition(node).await?;
+                sleep(session + Duration::from_secs(1)).await;
+                ens.heal(node).await?;
+                ens.wait_serving(node, Duration::from_secs(60)).await?;
+            }
+            FaultKind::ContenderPartition => {
+                if owner >= ens.clients() {
+                    return Ok(false);
+                }
+                // Half to twice the session timeout: ZooKeeper keeps the session when the
+                // client is back in time, and expires it otherwise.
+                let ms = session.as_millis() as u64;
+                let cut = Duration::from_millis(ms / 2 + roll(ms * 3 / 2));
+                info!(?cut, "partition the owner from the ensemble");
+                ens.cut_client(owner).await?;
+                sleep(cut).await;
+                ens.restore_client(owner).await?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    #[cfg(not(feature = "containers"))]
+    async fn ensemble_fault(&self, _kind: FaultKind, _owner: usize) -> Result<bool, ChaosError> {
+        Ok(false)
+    }
+}
+
+/// A number in `0..n`, different on every call.
+#[cfg(feature = "containers")]
+fn roll(n: u64) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) % n.max(1)
+}
+
+/// The ZooKeeper server (port 2181) process `pid` has an established TCP connection to,
+/// read from `/proc` (Linux): the socket inodes of its descriptors, looked up in its
+/// network namespace's `net/tcp`.
+#[cfg(feature = "containers")]
+fn zookeeper_peer(pid: u32) -> Option<std::net::SocketAddr> {
+    let mut inodes = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        if let Ok(target) = std::fs::read_link(entry.path()) {
+            let target = target.to_string_lossy().into_owned();
+            if let Some(inode) = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+            {
+                inodes.insert(inode.to_owned());
+            }
+        }
+    }
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+        let (remote, state, inode) = (fields.get(2)?, fields.get(3)?, fields.get(9)?);
+        if *state != "01" || !inodes.contains(*inode) {
+            return None;
+        }
+        let addr = parse_proc_addr(remote)?;
+        (addr.port() == 2181).then_some(addr)
+    })
+}
+
+/// `0100007F:0885` (the address in host byte order, little-endian here) to `127.0.0.1:2181`.
+#[cfg(feature = "containers")]
+fn parse_proc_addr(text: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = text.split_once(':')?;
+    let ip = u32::from_str_radix(ip, 16).ok()?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    Some(std::net::SocketAddr::from((
+        std::net::Ipv4Addr::from(ip.to_ne_bytes()),
+        port,
+    )))
 }
 
 fn backend_url(backend: ChaosBackend, server_url: &str) -> String {
     match backend {
-        ChaosBackend::Zookeeper => format!("zk://{server_url}"),
+        ChaosBackend::Zookeeper | ChaosBackend::ZookeeperEnsemble => format!("zk://{server_url}"),
         // mysql_async switches a local server to its Unix socket, past the proxy.
         ChaosBackend::Mysql if !server_url.contains('?') => {
             format!("{server_url}?prefer_socket=false")
@@ -431,7 +660,39 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     if cfg.contenders < 2 {
         return Err(ChaosError::Usage("at least 2 contenders".into()));
     }
+    if let Some(f) = cfg.faults.iter().find(|f| !f.applies_to(cfg.backend)) {
+        return Err(ChaosError::Usage(format!(
+            "the fault {f:?} does not apply to {:?}",
+            cfg.backend
+        )));
+    }
+    #[cfg(feature = "containers")]
+    let ensemble = if cfg.backend == ChaosBackend::ZookeeperEnsemble {
+        if cfg.url.is_some() {
+            return Err(ChaosError::Usage(
+                "zookeeper-ensemble starts its own ensemble in containers: leave out --url".into(),
+            ));
+        }
+        let t = Instant::now();
+        let ensemble = crate::servers::ZkEnsemble::start(cfg.contenders).await?;
+        info!(after = ?t.elapsed(), "ensemble serving");
+        Some(ensemble)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "containers"))]
+    if cfg.backend == ChaosBackend::ZookeeperEnsemble {
+        return Err(ChaosError::Usage(
+            "zookeeper-ensemble needs simba-test-kit's feature `containers` (simba-chaos: \
+             `--features containers`) and a Docker engine"
+                .into(),
+        ));
+    }
     let dir = tempfile::tempdir().map_err(io("temp dir"))?;
+    let sentinel = match (cfg.backend, &cfg.url) {
+        (ChaosBackend::RedisSentinel, None) => Some(servers::redis_sentinel().await?),
+        _ => None,
+    };
     let server = match (cfg.backend.server_kind(), &cfg.url) {
         (None, _) => None,
         (Some(kind), Some(url)) => Some(TestServer::external(kind, url)?),
@@ -443,8 +704,21 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let mutex = format!("chaos-{}", std::process::id());
     let mut contenders = Vec::new();
     for i in 0..cfg.contenders {
-        let (url, proxy) = match &server {
-            Some(s) => {
+        #[cfg(feature = "containers")]
+        if let Some(ens) = &ensemble {
+            contenders.push(Contender {
+                name: format!("c{i}"),
+                url: backend_url(cfg.backend, &ens.connect_string(i)),
+                proxy: None,
+                child: None,
+                log: dir.path().join(format!("c{i}.log")),
+            });
+            continue;
+        }
+        let (url, proxy) = match (&server, &sentinel, &cfg.url) {
+            (_, Some(d), _) => (d.url(), None),
+            (None, None, Some(url)) => (url.clone(), None),
+            (Some(s), _, _) => {
                 let upstream = s.socket_addr()?;
                 let proxy = FaultProxy::start(upstream)
                     .await
@@ -454,7 +728,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
                     Some(proxy),
                 )
             }
-            None => (
+            (None, None, None) => (
                 format!("sqlite://{}", dir.path().join("chaos.db").display()),
                 None,
             ),
@@ -469,9 +743,12 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     }
     let mut run = Run {
         cfg,
+        sentinel,
         resource,
         mutex,
         contenders,
+        #[cfg(feature = "containers")]
+        ensemble,
     };
     for i in 0..cfg.contenders {
         run.spawn(i)?;
@@ -480,27 +757,60 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let mut injected: Vec<(FaultKind, usize)> = Vec::new();
     let mut next_fault = t0 + cfg.fault_every;
     let mut turn = 0usize;
+    let mut fault_errors = Vec::new();
+    let mut misses = 0u32;
+    // The faults that can ever apply here: SQLite has no server and no connection, and a
+    // server given by URL is not restarted.
+    let faults: Vec<FaultKind> = cfg
+        .faults
+        .iter()
+        .copied()
+        .filter(|f| match f {
+            FaultKind::Kill | FaultKind::Pause => true,
+            FaultKind::Restart => cfg.url.is_none() && cfg.backend != ChaosBackend::Sqlite,
+            _ => cfg.backend != ChaosBackend::Sqlite,
+        })
+        .collect();
     while t0.elapsed() < cfg.duration {
         sleep(Duration::from_millis(50)).await;
         run.respawn_dead()?;
-        if Instant::now() >= next_fault && !cfg.faults.is_empty() {
-            let kind = cfg.faults[turn % cfg.faults.len()];
-            turn += 1;
+        if Instant::now() >= next_fault && !faults.is_empty() {
+            let kind = faults[turn % faults.len()];
             match run.fault(kind, server.as_ref()).await {
                 Ok(true) => match injected.iter_mut().find(|(k, _)| *k == kind) {
                     Some((_, n)) => *n += 1,
                     None => injected.push((kind, 1)),
                 },
+                // Not now (no owner at this instant, say): the same fault at the next
+                // tick, for up to two seconds, so that every kind gets its turns.
+                Ok(false) if misses < 40 => {
+                    misses += 1;
+                    continue;
+                }
                 Ok(false) => {}
-                Err(e) => warn!(?kind, "fault failed: {e}"),
+                Err(e) => {
+                    warn!(?kind, "fault failed: {e}");
+                    if fault_errors.len() < 10 {
+                        fault_errors.push(format!("{kind:?}: {e}"));
+                    }
+                }
             }
+            turn += 1;
+            misses = 0;
             next_fault = Instant::now() + cfg.fault_every;
         }
     }
     for c in &mut run.contenders {
         if let Some(ch) = c.child.as_mut() {
+            // One that exited by itself since the last look is dead since its last message.
+            if matches!(ch.try_wait(), Ok(Some(_))) {
+                run.resource.died(&c.name, None);
+            }
+            let killed = std::time::Instant::now();
             let _ = ch.start_kill();
-            let _ = ch.wait().await;
+            if ch.wait().await.is_ok() {
+                run.resource.died(&c.name, Some(killed));
+            }
         }
     }
     let violations = run.resource.violations();
@@ -525,5 +835,50 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         faults_by_kind: injected,
         min_handoffs: cfg.min_handoffs,
         log_tails,
+        fault_errors,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_and_apply_to_their_targets() {
+        assert_eq!(
+            "leader-kill".parse::<FaultKind>().ok(),
+            Some(FaultKind::LeaderKill)
+        );
+        assert_eq!(
+            "contender-partition".parse::<FaultKind>().ok(),
+            Some(FaultKind::ContenderPartition)
+        );
+        assert_eq!(
+            "zookeeper-ensemble".parse::<ChaosBackend>().ok(),
+            Some(ChaosBackend::ZookeeperEnsemble)
+        );
+        assert!(FaultKind::FollowerPartition.applies_to(ChaosBackend::ZookeeperEnsemble));
+        assert!(!FaultKind::FollowerPartition.applies_to(ChaosBackend::Zookeeper));
+        assert!(!FaultKind::Cut.applies_to(ChaosBackend::ZookeeperEnsemble));
+        assert!(FaultKind::Pause.applies_to(ChaosBackend::ZookeeperEnsemble));
+        let cfg = ChaosConfig::new(ChaosBackend::ZookeeperEnsemble, "x", Vec::new());
+        assert!(cfg.faults.iter().all(|f| f.applies_to(cfg.backend)));
+        assert_eq!(cfg.ttl + cfg.transition, Duration::from_secs(2));
+    }
+
+    /// `/proc/net/tcp` prints an address as the hex of its network-order bytes read as a
+    /// native integer.
+    #[cfg(all(feature = "containers", target_endian = "little"))]
+    #[test]
+    fn proc_addresses() {
+        assert_eq!(
+            parse_proc_addr("0100007F:0885"),
+            Some(([127, 0, 0, 1], 2181).into())
+        );
+        assert_eq!(
+            parse_proc_addr("0B0012AC:1F90"),
+            Some(([172, 18, 0, 11], 8080).into())
+        );
+        assert_eq!(parse_proc_addr("zz:1"), None);
+    }
 }

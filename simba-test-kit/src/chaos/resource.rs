@@ -13,7 +13,9 @@
 //! one that says its lease already ran out). It records, per ownership, when it began and
 //! the latest instant its holder could still believe it owned: the end is the earlier of
 //! the `END` and the last message's arrival plus its `valid_ms`. A holder that was killed or
-//! paused sends nothing, so its belief ends where its last message said.
+//! paused sends nothing, so its belief ends where its last message said — or, for a holder
+//! whose process the run killed ([`FencedResource::died`]), when it died: a dead process
+//! believes nothing (SQLite hands its mutex over at once).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +37,8 @@ struct Open {
     bound: Instant,
     end: Option<Instant>,
     reason: Option<LossReason>,
+    /// When its last message arrived.
+    last: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -119,6 +123,20 @@ impl FencedResource {
             .map(|o| o.contender.clone())
     }
 
+    /// Records that the process of `contender` is dead (reaped): the run killed it, sending
+    /// the kill at `killed`, or it exited by itself (`None`). Its open ownership ends at its
+    /// last message, or at the kill if that came later: a dead process acts no more, and
+    /// nothing it did can come after both.
+    pub fn died(&self, contender: &str, killed: Option<Instant>) {
+        let mut s = self.lock();
+        if let Some(&i) = s.current.get(contender) {
+            let o = &mut s.ownerships[i];
+            if o.end.is_none() {
+                o.end = Some(killed.map_or(o.last, |k| k.max(o.last)));
+            }
+        }
+    }
+
     /// The ownerships as intervals of belief, for [`history::check`].
     pub fn intervals(&self) -> Vec<Interval> {
         self.lock()
@@ -192,6 +210,7 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 bound: now + Duration::from_millis(valid),
                 end: None,
                 reason: None,
+                last: now,
             });
             s.current.insert(id, n);
             "OK"
@@ -216,6 +235,7 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 let b = now + Duration::from_millis(valid);
                 let o = &mut s.ownerships[i];
                 o.bound = o.bound.max(b);
+                o.last = now;
             }
             "OK"
         }
@@ -412,5 +432,27 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(60)).await;
         b.begin(2, Duration::from_secs(1)).await.expect("begin");
         assert!(r.violations().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_dead_holder_believes_nothing() {
+        let r = FencedResource::start().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.begin(1, Duration::from_secs(60)).await.expect("begin");
+        assert!(a.write(1, Duration::from_secs(60)).await.expect("write"));
+        r.died("a", Some(Instant::now()));
+        b.begin(2, Duration::from_secs(60)).await.expect("begin");
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        // A holder that still wrote after the next one began overlapped it, whenever it died.
+        let r = FencedResource::start().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        let before = Instant::now();
+        a.begin(1, Duration::from_secs(60)).await.expect("begin");
+        b.begin(2, Duration::from_secs(60)).await.expect("begin");
+        a.write(1, Duration::from_secs(60)).await.expect("write");
+        r.died("a", Some(before));
+        assert_eq!(r.violations().len(), 1, "{:?}", r.violations());
     }
 }

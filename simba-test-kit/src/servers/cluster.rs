@@ -36,6 +36,23 @@ impl fmt::Debug for RedisCluster {
 /// `cluster-port`); the environment variable [`REDIS_URL_ENV`](super::REDIS_URL_ENV) is
 /// ignored.
 pub async fn redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError> {
+    // Many clusters start at once when tests run in parallel, and a port found free can
+    // be taken by another test's node before ours binds it; a node can then be reached by
+    // another cluster's `CLUSTER MEET` ("Node config epoch is already non-zero"). Such a
+    // start is thrown away and made again on new ports.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match try_redis_cluster(primaries).await {
+            Err(ServerError::Start { message, .. }) if attempt < 3 => {
+                tracing::debug!(%message, "cluster start failed, starting a new one");
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn try_redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError> {
     if primaries == 0 || primaries > SLOTS {
         return Err(ServerError::Start {
             kind: KIND,

@@ -66,7 +66,7 @@ fn request(kind: ServerKind) -> ContainerRequest<GenericImage> {
 
 /// Checks that a Docker daemon answers and has the image for `kind`, so that the error
 /// says which of the two is missing and how to fix it.
-async fn preflight(kind: ServerKind) -> Result<(), String> {
+pub(super) async fn preflight(kind: ServerKind) -> Result<(), String> {
     let unreachable = |e: testcontainers::bollard::errors::Error| {
         format!("no Docker daemon answers ({e}). {}", docker_hint())
     };

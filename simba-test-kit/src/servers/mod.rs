@@ -41,6 +41,10 @@ mod cluster;
 mod container;
 #[cfg(feature = "containers")]
 pub use container::LABEL;
+#[cfg(feature = "containers")]
+mod ensemble;
+#[cfg(feature = "containers")]
+pub use ensemble::{ENSEMBLE_SIZE, NodeMode, ZkEnsemble};
 
 /// The tag of the kit's images (`docker/*/Dockerfile`), the same as in `docker-compose.yml`
 /// (a test reads that file to keep the two in step).
@@ -60,9 +64,13 @@ mod postgres;
 mod probe;
 mod process;
 mod redis;
+mod sentinel;
+mod tls;
 mod zookeeper;
 
 pub use cluster::{RedisCluster, redis_cluster};
+pub use sentinel::{RedisSentinel, SENTINEL_SERVICE, redis_sentinel};
+pub use tls::{CertPair, RedisTls, TestCerts, redis_tls};
 
 use process::LocalServer;
 

@@ -68,6 +68,11 @@ impl Flavor {
     }
 
     fn url(&self, port: u16) -> String {
+        if let Self::Redis(r) = self
+            && r.is_tls()
+        {
+            return format!("rediss://127.0.0.1:{port}");
+        }
         match self.kind() {
             ServerKind::Redis => format!("redis://127.0.0.1:{port}"),
             ServerKind::Mysql => format!("mysql://root@127.0.0.1:{port}/{}", super::DATABASE),
@@ -75,6 +80,18 @@ impl Flavor {
                 format!("postgres://postgres@127.0.0.1:{port}/{}", super::DATABASE)
             }
             ServerKind::Zookeeper => format!("127.0.0.1:{port}"),
+        }
+    }
+
+    /// Whether the server at `addr` is ready. A TLS-only Redis is ready when it accepts
+    /// connections (the kit speaks no TLS itself).
+    async fn ready(&self, addr: SocketAddr) -> Result<(), String> {
+        match self {
+            Self::Redis(r) if r.is_tls() => tokio::net::TcpStream::connect(addr)
+                .await
+                .map(drop)
+                .map_err(|e| format!("connecting to {addr}: {e}")),
+            _ => probe::ready(self.kind(), addr).await,
         }
     }
 
@@ -255,8 +272,7 @@ impl LocalServer {
                     return Err(LaunchError::Fatal(self.io("waiting for the server", e)));
                 }
             }
-            match tokio::time::timeout(Duration::from_secs(2), probe::ready(kind, self.addr()))
-                .await
+            match tokio::time::timeout(Duration::from_secs(2), self.flavor.ready(self.addr())).await
             {
                 Ok(Ok(())) => {
                     state.child = Some(child);

@@ -12,6 +12,8 @@ pub(crate) struct Redis {
     server: PathBuf,
     /// Set for a cluster node: the cluster bus port.
     cluster_bus_port: Option<u16>,
+    /// Set for a server that speaks only TLS.
+    tls: Option<super::tls::RedisTls>,
 }
 
 impl Redis {
@@ -27,6 +29,7 @@ impl Redis {
         Ok(Self {
             server,
             cluster_bus_port: None,
+            tls: None,
         })
     }
 
@@ -35,7 +38,24 @@ impl Redis {
         Self {
             server: self.server.clone(),
             cluster_bus_port: Some(bus_port),
+            tls: self.tls.clone(),
         }
+    }
+
+    /// The same server speaking only TLS, with `tls`'s certificates.
+    pub(crate) fn with_tls(mut self, tls: super::tls::RedisTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Whether the server speaks only TLS.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The server binary (also runs sentinels, with `--sentinel`).
+    pub(crate) fn binary(&self) -> &Path {
+        &self.server
     }
 
     pub(crate) async fn prepare(&self, dir: &Path) -> Result<(), ServerError> {
@@ -48,9 +68,27 @@ impl Redis {
     /// OS before each reply, so it survives a kill), no RDB snapshots.
     pub(crate) fn command(&self, dir: &Path, port: u16) -> Command {
         let mut cmd = Command::new(&self.server);
-        cmd.arg("--port")
-            .arg(port.to_string())
-            .args(["--bind", "127.0.0.1"])
+        match &self.tls {
+            None => {
+                cmd.arg("--port").arg(port.to_string());
+            }
+            Some(tls) => {
+                cmd.args(["--port", "0"])
+                    .arg("--tls-port")
+                    .arg(port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&tls.server.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.server.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .args([
+                        "--tls-auth-clients",
+                        if tls.require_client_cert { "yes" } else { "no" },
+                    ]);
+            }
+        }
+        cmd.args(["--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(dir.join("data"))
             .args(["--daemonize", "no"])

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::{BoxFuture, ContendServiceFactory};
+use simba_core::ContendServiceFactory;
+use simba_core::backend::BoxFuture;
 
 /// Errors of setting a backend up for a case (not case failures).
 pub type SetupError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -888,7 +888,13 @@ pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
 pub async fn bad_input(h: &dyn Harness) -> CaseResult {
     let f = h.factory(Timing::SHORT).await?;
     let long = "x".repeat(simba_core::MAX_MUTEX_NAME_LEN + 1);
-    for bad in ["", "line\nbreak", " padded", long.as_str(), "tag{x}"] {
+    for bad in [
+        "",
+        "line\nbreak",
+        " padded",
+        long.as_str(),
+        "zero\u{200B}width",
+    ] {
         let r = f.create_contend_service(bad, Arc::new(simba_core::SilentContender));
         ensure!(
             matches!(r, Err(Error::InvalidName { .. })),
@@ -905,10 +911,14 @@ pub async fn bad_input(h: &dyn Harness) -> CaseResult {
             "locker name {bad:?} accepted"
         );
     }
-    let r = Locker::with_contender_id(f.clone(), "fine", "owner@@evil");
+    let r = Locker::with_contender_id(
+        f.clone(),
+        "fine",
+        format!("{}evil", simba_core::HELD_PREFIX),
+    );
     ensure!(
         matches!(r, Err(Error::InvalidContenderId { .. })),
-        "id with @@ accepted: {r:?}"
+        "id with the hold prefix accepted: {r:?}"
     );
     let history = History::new();
     let r = f.create_contend_service("fine", history.contender("has space"));

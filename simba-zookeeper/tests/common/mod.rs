@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::{
-    BoxFuture, ContendService, ContendServiceFactory, ContenderStatus, generate_contender_id,
-};
+use simba_core::backend::BoxFuture;
+use simba_core::{ContendService, ContendServiceFactory, ContenderStatus, generate_contender_id};
 use simba_test_kit::proxy::FaultProxy;
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};

@@ -1,0 +1,72 @@
+//! What a backend implements and the engine parts it builds on: the lease store contract
+//! ([`LeaseStore`], [`Lease`], [`LeaseReply`], [`StoreEvent`], [`hold_millis`],
+//! [`held_owner_id`]), the session-backend parts below, and the plumbing of the
+//! object-safe service traits ([`BoxFuture`], [`ServiceFactory`]). Applications do not
+//! need this module: they use [`Locker`](crate::Locker),
+//! [`LeaderScheduler`](crate::LeaderScheduler), [`LeaseConfig`](crate::LeaseConfig) and a
+//! backend's factory.
+//!
+//! # Where a backend plugs in
+//!
+//! There are two families of backends, and each has one contract:
+//!
+//! - **Lease backends** (Redis, SQL, the in-memory store) implement only
+//!   [`LeaseStore`], the wire protocol: acquire, renew, release, read,
+//!   and optionally push. The lease engine ([`LeaseServiceFactory`](crate::LeaseServiceFactory))
+//!   owns scheduling, state, callbacks, the local lease deadline and reconnects.
+//! - **Session backends** (ZooKeeper: ownership is a node that lives as long as a session)
+//!   implement [`ContendService`](crate::ContendService) and
+//!   [`RetrievalService`](crate::RetrievalService) themselves, following the status
+//!   protocol written in [`ContendService`'s contract](crate::ContendService#contract). They
+//!   do it with the same parts the lease engine is built from, so no state machine is
+//!   written twice:
+//!   - [`ServiceRunner`]: the background task — start, stop, restart, stop on drop, with
+//!     a [`CancellationToken`](tokio_util::sync::CancellationToken) as the stop signal;
+//!   - [`ServiceStatus`] and [`OwnershipTracker`]: the ownership state machine and the
+//!     only writer of the status — acquired, renewed, suspect, lost, attempts counted,
+//!     callbacks before status;
+//!   - [`contender_id_for`]: the id a contender contends with, validated or generated;
+//!   - [`ServiceFactory`]: the typed factory; the object-safe
+//!     [`ContendServiceFactory`](crate::ContendServiceFactory) comes with it.
+//!
+//! A session backend's driver then only decides, from its own protocol, *when* it owns,
+//! when its answers stop, and when the ownership ended.
+
+mod factory;
+mod ownership;
+mod runner;
+
+pub use factory::ServiceFactory;
+pub use ownership::{OwnershipTracker, Reporter, ServiceStatus};
+pub use runner::ServiceRunner;
+
+pub use crate::owner::held_owner_id;
+pub use crate::service::BoxFuture;
+pub use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
+
+use crate::error::Result;
+use crate::id::{generate_contender_id, validate_contender_id};
+use crate::service::Contender;
+
+/// The id `contender` contends with: its own ([`Contender::contender_id`]) after
+/// [`validate_contender_id`], or a new one from
+/// [`generate_contender_id`].
+///
+/// # Errors
+/// [`Error::InvalidContenderId`](crate::Error::InvalidContenderId) for a bad own id.
+pub fn contender_id_for(contender: &dyn Contender) -> Result<String> {
+    match contender.contender_id() {
+        Some(id) => {
+            validate_contender_id(&id)?;
+            Ok(id)
+        }
+        None => Ok(generate_contender_id()),
+    }
+}
+
+/// 64 pseudo-random bits, different in every call and every process (seeded from the
+/// standard library's per-process hasher keys, the clock and a counter). Not for
+/// cryptography: for jitter, id suffixes and node-name tokens.
+pub fn random_u64() -> u64 {
+    crate::id::random_u64()
+}

@@ -1,0 +1,548 @@
+//! The driver task of a lease service: when to call the store, what an answer means, the
+//! local lease deadline. It reports through an [`OwnershipTracker`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span, debug, info, warn};
+
+use super::service::{OBSERVE_FLOOR, Shared};
+use crate::backend::OwnershipTracker;
+use crate::error::{Error, LossReason, Result};
+use crate::metrics::FailureKind;
+use crate::owner::{ContendPeriod, MutexOwner};
+use crate::store::{LeaseReply, LeaseStore, StoreEvent};
+
+/// The span of one store call: `simba_call` at DEBUG with `op`, `backend`, `mutex`,
+/// `contender`, `fence` (when known; recorded later when the answer tells it) and
+/// `outcome` (recorded when the call ends).
+fn call_span<S: LeaseStore>(shared: &Shared<S>, op: &'static str, fence: Option<u64>) -> Span {
+    tracing::debug_span!(
+        "simba_call",
+        op,
+        backend = shared.store.backend(),
+        mutex = %shared.mutex,
+        contender = %shared.contender_id,
+        fence,
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// What a subscription came back with (bounded by the request timeout).
+type Subscribed =
+    std::result::Result<Result<Option<mpsc::Receiver<StoreEvent>>>, tokio::time::error::Elapsed>;
+
+/// What one attempt (acquire, renew or read) came back with.
+enum Outcome {
+    Stop,
+    DeadlinePassed,
+    Reply(Instant, Result<LeaseReply>),
+    /// No answer within the call's bound.
+    TimedOut(Error),
+}
+
+pub(super) struct Driver<S> {
+    shared: Arc<Shared<S>>,
+    /// The ownership state machine; the only writer of the status.
+    tracker: OwnershipTracker,
+    stop: CancellationToken,
+    period: ContendPeriod,
+    events: Option<mpsc::Receiver<StoreEvent>>,
+    subscribed: bool,
+    next: Instant,
+    /// The next attempt was asked for at once (start, or a pushed event): it goes ahead
+    /// without waiting on a timer, because tokio rounds timer deadlines up to the next
+    /// millisecond, which would add up to 1 ms to every acquisition and handoff.
+    urgent: bool,
+    /// An attempt was made: from now on a non-owner subscribes to pushed events.
+    looked: bool,
+    failures: u32,
+}
+
+impl<S: LeaseStore> Driver<S> {
+    pub(super) fn new(
+        shared: Arc<Shared<S>>,
+        tracker: OwnershipTracker,
+        stop: CancellationToken,
+    ) -> Self {
+        let period = ContendPeriod::new(shared.contender_id.clone())
+            .with_jitter(
+                shared.config.jitter.clone(),
+                shared.config.jitter_no_transition.clone(),
+            )
+            .unwrap_or_else(|_| ContendPeriod::new(shared.contender_id.clone()));
+        Driver {
+            shared,
+            tracker,
+            stop,
+            period,
+            events: None,
+            subscribed: false,
+            next: Instant::now(),
+            urgent: true,
+            looked: false,
+            failures: 0,
+        }
+    }
+
+    fn contending(&self) -> bool {
+        self.shared.out.contends()
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.tracker.deadline()
+    }
+
+    pub(super) async fn run(mut self) {
+        loop {
+            if self.stop.is_cancelled() {
+                break;
+            }
+            // Subscribing may take up to a request timeout, so it is tried only while not
+            // owning: an owner's lease deadline must never wait behind it. The first attempt
+            // subscribes at the same time (see `attempt`); this is for later ones.
+            if !self.subscribed && !self.tracker.is_held() && self.looked {
+                if !self.subscribe().await {
+                    break;
+                }
+                self.look_again_if_subscribed();
+            }
+            // Wait for the next attempt, an event, the lease deadline, or stop; an urgent
+            // attempt that is due goes ahead at once (the deadline checked by hand).
+            let deadline = self.deadline();
+            let now = Instant::now();
+            if self.urgent && self.next <= now {
+                if deadline.is_some_and(|d| d <= now) {
+                    self.tracker
+                        .lose(LossReason::LeaseExpired, MutexOwner::NONE);
+                    continue;
+                }
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = self.stop.cancelled() => break,
+                    _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                        self.tracker.lose(LossReason::LeaseExpired, MutexOwner::NONE);
+                        self.next = Instant::now();
+                        continue;
+                    }
+                    ev = recv_event(&mut self.events) => {
+                        self.on_event(ev);
+                        continue;
+                    }
+                    _ = sleep_until(self.next) => {}
+                }
+            }
+            self.urgent = false;
+            let first = !self.looked;
+            self.looked = true;
+            let (outcome, subscribed) = self.attempt(first).await;
+            if let Some(result) = subscribed {
+                self.on_subscribed(result);
+            }
+            let answered = matches!(outcome, Outcome::Reply(_, Ok(_)));
+            match outcome {
+                Outcome::Stop => break,
+                Outcome::DeadlinePassed => {
+                    self.tracker
+                        .lose(LossReason::LeaseExpired, MutexOwner::NONE);
+                    self.next = Instant::now();
+                }
+                Outcome::Reply(sent, Ok(reply)) => self.on_reply(sent, reply),
+                Outcome::Reply(_, Err(e)) => self.on_failure(FailureKind::of(&e), e),
+                Outcome::TimedOut(e) => self.on_failure(FailureKind::Timeout, e),
+            }
+            if first && answered && !self.tracker.is_held() {
+                self.look_again_if_subscribed();
+            }
+        }
+        self.shutdown().await;
+    }
+
+    /// A waiter that just subscribed looks again at once: a release between its last look
+    /// and the subscription was not heard.
+    fn look_again_if_subscribed(&mut self) {
+        if self.events.is_some() {
+            self.next = Instant::now();
+            self.urgent = true;
+        }
+    }
+
+    /// Subscribes to store events; returns false if stop was requested meanwhile.
+    async fn subscribe(&mut self) -> bool {
+        let shared = self.shared.clone();
+        // Store futures are boxed: a driver lives as long as its service, and holding the
+        // largest store future inline would cost every idle service kilobytes.
+        let call = Box::pin(shared.store.subscribe(&shared.mutex, &shared.contender_id));
+        let result = tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => return false,
+            r = timeout(shared.config.request_timeout, call) => r,
+        };
+        self.on_subscribed(result);
+        true
+    }
+
+    fn on_subscribed(&mut self, result: Subscribed) {
+        match result {
+            Ok(Ok(rx)) => {
+                self.events = rx;
+                self.subscribed = true;
+            }
+            Ok(Err(e)) => debug!("subscribe failed, polling until it succeeds: {e}"),
+            Err(_) => debug!("subscribe timed out, polling until it succeeds"),
+        }
+    }
+
+    fn on_event(&mut self, ev: Option<StoreEvent>) {
+        match ev {
+            None => {
+                // The store dropped the channel: poll, and subscribe again.
+                self.events = None;
+                self.subscribed = false;
+                self.next = Instant::now();
+            }
+            Some(StoreEvent::Acquired { owner_id })
+                if !self.tracker.is_held() && self.contending() =>
+            {
+                debug!(%owner_id, "acquired elsewhere");
+                // Nothing to do now: the next attempt is due when that lease ends.
+            }
+            Some(ev) => {
+                // Observers re-read on every event, contenders contend again.
+                debug!(?ev, "store event: looking now");
+                if ev == StoreEvent::Released && self.contending() {
+                    self.tracker.handoff_begins();
+                }
+                self.next = Instant::now();
+                self.urgent = true;
+            }
+        }
+    }
+
+    /// One backend call. A contender that has not subscribed yet and not looked yet
+    /// subscribes at the same time (the store may use another connection for it), so that
+    /// an uncontended acquisition waits for one round trip, not two; the subscription's
+    /// result comes back beside the outcome.
+    async fn attempt(&mut self, first: bool) -> (Outcome, Option<Subscribed>) {
+        let shared = self.shared.clone();
+        let lease = shared.config.lease();
+        let sent = Instant::now();
+        let owning = self.tracker.is_held();
+        let subscribe = (first && !self.subscribed && !owning)
+            .then(|| Box::pin(shared.store.subscribe(&shared.mutex, &shared.contender_id)));
+        let op = match (shared.out.contends(), owning) {
+            (false, _) => "owner",
+            (true, true) => "guard",
+            (true, false) => "acquire",
+        };
+        let span = call_span(&shared, op, self.tracker.held().map(|h| h.fence));
+        let call = Box::pin(
+            async {
+                match (shared.out.contends(), owning) {
+                    (false, _) => shared.store.owner(&shared.mutex).await,
+                    (true, true) => {
+                        shared
+                            .store
+                            .guard(&shared.mutex, &shared.contender_id, lease)
+                            .await
+                    }
+                    (true, false) => {
+                        shared
+                            .store
+                            .acquire(&shared.mutex, &shared.contender_id, lease)
+                            .await
+                    }
+                }
+            }
+            .instrument(span.clone()),
+        );
+        let bound = match self.deadline() {
+            Some(d) => d
+                .saturating_duration_since(sent)
+                .min(shared.config.request_timeout.max(lease.total())),
+            None => shared.config.request_timeout,
+        };
+        let deadline = self.deadline();
+        let request_timeout = shared.config.request_timeout;
+        let both = async {
+            let subscribed = async {
+                match subscribe {
+                    Some(call) => Some(timeout(request_timeout, call).await),
+                    None => None,
+                }
+            };
+            tokio::join!(timeout(bound, call), subscribed)
+        };
+        // A stop cuts renewals and reads short, but not an acquisition: once sent, it may
+        // win on the server even if its answer is dropped (a statement on a blocking
+        // thread or on the wire runs on), and a release sent before it lands would leave a
+        // dead owner for a whole lease. So a stop waits for the acquisition's answer
+        // (bounded by the request timeout), and the release follows it.
+        let acquiring = !owning && self.contending();
+        let result = tokio::select! {
+            biased;
+            _ = self.stop.cancelled(), if !acquiring => (Outcome::Stop, None),
+            _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => (Outcome::DeadlinePassed, None),
+            (r, subscribed) = both => (match r {
+                Ok(r) => Outcome::Reply(sent, r),
+                Err(_) => Outcome::TimedOut(Error::backend(
+                    shared.store.backend(),
+                    format!("call did not answer within {bound:?}"),
+                )),
+            }, subscribed),
+        };
+        record_outcome(&span, &result.0, &shared.contender_id);
+        result
+    }
+
+    /// When an observer reads next, after it saw `owner` at backend time `now`: at the end
+    /// of that owner's lease, and at least every interval (see [`LeaseRetrievalService`]).
+    fn observe_delay(&self, owner: &MutexOwner, now: i64) -> Duration {
+        let config = &self.shared.config;
+        let idle = (config.ttl / 2).max(OBSERVE_FLOOR);
+        let interval = match (&self.events, config.waiter_poll) {
+            (None, Some(poll)) => poll,
+            _ => idle,
+        };
+        if owner.is_in_lease(now) {
+            // One millisecond past the end, so that the read sees the lease over.
+            let left = owner.transition_at.saturating_sub(now).saturating_add(1);
+            interval.min(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+        } else {
+            interval
+        }
+    }
+
+    fn on_reply(&mut self, sent: Instant, reply: LeaseReply) {
+        self.failures = 0;
+        let now = Instant::now();
+        if !self.contending() {
+            self.tracker.observe(reply.owner.clone());
+            self.next = now + self.observe_delay(&reply.owner, reply.now);
+            self.tracker.count_attempt(None);
+            return;
+        }
+        if self.tracker.is_held() {
+            // A renewal the backend answered (whatever it said).
+            self.shared
+                .out
+                .labels()
+                .renewal(now.saturating_duration_since(sent));
+        }
+        let me = &self.shared.contender_id;
+        if reply.owner.is_owned_by_at(me, reply.now) {
+            let lease = self.shared.config.lease().total();
+            let deadline = sent + lease.saturating_sub(self.shared.config.drift_margin);
+            self.tracker.hold(reply.owner.clone(), Some(deadline));
+            let period = self.period.next_delay(&reply.owner, reply.now);
+            let until_deadline = deadline.saturating_duration_since(now);
+            self.next = now + period.min(until_deadline * 2 / 3);
+        } else {
+            self.tracker
+                .lose(LossReason::TakenOver, reply.owner.clone());
+            self.tracker.observe(reply.owner.clone());
+            self.tracker.handoff_missed();
+            let mut delay = self.period.next_delay(&reply.owner, reply.now);
+            if self.events.is_none()
+                && let Some(poll) = self.shared.config.waiter_poll
+            {
+                // Somewhere in the second half of the poll period, so that waiters that
+                // started together do not poll in lockstep.
+                let ms = i64::try_from(poll.as_millis()).unwrap_or(i64::MAX);
+                let jittered = crate::owner::random_in(ms - ms / 2..ms + 1);
+                delay = delay.min(Duration::from_millis(u64::try_from(jittered).unwrap_or(0)));
+            }
+            self.next = now + delay;
+        }
+        self.tracker.count_attempt(None);
+    }
+
+    fn on_failure(&mut self, kind: FailureKind, e: Error) {
+        self.failures = self.failures.saturating_add(1);
+        let now = Instant::now();
+        let retry = self.shared.config.retry_interval;
+        match self.deadline() {
+            Some(deadline) => {
+                self.tracker
+                    .mark_suspect(&format_args!("renewal failed ({e})"));
+                // The deadline stays where the last success put it.
+                let left = deadline.saturating_duration_since(now);
+                self.next = now + retry.min(left / 3);
+            }
+            None => {
+                if self.failures == 1 {
+                    warn!("backend call failed, retrying every {retry:?}: {e}");
+                } else {
+                    debug!("backend call failed again: {e}");
+                }
+                self.next = now + retry;
+            }
+        }
+        self.tracker.count_failure(kind, e.to_string());
+    }
+
+    async fn shutdown(mut self) {
+        self.events = None;
+        let hold = self
+            .shared
+            .hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if self.contending() {
+            let was_owner = self.tracker.is_held();
+            let fence = self.tracker.held().map(|h| h.fence);
+            let now = Instant::now();
+            // The ownership a hold can keep: one that stands by the local deadline.
+            let standing = self.deadline().is_some_and(|d| d > now);
+            let earlier_loss = self.tracker.last_loss().map(|l| l.reason);
+            // Stop acting as owner before the mutex is freed for others.
+            self.tracker.lose(LossReason::Released, MutexOwner::NONE);
+            match hold {
+                Some(req) if standing => {
+                    let outcome = self.hold_remotely(req.until, fence).await;
+                    let _ = req.reply.send(outcome);
+                }
+                Some(req) => {
+                    self.release_remotely(was_owner, fence).await;
+                    let reason = if was_owner {
+                        LossReason::LeaseExpired
+                    } else {
+                        earlier_loss.unwrap_or(LossReason::LeaseExpired)
+                    };
+                    let _ = req.reply.send(Err(Error::Lost {
+                        mutex: self.shared.mutex.clone(),
+                        reason,
+                    }));
+                }
+                None => self.release_remotely(was_owner, fence).await,
+            }
+        } else if let Some(req) = hold {
+            let _ = req.reply.send(Err(Error::InvalidState(
+                "an observer holds nothing".to_owned(),
+            )));
+        }
+        self.tracker.finish();
+    }
+
+    /// Releases on the backend, bounded by the request timeout (best effort: the lease
+    /// frees the mutex anyway).
+    async fn release_remotely(&self, was_owner: bool, fence: Option<u64>) {
+        let shared = self.shared.clone();
+        let (mutex, me) = (&shared.mutex, &shared.contender_id);
+        let bound = shared.config.request_timeout;
+        let span = call_span(&shared, "release", fence);
+        // Always release: a call dropped in flight may have made us owner unknowingly.
+        let call = Box::pin(shared.store.release(mutex, me).instrument(span.clone()));
+        match timeout(bound, call).await {
+            Ok(Ok(done)) => {
+                span.record("outcome", if done { "released" } else { "not_owner" });
+                debug!(released = done, "stop: release");
+            }
+            Ok(Err(e)) => {
+                span.record("outcome", "error");
+                self.tracker.record_failure(FailureKind::of(&e));
+                warn!("stop: release failed, the lease will free the mutex: {e}");
+            }
+            Err(_) => {
+                span.record("outcome", "timeout");
+                self.tracker.record_failure(FailureKind::Timeout);
+                warn!("stop: release timed out, the lease will free the mutex");
+            }
+        }
+        if !was_owner {
+            let _ = timeout(bound, Box::pin(shared.store.leave(mutex, me))).await;
+        }
+    }
+
+    /// Ends the ownership at `until` instead of now ([`LeaseStore::release_after`]).
+    async fn hold_remotely(&self, until: Instant, fence: Option<u64>) -> Result<()> {
+        let shared = self.shared.clone();
+        let (mutex, me) = (&shared.mutex, &shared.contender_id);
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            self.release_remotely(true, fence).await;
+            return Ok(());
+        }
+        let bound = shared.config.request_timeout;
+        let span = call_span(&shared, "release_after", fence);
+        let call = Box::pin(
+            shared
+                .store
+                .release_after(mutex, me, left)
+                .instrument(span.clone()),
+        );
+        let result = timeout(bound, call).await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(Ok(true)) => "released",
+                Ok(Ok(false)) => "not_owner",
+                Ok(Err(_)) => "error",
+                Err(_) => "timeout",
+            },
+        );
+        match result {
+            Ok(Ok(true)) => {
+                info!(?left, "released; the mutex stays held until the hold ends");
+                Ok(())
+            }
+            Ok(Ok(false)) => Err(Error::Lost {
+                mutex: mutex.clone(),
+                reason: LossReason::TakenOver,
+            }),
+            Ok(Err(e)) => {
+                self.tracker.record_failure(FailureKind::of(&e));
+                warn!("stop: hold failed, the lease ends the ownership: {e}");
+                Err(e)
+            }
+            Err(_) => {
+                self.tracker.record_failure(FailureKind::Timeout);
+                Err(Error::backend(
+                    shared.store.backend(),
+                    format!(
+                        "keeping mutex {mutex:?} held: no answer within {bound:?}; the ownership \
+                     ends with its lease (maybe before the hold would have)"
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// Records how a call of [`Driver::attempt`] ended on its span: `owner` (this contender
+/// owns, with the fence), `other` (another contender owns, with its fence), `free`, `error`,
+/// `timeout`, `deadline` (the lease deadline passed first) or `stopped`.
+fn record_outcome(span: &Span, outcome: &Outcome, me: &str) {
+    let what = match outcome {
+        Outcome::Stop => "stopped",
+        Outcome::DeadlinePassed => "deadline",
+        Outcome::TimedOut(_) => "timeout",
+        Outcome::Reply(_, Err(_)) => "error",
+        Outcome::Reply(_, Ok(reply)) => {
+            let owner = &reply.owner;
+            if owner.is_in_lease(reply.now) {
+                span.record("fence", owner.fence);
+            }
+            if owner.is_owned_by_at(me, reply.now) {
+                "owner"
+            } else if owner.is_in_lease(reply.now) {
+                "other"
+            } else {
+                "free"
+            }
+        }
+    };
+    span.record("outcome", what);
+}
+
+async fn recv_event(events: &mut Option<mpsc::Receiver<StoreEvent>>) -> Option<StoreEvent> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}

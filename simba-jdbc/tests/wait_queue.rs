@@ -1,0 +1,474 @@
+//! The native wait queues, store by store (each store has its own sessions, as a separate
+//! process would): FIFO order across three waiters, one wake-up per release, a killed
+//! waiter skipped, and on SQLite the takeover from a killed owner process and none from a
+//! paused one before its lease ends.
+//!
+//! Killed and paused processes are real: the test re-runs its own binary with
+//! [`CHILD_ENV`] set, and the child acts as an owner or a waiter until it is killed.
+#![allow(missing_docs)]
+// With only some backend features, parts of this file are unused.
+#![cfg_attr(
+    not(all(feature = "sqlite", feature = "mysql", feature = "postgres")),
+    allow(unused)
+)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use simba_core::backend::{Lease, LeaseStore, StoreEvent};
+use simba_jdbc::SqlStore;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc::Receiver;
+use tokio::time::{Instant, timeout};
+
+use common::{LEASE, SqlHarness};
+use simba_test_kit::suite::Harness;
+
+/// Set in the children: `ROLE|URL|TABLE|MUTEX|ID|TTL MS`.
+const CHILD_ENV: &str = "SIMBA_JDBC_WAIT_QUEUE_CHILD";
+
+/// Long enough that nothing in these tests ends by the lease unless it waits for that.
+const LONG: Lease = Lease {
+    ttl: Duration::from_secs(30),
+    transition: Duration::from_secs(0),
+};
+
+/// How long a push may take on a loaded machine: the native lock hands over in well under
+/// a millisecond on loopback; this bound only catches "never".
+const PUSH: Duration = Duration::from_secs(5);
+
+/// How long we watch for an event that must not come. The handoffs in these tests take
+/// about a millisecond; a second is far longer, short enough to keep the test quick.
+const QUIET: Duration = Duration::from_secs(1);
+
+async fn next_event(rx: &mut Receiver<StoreEvent>, who: &str) -> StoreEvent {
+    timeout(PUSH, rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{who} was not woken within {PUSH:?}"))
+        .unwrap_or_else(|| panic!("{who}'s channel closed"))
+}
+
+/// Whether an event other than a Resync comes within [`QUIET`].
+async fn woken(rx: &mut Receiver<StoreEvent>) -> Option<StoreEvent> {
+    let until = Instant::now() + QUIET;
+    loop {
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(StoreEvent::Resync)) => {}
+            Ok(other) => return other,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// How many sessions wait for a native lock of this harness: PostgreSQL and MariaDB say
+/// so in their catalogs, SQLite's lock files in `/proc/locks` (blocked requests start
+/// with `->`). Used to know that a waiter has reached the server's queue before the next
+/// one joins, so that the queue's order is the order of the test.
+async fn queued(h: &SqlHarness) -> usize {
+    match h.name().as_str() {
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let (client, conn) = tokio_postgres::connect(h.url(), tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            let driver = tokio::spawn(conn);
+            let row = client
+                .query_one(
+                    "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                    &[],
+                )
+                .await
+                .expect("pg_locks");
+            driver.abort();
+            usize::try_from(row.get::<_, i64>(0)).unwrap_or(0)
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" => {
+            use mysql_async::prelude::Queryable;
+            let mut conn = mysql_async::Conn::from_url(h.url()).await.expect("connect");
+            let n: Option<i64> = conn
+                .query_first(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE STATE = 'User lock' AND INFO LIKE '%GET_LOCK%'",
+                )
+                .await
+                .expect("processlist");
+            let _ = conn.disconnect().await;
+            usize::try_from(n.unwrap_or(0)).unwrap_or(0)
+        }
+        _ => sqlite_blocked(h),
+    }
+}
+
+/// Blocked lock requests on the lock files of the harness's SQLite database.
+fn sqlite_blocked(h: &SqlHarness) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let path = h.url().trim_start_matches("sqlite://");
+    let dir = std::path::Path::new(path)
+        .parent()
+        .expect("the database file has a directory");
+    let inodes: Vec<u64> = std::fs::read_dir(dir)
+        .expect("read the database directory")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.ends_with(".lock") || name.ends_with(".entry")
+        })
+        .filter_map(|e| e.metadata().ok().map(|m| m.ino()))
+        .collect();
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks
+        .lines()
+        .filter(|l| l.contains("->"))
+        .filter(|l| {
+            // `N: -> FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END`
+            l.split_whitespace()
+                .find(|f| f.matches(':').count() == 2)
+                .and_then(|f| f.rsplit(':').next())
+                .and_then(|ino| ino.parse::<u64>().ok())
+                .is_some_and(|ino| inodes.contains(&ino))
+        })
+        .count()
+}
+
+/// Waits (bounded) until `n` sessions wait on the server.
+async fn until_queued(h: &SqlHarness, n: usize) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let q = queued(h).await;
+        if q >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{}: {q} sessions wait, expected {n}",
+            h.name()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A waiter: its first look found the mutex held, and it subscribed (in this order, as
+/// the engine's first attempt does: a store pushes to the contenders it knows).
+async fn waiter(store: &SqlStore, m: &str, id: &str, owner: &str) -> Receiver<StoreEvent> {
+    let r = store.acquire(m, id, LONG).await.expect("acquire");
+    assert!(r.owner.is_owner(owner), "{id} finds {owner}: {r:?}");
+    store
+        .subscribe(m, id)
+        .await
+        .expect("subscribe")
+        .expect("every SQL store pushes to its contenders")
+}
+
+/// Three waiters in three stores are woken one per release, in the order they came, and
+/// each takes the mutex when woken; the releaser coming back queues behind them.
+async fn fifo(h: &SqlHarness) {
+    let m = "fifo";
+    let owner = h.store().await.expect("store");
+    let stores = [
+        h.store().await.expect("store"),
+        h.store().await.expect("store"),
+        h.store().await.expect("store"),
+    ];
+    let ids = ["w1", "w2", "w3"];
+    let first = owner.acquire(m, "o", LONG).await.expect("acquire");
+    assert!(first.owner.is_owned_by_at("o", first.now), "{first:?}");
+    let mut rxs = Vec::new();
+    for (i, (s, id)) in stores.iter().zip(ids).enumerate() {
+        rxs.push(waiter(s, m, id, "o").await);
+        until_queued(h, i + 1).await;
+    }
+    assert!(owner.release(m, "o").await.expect("release"));
+    // The releaser contends again at once: it queues behind the three.
+    let again = owner.acquire(m, "o", LONG).await.expect("acquire again");
+    let back = owner
+        .subscribe(m, "o")
+        .await
+        .expect("subscribe")
+        .expect("push");
+    assert!(
+        !again.owner.is_owner("o"),
+        "{}: the releaser barged past three waiters: {again:?}",
+        h.name()
+    );
+    let mut fence = first.owner.fence;
+    for i in 0..3 {
+        let ev = next_event(&mut rxs[i], ids[i]).await;
+        assert_eq!(ev, StoreEvent::Released, "{}", ids[i]);
+        for (j, rx) in rxs.iter_mut().enumerate().skip(i + 1) {
+            assert!(
+                rx.try_recv().is_err(),
+                "{}: {} was woken with {} (one wake-up per release)",
+                h.name(),
+                ids[j],
+                ids[i]
+            );
+        }
+        let r = stores[i].acquire(m, ids[i], LONG).await.expect("acquire");
+        assert!(r.owner.is_owned_by_at(ids[i], r.now), "{}: {r:?}", ids[i]);
+        assert!(r.owner.fence > fence, "fences grow");
+        fence = r.owner.fence;
+        assert!(stores[i].release(m, ids[i]).await.expect("release"));
+    }
+    let mut back = back;
+    assert_eq!(next_event(&mut back, "o").await, StoreEvent::Released);
+    let r = owner.acquire(m, "o", LONG).await.expect("acquire");
+    assert!(r.owner.is_owned_by_at("o", r.now), "{r:?}");
+    assert!(owner.release(m, "o").await.expect("release"));
+}
+
+/// A child process of this test binary in `role`, and its stdout lines.
+struct Child {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Child {
+    async fn start(h: &SqlHarness, role: &str, m: &str, id: &str, lease: Lease) -> Child {
+        let exe = std::env::current_exe().expect("test binary");
+        let spec = format!(
+            "{role}|{}|{}|{m}|{id}|{}",
+            h.url(),
+            h.table(),
+            lease.ttl.as_millis()
+        );
+        let mut child = tokio::process::Command::new(exe)
+            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, spec)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn child");
+        let out = child.stdout.take().expect("stdout");
+        Child {
+            child,
+            lines: BufReader::new(out).lines(),
+        }
+    }
+
+    /// Waits for the child's line that starts with `word`; returns the rest.
+    async fn said(&mut self, word: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let line = tokio::time::timeout_at(deadline, self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("the child never said {word:?}"))
+                .expect("child stdout")
+                .unwrap_or_else(|| panic!("the child ended before saying {word:?}"));
+            // libtest prints `test child ... ` before the child's first line.
+            if let Some((_, rest)) = line.split_once(&format!("{word} ")) {
+                return rest.trim().to_owned();
+            }
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("running child");
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill(1)")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    async fn kill(mut self) {
+        self.child.kill().await.expect("SIGKILL");
+    }
+}
+
+/// The child side; does nothing in a normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let [role, url, table, m, id, ttl_ms] = parts[..] else {
+        panic!("bad {CHILD_ENV}: {spec}");
+    };
+    let lease = Lease {
+        ttl: Duration::from_millis(ttl_ms.parse().expect("ttl")),
+        transition: Duration::ZERO,
+    };
+    let store = SqlStore::connect(
+        simba_jdbc::SqlConfig::new(url)
+            .with_table(table)
+            .with_statement_timeout(common::STATEMENT_TIMEOUT),
+    )
+    .await
+    .expect("child connects");
+    store.migrate().await.expect("child migrates");
+    let r = store.acquire(m, id, lease).await.expect("acquire");
+    let _rx = store.subscribe(m, id).await.expect("subscribe");
+    match role {
+        "own" => {
+            assert!(r.owner.is_owned_by_at(id, r.now), "child owns: {r:?}");
+            println!("owned {}", r.owner.fence);
+        }
+        _ => println!("waiting {}", r.owner.owner_id),
+    }
+    // Until killed.
+    std::future::pending::<()>().await;
+}
+
+/// A waiter process killed while it waits (its session dies with it) is skipped: the
+/// release goes to the waiter behind it.
+async fn killed_waiter_skipped(h: &SqlHarness) {
+    let m = "killed-waiter";
+    let owner = h.store().await.expect("store");
+    let after = h.store().await.expect("store");
+    assert!(
+        owner
+            .acquire(m, "o", LONG)
+            .await
+            .expect("acquire")
+            .owner
+            .is_owner("o")
+    );
+    let mut dead = Child::start(h, "wait", m, "dead", LONG).await;
+    assert_eq!(dead.said("waiting").await, "o");
+    until_queued(h, 1).await;
+    let mut rx = waiter(&after, m, "next", "o").await;
+    until_queued(h, 2).await;
+    dead.kill().await;
+    assert!(owner.release(m, "o").await.expect("release"));
+    assert_eq!(next_event(&mut rx, "next").await, StoreEvent::Released);
+    let r = after.acquire(m, "next", LONG).await.expect("acquire");
+    assert!(r.owner.is_owned_by_at("next", r.now), "{}: {r:?}", h.name());
+    assert!(after.release(m, "next").await.expect("release"));
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_wait_queue() {
+    let h = SqlHarness::postgres().await;
+    fifo(&h).await;
+    killed_waiter_skipped(&h).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_wait_queue() {
+    let h = SqlHarness::mysql().await;
+    fifo(&h).await;
+    killed_waiter_skipped(&h).await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_wait_queue() {
+    let h = SqlHarness::sqlite();
+    fifo(&h).await;
+    killed_waiter_skipped(&h).await;
+}
+
+/// SQLite: when the owner's process is SIGKILLed, the kernel frees its lock file, and the
+/// waiter takes the mutex over at once (fence + 1), long before the owner's 30 s lease
+/// would have ended. (The time of this takeover is measured by `simba bench`; here the
+/// bound is generous: 5 s of a 30 s lease.)
+/// On MySQL and SQLite nothing pushes to an observer (a subscriber that never acquired):
+/// it gets no channel, and the engine reads on its own schedule.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_observers_are_not_subscribed() {
+    let h = SqlHarness::sqlite();
+    let store = h.store().await.expect("store");
+    assert!(
+        store
+            .subscribe("watched", "observer")
+            .await
+            .expect("subscribe")
+            .is_none()
+    );
+    store.acquire("watched", "c", LONG).await.expect("acquire");
+    assert!(
+        store
+            .subscribe("watched", "c")
+            .await
+            .expect("subscribe")
+            .is_some(),
+        "a contender is pushed"
+    );
+    assert!(store.release("watched", "c").await.expect("release"));
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_takes_over_from_a_killed_owner() {
+    let h = SqlHarness::sqlite();
+    let m = "killed-owner";
+    let mut owner = Child::start(&h, "own", m, "doomed", LONG).await;
+    let fence: u64 = owner.said("owned").await.parse().expect("fence");
+    let store = h.store().await.expect("store");
+    let mut rx = waiter(&store, m, "heir", "doomed").await;
+    owner.kill().await;
+    let killed = Instant::now();
+    assert_eq!(next_event(&mut rx, "heir").await, StoreEvent::Released);
+    let r = store.acquire(m, "heir", LONG).await.expect("acquire");
+    let took = killed.elapsed();
+    assert!(r.owner.is_owned_by_at("heir", r.now), "{r:?}");
+    assert!(
+        r.owner.fence > fence,
+        "a takeover is a new ownership: {r:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "took over {took:?} after the kill (the lease had 30 s left)"
+    );
+    assert!(store.release(m, "heir").await.expect("release"));
+}
+
+/// SQLite: a paused (SIGSTOP) owner process keeps its lock file, so nobody takes its
+/// mutex before its lease ends; after the end the waiter takes it by the lease.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_no_takeover_from_a_paused_owner() {
+    let h = SqlHarness::sqlite();
+    let m = "paused-owner";
+    // Time is the subject: a 3 s lease, long against the push (about a millisecond), so
+    // "no takeover before its end" is seen well before it, and short enough for a test.
+    let lease = Lease {
+        ttl: Duration::from_secs(3),
+        transition: Duration::ZERO,
+    };
+    let mut owner = Child::start(&h, "own", m, "sleeper", lease).await;
+    let fence: u64 = owner.said("owned").await.parse().expect("fence");
+    owner.signal("-STOP");
+    let store = h.store().await.expect("store");
+    let mut rx = waiter(&store, m, "heir", "sleeper").await;
+    let seen = store.owner(m).await.expect("owner");
+    assert!(seen.owner.is_owner("sleeper"), "{seen:?}");
+    let ends = seen.owner.transition_at;
+    // No wake-up while the paused owner's lease runs (we watch for a second of it).
+    assert_eq!(
+        woken(&mut rx).await,
+        None,
+        "a paused owner's lock was taken"
+    );
+    let r = store.acquire(m, "heir", LEASE).await.expect("acquire");
+    assert!(
+        r.now >= ends || r.owner.is_owner("sleeper"),
+        "taken before the paused owner's lease ended: {r:?}"
+    );
+    // After the lease's end (database clock), the waiter takes it by the lease.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        let r = store.acquire(m, "heir", LEASE).await.expect("acquire");
+        if r.owner.is_owned_by_at("heir", r.now) {
+            break r;
+        }
+        assert!(Instant::now() < give_up, "never taken: {r:?}");
+        let left = u64::try_from(r.owner.transition_at - r.now).unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(left.clamp(1, 500))).await;
+    };
+    assert!(taken.now >= ends, "taken at {} < {ends}", taken.now);
+    assert!(taken.owner.fence > fence);
+    owner.signal("-CONT");
+    owner.kill().await;
+    assert!(store.release(m, "heir").await.expect("release"));
+}

@@ -1,0 +1,176 @@
+//! Certificates generated for a test, and private Redis servers that speak only TLS.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, Certificate, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType,
+    date_time_ymd,
+};
+use tempfile::TempDir;
+
+use super::process::{Flavor, LocalServer};
+use super::{ServerError, ServerKind, TestServer};
+
+/// A set of PEM files made for one test in a temporary directory (removed on drop): a CA,
+/// a server certificate it signed for `localhost` and `127.0.0.1`, a client certificate
+/// it signed, and the bad cases a TLS test needs — a second, unrelated CA, an expired
+/// server certificate and one for another host name.
+#[derive(Debug)]
+pub struct TestCerts {
+    dir: TempDir,
+}
+
+/// A certificate and its private key, as PEM file paths.
+#[derive(Debug, Clone)]
+pub struct CertPair {
+    /// The certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM, PKCS#8).
+    pub key: PathBuf,
+}
+
+fn cert_error(e: rcgen::Error) -> ServerError {
+    ServerError::Start {
+        kind: ServerKind::Redis,
+        message: format!("generating test certificates: {e}"),
+        log_tail: String::new(),
+    }
+}
+
+fn ca(name: &str) -> Result<(Certificate, Issuer<'static, KeyPair>), ServerError> {
+    let key = KeyPair::generate().map_err(cert_error)?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(cert_error)?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let cert = params.self_signed(&key).map_err(cert_error)?;
+    Ok((cert, Issuer::new(params, key)))
+}
+
+fn leaf(
+    issuer: &Issuer<'_, KeyPair>,
+    names: &[&str],
+    expired: bool,
+) -> Result<(Certificate, KeyPair), ServerError> {
+    let key = KeyPair::generate().map_err(cert_error)?;
+    let dns: Vec<String> = names
+        .iter()
+        .filter(|n| n.parse::<std::net::IpAddr>().is_err())
+        .map(|n| (*n).to_owned())
+        .collect();
+    let mut params = CertificateParams::new(dns).map_err(cert_error)?;
+    for ip in names
+        .iter()
+        .filter_map(|n| n.parse::<std::net::IpAddr>().ok())
+    {
+        params.subject_alt_names.push(SanType::IpAddress(ip));
+    }
+    params.distinguished_name.push(
+        DnType::CommonName,
+        names.first().copied().unwrap_or("client"),
+    );
+    if expired {
+        params.not_before = date_time_ymd(2020, 1, 1);
+        params.not_after = date_time_ymd(2021, 1, 1);
+    }
+    let cert = params.signed_by(&key, issuer).map_err(cert_error)?;
+    Ok((cert, key))
+}
+
+impl TestCerts {
+    /// Generates every file.
+    pub fn generate() -> Result<TestCerts, ServerError> {
+        let dir = tempfile::Builder::new()
+            .prefix("simba-certs-")
+            .tempdir()
+            .map_err(|e| ServerError::io(ServerKind::Redis, "creating a temporary directory", e))?;
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text)
+                .map_err(|e| ServerError::io(ServerKind::Redis, format!("writing {name}"), e))
+        };
+        let (ca_cert, issuer) = ca("simba test CA")?;
+        write("ca.pem", &ca_cert.pem())?;
+        let (other_cert, _) = ca("another CA")?;
+        write("other-ca.pem", &other_cert.pem())?;
+        let pairs: [(&str, &[&str], bool); 4] = [
+            ("server", &["localhost", "127.0.0.1"], false),
+            ("client", &["simba-client"], false),
+            ("expired", &["localhost", "127.0.0.1"], true),
+            ("wrong-name", &["elsewhere.example"], false),
+        ];
+        for (name, names, expired) in pairs {
+            let (cert, key) = leaf(&issuer, names, expired)?;
+            write(&format!("{name}.pem"), &cert.pem())?;
+            write(&format!("{name}-key.pem"), &key.serialize_pem())?;
+        }
+        Ok(TestCerts { dir })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn pair(&self, name: &str) -> CertPair {
+        CertPair {
+            cert: self.path(&format!("{name}.pem")),
+            key: self.path(&format!("{name}-key.pem")),
+        }
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The CA that signed the server and client certificates.
+    pub fn ca(&self) -> PathBuf {
+        self.path("ca.pem")
+    }
+
+    /// A CA that signed nothing here.
+    pub fn other_ca(&self) -> PathBuf {
+        self.path("other-ca.pem")
+    }
+
+    /// The server certificate, for `localhost` and `127.0.0.1`.
+    pub fn server(&self) -> CertPair {
+        self.pair("server")
+    }
+
+    /// A client certificate (for mutual TLS).
+    pub fn client(&self) -> CertPair {
+        self.pair("client")
+    }
+
+    /// A server certificate that expired in 2021.
+    pub fn expired(&self) -> CertPair {
+        self.pair("expired")
+    }
+
+    /// A server certificate for `elsewhere.example` only.
+    pub fn wrong_name(&self) -> CertPair {
+        self.pair("wrong-name")
+    }
+}
+
+/// How a TLS Redis server is set up.
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    /// The server's certificate and key.
+    pub server: CertPair,
+    /// The CA whose client certificates the server accepts.
+    pub ca: PathBuf,
+    /// Whether clients must present a certificate (mutual TLS).
+    pub require_client_cert: bool,
+}
+
+/// A private `redis-server` that speaks only TLS (`--port 0 --tls-port P`); its URL is
+/// `rediss://127.0.0.1:P`. It is controllable like any private instance.
+pub async fn redis_tls(tls: RedisTls) -> Result<TestServer, ServerError> {
+    let redis = super::redis::Redis::detect()
+        .map_err(|e| e.with_advice(true))?
+        .with_tls(tls);
+    Ok(TestServer::from_local(
+        LocalServer::create(Flavor::Redis(redis)).await?,
+    ))
+}
