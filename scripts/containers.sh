@@ -24,6 +24,10 @@
 # `build` fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# debootstrap (and apt's helpers) live in the sbin directories, which a minimal PATH may
+# lack (the cold CI check ran with PATH=/usr/local/bin:/usr/bin:/bin and apt installed
+# debootstrap where `command -v` could not find it).
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 DOCKER=${DOCKER:-docker}
 TAG=bookworm
