@@ -75,3 +75,79 @@ async fn chaos_zookeeper_ensemble() {
         );
     }
 }
+
+/// The follower-partition case of the ensemble, made deterministic: owner `a` talks only to
+/// a follower, contender `b` only to the leader. The follower is cut off from the other
+/// nodes while `a` owns. The leader stops hearing of `a`'s session and expires it, and `b`
+/// takes over; the cut-off follower may still answer `a`'s reads for a while (until it
+/// notices it lost the leader, syncLimit × tickTime). `a` must have stopped believing it
+/// owns by the time `b` acquired. Time is the subject: sessions of 4 s, and `b` is given
+/// 30 s (several session timeouts plus an election's worth of slack on a loaded machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_owner_on_a_cut_off_follower_stops_before_the_next_owner() {
+    use std::sync::Arc;
+
+    use simba_core::{ContendServiceFactory, Locker};
+    use simba_test_kit::servers::{ENSEMBLE_SIZE, ZkEnsemble};
+    use simba_zookeeper::{ZkConfig, ZkFactory};
+    use tokio::time::{Instant, timeout};
+
+    let ens = timeout(Duration::from_secs(180), ZkEnsemble::start(2))
+        .await
+        .expect("no ensemble within 180 s")
+        .unwrap_or_else(|e| panic!("ensemble: {e}"));
+    let leader = ens
+        .wait_for_quorum(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let follower = (0..ENSEMBLE_SIZE).find(|&i| i != leader).unwrap();
+    let node = |client: usize, i: usize| -> String {
+        ens.connect_string(client)
+            .split(',')
+            .nth(i)
+            .expect("a node address")
+            .to_owned()
+    };
+    let session = Duration::from_secs(4);
+    let factory = |connect: String| async move {
+        let config = ZkConfig::new(connect).with_session_timeout(session);
+        let f: Arc<dyn ContendServiceFactory> = Arc::new(ZkFactory::connect(config).await.unwrap());
+        f
+    };
+    let a = Locker::new(factory(node(0, follower)).await, "cut").unwrap();
+    let b = Locker::new(factory(node(1, leader)).await, "cut").unwrap();
+    let a_guard = a.acquire().await.unwrap();
+    let b_acquire = async {
+        let guard = b.acquire().await.unwrap();
+        // Read a's belief at the instant b owns, before anything else runs here.
+        let a_believes = a_guard.is_held();
+        (guard, Instant::now(), a_believes, a_guard.valid_for())
+    };
+    let a_loss = async {
+        let reason = a_guard.lost().await;
+        (reason, Instant::now())
+    };
+    let cut = Instant::now();
+    ens.partition(follower).await.unwrap();
+    let (b_acquired, a_lost) = tokio::join!(
+        timeout(Duration::from_secs(30), b_acquire),
+        timeout(Duration::from_secs(30), a_loss)
+    );
+    let (b_guard, b_at, a_believes, a_valid_for) =
+        b_acquired.expect("b did not acquire within 30 s of the cut");
+    let (a_reason, a_lost_at) = a_lost.expect("a did not see its loss within 30 s of the cut");
+    println!(
+        "a lost ({a_reason:?}) {:?} after the cut; b acquired {:?} after the cut; a then \
+         believed {a_believes} (valid for {a_valid_for:?})",
+        a_lost_at - cut,
+        b_at - cut
+    );
+    assert!(
+        !a_believes && a_lost_at <= b_at,
+        "a still believed it owned (for {a_valid_for:?} more) when b acquired, {:?} after \
+         the follower was cut off",
+        b_at - cut
+    );
+    assert!(b_guard.fence() > a_guard.fence());
+    ens.heal(follower).await.unwrap();
+}

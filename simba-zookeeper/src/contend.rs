@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, warn};
 use zookeeper_async::{CreateMode, WatchedEvent, ZkError, ZkResult};
 
 use crate::common::{new_token, node_prefix, owner_at, owner_of, sleep_until_opt, sort_latch};
-use crate::session::{BACKEND, Core, Fail, Orphan, Session, View};
+use crate::session::{BACKEND, Core, Fail, Orphan, OwnerMark, Session, View};
 
 /// After this many immediate re-checks in a row, wait a retry interval before the next.
 const MAX_RECHECKS: u32 = 10;
@@ -39,9 +39,12 @@ pub(crate) struct Shared {
 ///   gone. The owner watches its own node.
 /// - The fence is the owning node's creation zxid (`czxid`).
 /// - When the connection drops, an owner becomes *suspect* ([`Held::suspect`](simba_core::Held::suspect)) and keeps
-///   the ownership only until its local deadline: the send time of the last request the
-///   server answered in this session, plus the session timeout, minus the drift margin —
-///   the earliest instant the server can expire the session. If no request is answered by
+///   the ownership only until its local deadline: the send time of the last *write* the
+///   leader answered in this session, plus half the session timeout, minus the drift
+///   margin — before the leader can expire the session, even when the owner's server is
+///   a follower cut off from the leader that still answers reads (while it owns, the
+///   session probes with a write that changes nothing every tenth of the session
+///   timeout). If no write is answered by
 ///   then it reports [`LossReason::LeaseExpired`], deletes its node once it can, and
 ///   contends again with a new node (a new fence). When the session is found expired it
 ///   reports [`LossReason::SessionLost`] at once.
@@ -177,6 +180,7 @@ impl Driver {
         let core = shared.session.core().clone();
         let view = core.view();
         let (events_tx, events) = mpsc::unbounded_channel();
+        let owner_mark = OwnerMark::new(core.clone());
         let latch = Latch {
             shared,
             epoch: core.epoch(),
@@ -195,6 +199,7 @@ impl Driver {
             failures: 0,
             predecessor_owns: false,
             last_fail: StdMutex::new(None),
+            owner_mark,
         };
         Driver {
             stop,
@@ -205,7 +210,8 @@ impl Driver {
     }
 
     async fn run(mut self) {
-        let every = self.latch.core.timing().session_timeout / 5;
+        // As often as the session probes, so the published deadline keeps up.
+        let every = self.latch.core.timing().session_timeout / 10;
         let mut republish = tokio::time::interval(every.max(Duration::from_millis(10)));
         republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -280,6 +286,9 @@ struct Latch {
     predecessor_owns: bool,
     /// The kind of the last failed request (for the backend-error metric).
     last_fail: StdMutex<Option<FailureKind>>,
+    /// Counts this service among the session's confirming services while it owns or is
+    /// next in line.
+    owner_mark: OwnerMark,
 }
 
 impl Latch {
@@ -308,7 +317,11 @@ impl Latch {
             outcome = tracing::field::Empty,
         );
         async move {
-            let r = self.core.call(request).instrument(span.clone()).await;
+            let r = if matches!(op, "create" | "delete") {
+                self.core.write(request).instrument(span.clone()).await
+            } else {
+                self.core.call(request).instrument(span.clone()).await
+            };
             let kind = match &r {
                 Ok(_) => {
                     span.record("outcome", "ok");
@@ -373,11 +386,11 @@ impl Latch {
         self.deadline().is_some_and(|d| Instant::now() >= d)
     }
 
-    /// No request was answered in time: the server may expire the session any moment.
+    /// No write was confirmed in time: the leader may expire the session any moment.
     fn expire(&mut self) {
         warn!(
-            "no ZooKeeper request answered within the session timeout: giving up ownership \
-             before the server can expire the session"
+            "no write confirmed by the ZooKeeper leader in time: giving up ownership before \
+             the leader can expire the session"
         );
         self.tracker
             .lose(LossReason::LeaseExpired, MutexOwner::NONE);
@@ -547,6 +560,18 @@ impl Latch {
                 // The session expired meanwhile; `sync` reports the loss.
                 return Ok(Step::Recheck);
             }
+            // A waiter's session confirms nothing (its probes are reads): before it owns,
+            // one write must show the leader still counts the session (`Core::deadline`).
+            // A fresh create did that already.
+            let fresh = Instant::now() + core.timing().session_timeout / 5;
+            if !self.tracker.is_held() && core.deadline() < fresh {
+                core.confirm().await.map_err(|e| {
+                    e.into_error("confirming the session with the ZooKeeper leader")
+                })?;
+                if core.deadline() < Instant::now() || node.epoch != core.epoch() {
+                    return Ok(Step::Recheck);
+                }
+            }
             self.own(&node);
             return Ok(Step::Settled);
         }
@@ -697,6 +722,7 @@ impl Latch {
         if self.tracker.hold(owner, Some(self.core.deadline())) {
             debug!(path = %node.path, "our latch node is the lowest");
         }
+        self.owner_mark.set(true);
     }
 
     /// Publishes the local deadline while owning, so that `LockGuard::is_held` can check it
@@ -707,6 +733,9 @@ impl Latch {
     fn publish_deadline(&mut self) {
         let deadline = self.deadline();
         self.tracker.set_deadline(deadline);
+        // The next in line confirms too, so that it can own at once when the owner goes.
+        self.owner_mark
+            .set(deadline.is_some() || self.predecessor_owns);
     }
 
     /// Stop: report the release first, then delete the node (or leave it to the session).

@@ -12,17 +12,17 @@
 //!   created in an earlier epoch is gone;
 //! - the state listener runs synchronously in the client's IO task under a `std` mutex,
 //!   so it only updates atomics and does a non-blocking, never-panicking channel send;
-//! - a probe (`exists("/")`) every fifth of the session timeout keeps `last_good`, the
-//!   send time of the latest request the server answered in this session. The server
-//!   cannot expire the session before `last_good + session timeout`, so that instant
-//!   (minus the drift margin) is an owner's local deadline, whatever the client's
-//!   connection state says;
+//! - a probe every tenth of the session timeout keeps `last_good`, the send time of the
+//!   latest request the server answered in this session (readiness), and, while a service
+//!   of the session owns a mutex, `last_confirmed`, the send time of the latest answered
+//!   *write*. An owner's local deadline counts from `last_confirmed`, not from reads: see
+//!   [`Core::deadline`] for why, and for the bound;
 //! - the session is always closed (`close()`) when the adapter ends: dropping the client
 //!   would keep the session (and its ephemeral nodes) alive.
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -44,6 +44,11 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(250);
 
 /// How many probes may be in flight at once.
 const MAX_PROBES: usize = 3;
+
+/// The version a confirming probe writes with: no node ever has it (ZooKeeper versions are
+/// never negative, and -1 means "any"), so the write changes nothing and is answered with
+/// `BadVersion` — after the leader has ordered it and a quorum has logged it.
+const CONFIRM_VERSION: i32 = -2;
 
 /// How long closing the session may take when the adapter ends.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -98,6 +103,25 @@ impl Fail {
     }
 }
 
+/// Whether the result of a *write* shows that a leader with a quorum ordered it: success,
+/// or an error the leader's request preparation produces (ZooKeeper proposes those as error
+/// transactions). `NotReadOnly` (a read-only server answering on its own) is not one.
+fn confirmed<T>(r: &ZkResult<T>) -> bool {
+    match r {
+        Ok(_) => true,
+        Err(e) => matches!(
+            e,
+            ZkError::NoNode
+                | ZkError::NodeExists
+                | ZkError::NoAuth
+                | ZkError::BadVersion
+                | ZkError::NotEmpty
+                | ZkError::InvalidACL
+                | ZkError::NoChildrenForEphemerals
+        ),
+    }
+}
+
 /// Whether a result is an answer from the server (as opposed to a connection failure).
 fn answered<T>(r: &ZkResult<T>) -> bool {
     match r {
@@ -128,7 +152,13 @@ struct Link {
     connected: AtomicBool,
     /// Nanoseconds after `origin` at which the latest answered request was sent.
     last_good: AtomicU64,
+    /// Nanoseconds after `origin` at which the latest write that a leader with a quorum
+    /// answered was sent (see [`Core::deadline`]).
+    last_confirmed: AtomicU64,
     origin: Instant,
+    /// How many services of this session own their mutex or are next in line (see
+    /// [`OwnerMark`]): while there are any, the probes are confirming writes.
+    confirming: AtomicUsize,
 }
 
 impl Link {
@@ -143,6 +173,15 @@ impl Link {
 
     fn last_good(&self) -> Instant {
         self.origin + Duration::from_nanos(self.last_good.load(Ordering::SeqCst))
+    }
+
+    fn confirm(&self, sent: Instant) {
+        self.last_confirmed
+            .fetch_max(self.since_origin(sent), Ordering::SeqCst);
+    }
+
+    fn last_confirmed(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.last_confirmed.load(Ordering::SeqCst))
     }
 
     /// Runs inside zookeeper-async's IO task, under its listener mutex: atomics only.
@@ -188,6 +227,9 @@ pub(crate) struct Orphan {
 pub(crate) struct Timing {
     pub(crate) session_timeout: Duration,
     pub(crate) drift_margin: Duration,
+    /// What an owner's deadline gives up for touches that a follower has not passed on to
+    /// the leader yet (see [`Core::deadline`]): half the session timeout.
+    pub(crate) confirm_allowance: Duration,
     /// Bound of one call (the session timeout: a live session answers well within it).
     pub(crate) request_timeout: Duration,
     /// Pause before a failed check is retried.
@@ -200,16 +242,17 @@ pub(crate) struct Timing {
 impl Timing {
     /// Timing for a session whose server-side timeout is `t`.
     fn new(config: &ZkConfig, t: Duration) -> Self {
-        let probe_interval = t / 5;
+        let probe_interval = t / 10;
         Timing {
             session_timeout: t,
             // Validated below half the requested timeout; a lower negotiated one keeps it
             // below a quarter.
             drift_margin: config.drift_margin.min(t / 4),
+            confirm_allowance: t / 2,
             request_timeout: t,
-            retry: probe_interval.clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            retry: (t / 5).clamp(Duration::from_millis(100), Duration::from_secs(1)),
             probe_interval,
-            stale_after: probe_interval * 5 / 2,
+            stale_after: t / 2,
         }
     }
 }
@@ -267,19 +310,65 @@ impl Core {
         self.view.subscribe()
     }
 
-    /// The earliest instant the server may expire the current session, minus the drift
-    /// margin: an owner must stop believing it owns by then unless a later request is
-    /// answered.
+    /// An owner's local deadline: it must stop believing it owns by then unless a later
+    /// write is confirmed. It is `last_confirmed + session timeout − confirm allowance −
+    /// drift margin`.
+    ///
+    /// Why writes, and why the allowance: only the *leader* expires sessions, counting the
+    /// timeout from the last touch it heard of. A client on a follower touches its session
+    /// there; the follower passes its touches on to the leader in its answers to the
+    /// leader's pings, every tickTime / 2. A follower cut off from the leader keeps
+    /// answering reads until it notices (syncLimit × tickTime, seconds), while the leader,
+    /// hearing nothing, expires the session and another contender takes over: counting
+    /// from answered reads let an owner believe for up to that long after the next owner
+    /// began (the ensemble chaos run found it, issue #17). A write is answered only after
+    /// the leader ordered it, and the follower sends the leader its ping answers and
+    /// forwarded requests on one ordered connection, so when a write sent at `s` is
+    /// answered, the leader has applied every touch the follower reported before it
+    /// forwarded the write: the touches of requests made more than one ping period (at
+    /// most tickTime / 2 ≤ a quarter of any session timeout the server grants) before `s`,
+    /// of which, with a probe every tenth of the timeout, there is one at most 0.35 × the
+    /// timeout before `s`. Half the timeout covers that, with room for late pings.
     pub(crate) fn deadline(&self) -> Instant {
-        (self.link.last_good() + self.timing.session_timeout)
-            .checked_sub(self.timing.drift_margin)
+        (self.link.last_confirmed() + self.timing.session_timeout)
+            .checked_sub(self.timing.confirm_allowance + self.timing.drift_margin)
             .unwrap_or_else(Instant::now)
     }
 
-    /// Runs one ZooKeeper call, bounded by the request timeout. An answer from the server
+    /// A write that changes nothing (`setData` on the base node with a version no node
+    /// has), to move `last_confirmed`: `Ok` when a leader with a quorum answered it.
+    pub(crate) async fn confirm(&self) -> std::result::Result<(), Fail> {
+        let probe = self
+            .zk
+            .set_data(self.base(), Vec::new(), Some(CONFIRM_VERSION));
+        match self.write(probe).await {
+            Ok(_) => Ok(()),
+            Err(Fail::Zk(e)) if confirmed::<()>(&Err(e)) => Ok(()),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// Runs one ZooKeeper read, bounded by the request timeout. An answer from the server
     /// in an unchanged session epoch moves `last_good` to the time the call was sent.
     pub(crate) async fn call<T>(
         &self,
+        fut: impl Future<Output = ZkResult<T>> + Send,
+    ) -> std::result::Result<T, Fail> {
+        self.request(false, fut).await
+    }
+
+    /// Runs one ZooKeeper write like [`call`](Self::call); an answer that shows a leader
+    /// ordered it (see [`confirmed`]) also moves `last_confirmed`.
+    pub(crate) async fn write<T>(
+        &self,
+        fut: impl Future<Output = ZkResult<T>> + Send,
+    ) -> std::result::Result<T, Fail> {
+        self.request(true, fut).await
+    }
+
+    async fn request<T>(
+        &self,
+        write: bool,
         fut: impl Future<Output = ZkResult<T>> + Send,
     ) -> std::result::Result<T, Fail> {
         let epoch = self.epoch();
@@ -290,6 +379,9 @@ impl Core {
             Ok(r) => {
                 if answered(&r) && self.epoch() == epoch {
                     self.link.touch(sent);
+                    if write && confirmed(&r) {
+                        self.link.confirm(sent);
+                    }
                 }
                 r.map_err(Fail::Zk)
             }
@@ -310,7 +402,7 @@ impl Core {
                 CreateMode::Persistent
             };
             match self
-                .call(self.zk.create(&prefix, Vec::new(), self.acl(), mode))
+                .write(self.zk.create(&prefix, Vec::new(), self.acl(), mode))
                 .await
             {
                 Ok(_) | Err(Fail::Zk(ZkError::NodeExists)) => {}
@@ -357,7 +449,7 @@ impl Core {
             let mut done = true;
             for child in children.iter().filter(|c| c.contains(&o.token)) {
                 let path = format!("{}/{child}", o.parent);
-                match self.call(self.zk.delete(&path, None)).await {
+                match self.write(self.zk.delete(&path, None)).await {
                     Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
                         debug!(%path, "orphan clean-up: deleted")
                     }
@@ -372,6 +464,41 @@ impl Core {
             }
         }
         left
+    }
+}
+
+/// Counts a service (an owner, or the next in line) among those its session confirms for
+/// while set: the session's probes are then writes, which move the owners' deadline (see
+/// [`Core::deadline`]). Dropping it un-counts.
+#[derive(Debug)]
+pub(crate) struct OwnerMark {
+    core: Arc<Core>,
+    on: bool,
+}
+
+impl OwnerMark {
+    pub(crate) fn new(core: Arc<Core>) -> Self {
+        OwnerMark { core, on: false }
+    }
+
+    /// Counts (`true`) or un-counts (`false`) the service; idempotent.
+    pub(crate) fn set(&mut self, owning: bool) {
+        if owning == self.on {
+            return;
+        }
+        self.on = owning;
+        let count = &self.core.link.confirming;
+        if owning {
+            count.fetch_add(1, Ordering::SeqCst);
+        } else {
+            let _ = count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
+    }
+}
+
+impl Drop for OwnerMark {
+    fn drop(&mut self) {
+        self.set(false);
     }
 }
 
@@ -542,7 +669,9 @@ pub(crate) async fn connect(config: &ZkConfig) -> Result<Session> {
         epoch: AtomicU64::new(0),
         connected: AtomicBool::new(false),
         last_good: AtomicU64::new(0),
+        last_confirmed: AtomicU64::new(0),
         origin: started,
+        confirming: AtomicUsize::new(0),
     });
     let client = ZooKeeper::connect_with_retry_time(
         &connect_string,
@@ -801,8 +930,13 @@ impl Adapter {
             self.probes += 1;
             let core = self.core.clone();
             let conn = self.conn;
+            let confirm = core.link.confirming.load(Ordering::SeqCst) > 0;
             self.tasks.spawn(async move {
-                let ok = core.call(core.zk.exists("/", false)).await.is_ok();
+                let ok = if confirm {
+                    core.confirm().await.is_ok()
+                } else {
+                    core.call(core.zk.exists("/", false)).await.is_ok()
+                };
                 Done::Probe { conn, ok }
             });
         }
