@@ -76,15 +76,16 @@ async fn chaos_zookeeper_ensemble() {
     }
 }
 
-/// The follower-partition case of the ensemble, made deterministic: owner `a` talks only to
-/// a follower, contender `b` only to the leader. The follower is cut off from the other
+/// The follower-partition case of the ensemble, made deterministic: owner `a` talks only
+/// to a follower, contender `b` only to the leader. The follower is cut off from the other
 /// nodes while `a` owns. The leader stops hearing of `a`'s session and expires it, and `b`
 /// takes over; the cut-off follower may still answer `a`'s reads for a while (until it
 /// notices it lost the leader, syncLimit × tickTime). `a` must have stopped believing it
 /// owns by the time `b` acquired. Time is the subject: sessions of 4 s, and `b` is given
 /// 30 s (several session timeouts plus an election's worth of slack on a loaded machine).
+/// The name puts it in nextest's `serial-faults` group (one such test at a time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_owner_on_a_cut_off_follower_stops_before_the_next_owner() {
+async fn zookeeper_owner_on_a_partitioned_follower_stops_before_the_next_owner() {
     use std::sync::Arc;
 
     use simba_core::{ContendServiceFactory, Locker};
@@ -100,7 +101,9 @@ async fn zookeeper_owner_on_a_cut_off_follower_stops_before_the_next_owner() {
         .wait_for_quorum(Duration::from_secs(60))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let follower = (0..ENSEMBLE_SIZE).find(|&i| i != leader).unwrap();
+    let follower = (0..ENSEMBLE_SIZE)
+        .find(|&i| i != leader)
+        .expect("a node that is not the leader");
     let node = |client: usize, i: usize| -> String {
         ens.connect_string(client)
             .split(',')
@@ -111,14 +114,15 @@ async fn zookeeper_owner_on_a_cut_off_follower_stops_before_the_next_owner() {
     let session = Duration::from_secs(4);
     let factory = |connect: String| async move {
         let config = ZkConfig::new(connect).with_session_timeout(session);
-        let f: Arc<dyn ContendServiceFactory> = Arc::new(ZkFactory::connect(config).await.unwrap());
+        let f: Arc<dyn ContendServiceFactory> =
+            Arc::new(ZkFactory::connect(config).await.expect("connect"));
         f
     };
-    let a = Locker::new(factory(node(0, follower)).await, "cut").unwrap();
-    let b = Locker::new(factory(node(1, leader)).await, "cut").unwrap();
-    let a_guard = a.acquire().await.unwrap();
+    let a = Locker::new(factory(node(0, follower)).await, "cut").expect("locker a");
+    let b = Locker::new(factory(node(1, leader)).await, "cut").expect("locker b");
+    let a_guard = a.acquire().await.expect("a acquires");
     let b_acquire = async {
-        let guard = b.acquire().await.unwrap();
+        let guard = b.acquire().await.expect("b acquires");
         // Read a's belief at the instant b owns, before anything else runs here.
         let a_believes = a_guard.is_held();
         (guard, Instant::now(), a_believes, a_guard.valid_for())
@@ -127,8 +131,9 @@ async fn zookeeper_owner_on_a_cut_off_follower_stops_before_the_next_owner() {
         let reason = a_guard.lost().await;
         (reason, Instant::now())
     };
+    assert!(a_guard.is_held(), "a owns before the cut");
     let cut = Instant::now();
-    ens.partition(follower).await.unwrap();
+    ens.partition(follower).await.expect("partition");
     let (b_acquired, a_lost) = tokio::join!(
         timeout(Duration::from_secs(30), b_acquire),
         timeout(Duration::from_secs(30), a_loss)
@@ -149,5 +154,5 @@ async fn zookeeper_owner_on_a_cut_off_follower_stops_before_the_next_owner() {
         b_at - cut
     );
     assert!(b_guard.fence() > a_guard.fence());
-    ens.heal(follower).await.unwrap();
+    ens.heal(follower).await.expect("heal");
 }
