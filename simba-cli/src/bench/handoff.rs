@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::json;
 use simba_core::Locker;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::stats::{self, Ownership, Samples};
 use super::{Ctx, Floors, Row, Section, num, num4, ratio, us};
@@ -57,21 +58,15 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
     }
     let records = Arc::new(Mutex::new(Vec::with_capacity(warm + target + contenders)));
     let count = Arc::new(AtomicUsize::new(0));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_tx = Arc::new(stop_tx);
+    let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     for (c, locker) in lockers.into_iter().enumerate() {
-        let (records, count, stop_tx, mut stop_rx) = (
-            records.clone(),
-            count.clone(),
-            stop_tx.clone(),
-            stop_rx.clone(),
-        );
+        let (records, count, stop) = (records.clone(), count.clone(), stop.clone());
         tasks.spawn(async move {
             loop {
                 let guard = tokio::select! {
                     biased;
-                    _ = stop_rx.wait_for(|s| *s) => return anyhow::Ok(()),
+                    () = stop.cancelled() => return anyhow::Ok(()),
                     g = locker.acquire_timeout(ACQUIRE_LIMIT) => g.context("acquire")?,
                 };
                 let start = Instant::now();
@@ -79,7 +74,7 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
                 hold_for(hold).await;
                 let end = Instant::now();
                 if count.fetch_add(1, Ordering::SeqCst) + 1 >= warm + target {
-                    stop_tx.send_replace(true);
+                    stop.cancel();
                 }
                 guard.release().await.context("release")?;
                 let released = Instant::now();
