@@ -41,7 +41,8 @@ impl Visit for Captured {
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.fields.insert(field.name().to_owned(), value.to_owned());
+        self.fields
+            .insert(field.name().to_owned(), value.to_owned());
     }
 }
 
@@ -160,7 +161,10 @@ async fn every_store_call_has_a_span_with_its_outcome() {
     for c in &calls {
         assert_eq!(c.get("backend"), Some("memory"), "{c:?}");
         assert_eq!(c.get("mutex"), Some("spans-m"), "{c:?}");
-        assert!(c.get("outcome").is_some(), "a call without its outcome: {c:?}");
+        assert!(
+            c.get("outcome").is_some(),
+            "a call without its outcome: {c:?}"
+        );
     }
     let fa = Some(fence_a.to_string());
     let fb = Some(fence_b.to_string());
@@ -180,7 +184,9 @@ async fn every_store_call_has_a_span_with_its_outcome() {
     );
     let renewals: Vec<_> = a_calls[1..a_calls.len() - 1].to_vec();
     assert!(
-        renewals.iter().all(|(op, _, fence)| op == "guard" && *fence == fa),
+        renewals
+            .iter()
+            .all(|(op, _, fence)| op == "guard" && *fence == fa),
         "{renewals:?}"
     );
     let failed = renewals
