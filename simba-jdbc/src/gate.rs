@@ -36,6 +36,11 @@ use tracing::{debug, warn};
 /// Events a subscriber may have queued before it reads them. A full queue already holds an
 /// event that makes the contender look again, so dropping more is harmless.
 const QUEUE: usize = 16;
+/// How long a contender gives a cancelled lock-file wait of this process to finish (see
+/// `State::lingering`): it finishes at once when the lock file is free, and not at all
+/// while another process holds it.
+#[cfg(feature = "sqlite")]
+const LINGER: Duration = Duration::from_millis(250);
 /// First and longest pause before a failed wait is tried again.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
@@ -225,6 +230,17 @@ struct Wait {
     task: JoinHandle<()>,
 }
 
+/// How a blocking wait for the native lock ended.
+enum Waited {
+    Got(Held),
+    /// Given up (cancelled); nothing of it is left.
+    GaveUp,
+    /// Given up, but a blocking lock-file call of it cannot be interrupted: it still waits,
+    /// holding the entry file, and returns the lock when the lock file is free.
+    #[cfg(feature = "sqlite")]
+    Lingering(JoinHandle<Result<std::fs::File, String>>),
+}
+
 /// A native lock this process holds, and what holds it.
 enum Held {
     /// On the store's shared holder session (taken by a non-blocking try).
@@ -268,6 +284,10 @@ struct State {
     wait: Option<Wait>,
     /// Consecutive failed waits, for the back-off.
     failures: u32,
+    /// A cancelled lock-file wait of this process still blocks in its thread (SQLite): it
+    /// holds the entry file, so no other process can take the lock before it, and when it
+    /// returns the lock it goes to whoever here wants it then (see `Gates::linger`).
+    lingering: bool,
     /// Contenders that acquired here and have not released or left: they are pushed;
     /// anyone else who subscribes is an observer.
     contenders: std::collections::HashSet<String>,
@@ -295,6 +315,7 @@ impl State {
             && self.contenders.is_empty()
             && self.held.is_none()
             && !self.busy
+            && !self.lingering
     }
 
     fn is(&self, slot: &Option<String>, id: &str) -> bool {
@@ -307,6 +328,8 @@ struct Gate {
     mutex: String,
     key: Key,
     state: StdMutex<State>,
+    /// Signalled when a lingering lock-file wait has ended (`State::lingering`).
+    lingered: tokio::sync::Notify,
 }
 
 impl Gate {
@@ -377,6 +400,7 @@ impl Gates {
                     mutex: mutex.to_owned(),
                     key: self.key(mutex),
                     state: StdMutex::new(State::default()),
+                    lingered: tokio::sync::Notify::new(),
                 })
             })
             .clone()
@@ -403,7 +427,7 @@ impl Gates {
     /// Cancel safe: the try runs in a task of its own and records its result in the gate.
     pub(crate) async fn enter(self: &Arc<Self>, mutex: &str, id: &str) -> Pass {
         let gate = self.gate(mutex);
-        {
+        let lingered = {
             let mut s = gate.lock();
             s.contenders.insert(id.to_owned());
             if let Some(sub) = s.subs.get(id) {
@@ -444,7 +468,31 @@ impl Gates {
                 self.start_wait(&gate, &mut s);
                 return Pass::Unlocked;
             }
-            s.busy = true;
+            if s.lingering {
+                // A cancelled wait of this process still blocks on the lock file, holding
+                // the entry file: a try would find the entry taken, and no other process
+                // can get the lock before that wait. It returns the lock at once if the
+                // lock file is free (the lock then goes to the first contender queued
+                // here), and not while another process holds it: queue, and give it a
+                // moment (below).
+                s.enqueue(id);
+                Some(gate.lingered.notified())
+            } else {
+                s.busy = true;
+                None
+            }
+        };
+        if let Some(lingered) = lingered {
+            #[cfg(feature = "sqlite")]
+            let _ = timeout(LINGER, lingered).await;
+            #[cfg(not(feature = "sqlite"))]
+            drop(lingered);
+            let s = gate.lock();
+            return if s.is(&s.granted, id) && s.held.is_some() {
+                Pass::Locked
+            } else {
+                Pass::Unlocked
+            };
         }
         let this = self.clone();
         let task_gate = gate.clone();
@@ -723,12 +771,17 @@ impl Gates {
             s.busy = false;
             s.wait = None;
             match got {
-                Ok(Some(held)) => {
+                Ok(Waited::Got(held)) => {
                     s.failures = 0;
                     s.held = Some(held);
                     this.assign(&task_gate, &mut s);
                 }
-                Ok(None) => {
+                #[cfg(feature = "sqlite")]
+                Ok(Waited::Lingering(blocking)) => {
+                    s.lingering = true;
+                    this.linger(&task_gate, blocking);
+                }
+                Ok(Waited::GaveUp) => {
                     // Given up (nobody here waited any more); whoever queued since waits anew.
                     this.start_wait(&task_gate, &mut s);
                 }
@@ -746,6 +799,44 @@ impl Gates {
             }
         });
         s.wait = Some(Wait { cancel, task });
+    }
+
+    /// Follows a cancelled lock-file wait that still blocks (`State::lingering`) until it
+    /// returns: the lock it then holds goes to whoever here wants it (`assign`); when
+    /// nobody does, or the gate holds or is changing the lock meanwhile, it is dropped
+    /// (unlocked) at once.
+    #[cfg(feature = "sqlite")]
+    fn linger(
+        self: &Arc<Self>,
+        gate: &Arc<Gate>,
+        blocking: JoinHandle<Result<std::fs::File, String>>,
+    ) {
+        let this = self.clone();
+        let gate = gate.clone();
+        tokio::spawn(async move {
+            let got = blocking.await;
+            {
+                let mut s = gate.lock();
+                s.lingering = false;
+                match got {
+                    Ok(Ok(file)) if s.held.is_none() && !s.busy && s.wants() => {
+                        s.held = Some(Held::File(file));
+                        this.assign(&gate, &mut s);
+                    }
+                    // Unlocked here and now (closing the file), not in an unlock task: a
+                    // try right after must not find the gate busy with it.
+                    Ok(Ok(file)) => drop(file),
+                    Ok(Err(e)) => {
+                        debug!(mutex = %gate.mutex, "a cancelled lock-file wait failed: {e}")
+                    }
+                    Err(e) => debug!(mutex = %gate.mutex, "a cancelled lock-file wait's task: {e}"),
+                }
+                // Whoever queued meanwhile and got nothing waits on the file again.
+                this.start_wait(&gate, &mut s);
+            }
+            gate.lingered.notify_waiters();
+            this.tidy(&gate);
+        });
     }
 
     /// One non-blocking attempt at the native lock.
@@ -803,23 +894,23 @@ impl Gates {
         &self,
         key: &Key,
         mut cancel: oneshot::Receiver<()>,
-    ) -> Result<Option<Held>, String> {
+    ) -> Result<Waited, String> {
         if cancel.try_recv().is_ok() {
-            return Ok(None);
+            return Ok(Waited::GaveUp);
         }
         match key {
-            Key::Local => Ok(Some(Held::Local)),
+            Key::Local => Ok(Waited::Got(Held::Local)),
             #[cfg(feature = "sqlite")]
             Key::File { main, entry } => {
                 let (main, entry) = (main.clone(), entry.clone());
-                let blocking = tokio::task::spawn_blocking(move || files::lock(&main, &entry));
+                let mut blocking = tokio::task::spawn_blocking(move || files::lock(&main, &entry));
                 tokio::select! {
-                    r = blocking => r
+                    r = &mut blocking => r
                         .map_err(|e| format!("lock file task: {e}"))?
-                        .map(|f| Some(Held::File(f))),
-                    // A blocking lock call cannot be interrupted: its thread finishes by
-                    // itself, and the file it returns is dropped (unlocked) at once.
-                    _ = cancel => Ok(None),
+                        .map(|f| Waited::Got(Held::File(f))),
+                    // A blocking lock call cannot be interrupted: its thread goes on
+                    // waiting, and the gate follows it (`Gates::linger`).
+                    _ = cancel => Ok(Waited::Lingering(blocking)),
                 }
             }
             #[allow(unreachable_patterns)]
@@ -854,14 +945,14 @@ impl Gates {
                     }
                 };
                 match (got, given_up) {
-                    (Ok(()), false) => Ok(Some(Held::Own(session))),
+                    (Ok(()), false) => Ok(Waited::Got(Held::Own(session))),
                     (Ok(()), true) => {
                         self.unlock_native(key, Held::Own(session)).await?;
-                        Ok(None)
+                        Ok(Waited::GaveUp)
                     }
                     // The session is dropped: its connection closes, and whatever the server
                     // still had it wait for or hold goes with it.
-                    (Err(_), true) => Ok(None),
+                    (Err(_), true) => Ok(Waited::GaveUp),
                     (Err(e), false) => Err(e),
                 }
             }
