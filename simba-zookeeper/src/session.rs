@@ -103,42 +103,32 @@ impl Fail {
     }
 }
 
-/// Whether the result of a *write* shows that a leader with a quorum ordered it: success,
-/// or an error the leader's request preparation produces (ZooKeeper proposes those as error
-/// transactions). `NotReadOnly` (a read-only server answering on its own) is not one.
+/// Whether a failed *write* was still ordered by a leader with a quorum: the errors the
+/// leader's request preparation produces, which ZooKeeper proposes as error transactions.
+/// `NotReadOnly` (a read-only server answering on its own) is not one.
+fn leader_error(e: ZkError) -> bool {
+    matches!(
+        e,
+        ZkError::NoNode
+            | ZkError::NodeExists
+            | ZkError::NoAuth
+            | ZkError::BadVersion
+            | ZkError::NotEmpty
+            | ZkError::InvalidACL
+            | ZkError::NoChildrenForEphemerals
+    )
+}
+
+/// Whether a write's result shows that a leader with a quorum ordered it.
 fn confirmed<T>(r: &ZkResult<T>) -> bool {
-    match r {
-        Ok(_) => true,
-        Err(e) => matches!(
-            e,
-            ZkError::NoNode
-                | ZkError::NodeExists
-                | ZkError::NoAuth
-                | ZkError::BadVersion
-                | ZkError::NotEmpty
-                | ZkError::InvalidACL
-                | ZkError::NoChildrenForEphemerals
-        ),
-    }
+    r.as_ref().err().is_none_or(|e| leader_error(*e))
 }
 
 /// Whether a result is an answer from the server (as opposed to a connection failure).
 fn answered<T>(r: &ZkResult<T>) -> bool {
-    match r {
-        Ok(_) => true,
-        Err(e) => matches!(
-            e,
-            ZkError::NoNode
-                | ZkError::NodeExists
-                | ZkError::NoAuth
-                | ZkError::BadVersion
-                | ZkError::NotEmpty
-                | ZkError::InvalidACL
-                | ZkError::NoChildrenForEphemerals
-                | ZkError::NotReadOnly
-                | ZkError::NoWatcher
-        ),
-    }
+    r.as_ref()
+        .err()
+        .is_none_or(|e| leader_error(*e) || matches!(e, ZkError::NotReadOnly | ZkError::NoWatcher))
 }
 
 /// State shared with the client's state listener. It must not refer to the client (the
@@ -343,7 +333,7 @@ impl Core {
             .set_data(self.base(), Vec::new(), Some(CONFIRM_VERSION));
         match self.write(probe).await {
             Ok(_) => Ok(()),
-            Err(Fail::Zk(e)) if confirmed::<()>(&Err(e)) => Ok(()),
+            Err(Fail::Zk(e)) if leader_error(e) => Ok(()),
             Err(f) => Err(f),
         }
     }
