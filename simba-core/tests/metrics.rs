@@ -6,18 +6,20 @@
 //! task it spawns records into its recorder and nothing of a test running in parallel
 //! does: the numbers are exact, not "at least".
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::until;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use simba_core::fault::{Behavior, FaultStore, Op};
 use simba_core::metrics as m;
 use simba_core::{
-    ContendServiceFactory, ContenderStatus, LeaseConfig, LeaseServiceFactory, LossReason,
-    MemoryStore, SilentContender,
+    ContendServiceFactory, LeaseConfig, LeaseServiceFactory, LossReason, MemoryStore,
+    SilentContender,
 };
-use tokio::sync::watch;
 
 const TTL: Duration = Duration::from_millis(1000);
 const TRANSITION: Duration = Duration::from_millis(500);
@@ -76,18 +78,6 @@ fn config(mutex_label: bool) -> LeaseConfig {
         metrics_mutex_label: mutex_label,
         ..LeaseConfig::with_lease(TTL, TRANSITION)
     }
-}
-
-async fn until(
-    rx: &mut watch::Receiver<ContenderStatus>,
-    what: &str,
-    f: impl FnMut(&ContenderStatus) -> bool,
-) {
-    // Paused time: the bound is virtual, it only turns a hang into a failure.
-    tokio::time::timeout(Duration::from_secs(60), rx.wait_for(f))
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-        .expect("service alive");
 }
 
 /// A hands over to B at 300 ms; B renews, fails one renewal (suspect), recovers, then

@@ -6,16 +6,17 @@
 //! set_default`) and the test runs on a current-thread runtime in paused time, so every
 //! task it spawns reports to it and nothing of another test does.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::until;
 use simba_core::fault::{Behavior, FaultStore, Op};
 use simba_core::{
-    ContendServiceFactory, ContenderStatus, LeaseConfig, LeaseServiceFactory, MemoryStore,
-    SilentContender,
+    ContendServiceFactory, LeaseConfig, LeaseServiceFactory, MemoryStore, SilentContender,
 };
-use tokio::sync::watch;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -89,18 +90,6 @@ impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'
             values.record(&mut spans.all[index]);
         }
     }
-}
-
-async fn until(
-    rx: &mut watch::Receiver<ContenderStatus>,
-    what: &str,
-    f: impl FnMut(&ContenderStatus) -> bool,
-) {
-    // Paused time: the bound is virtual, it only turns a hang into a failure.
-    tokio::time::timeout(Duration::from_secs(60), rx.wait_for(f))
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-        .expect("service alive");
 }
 
 /// A acquires, renews, fails one renewal, renews again and stops; B, waiting, sees A own
