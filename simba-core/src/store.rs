@@ -95,7 +95,9 @@ pub enum StoreEvent {
 ///   its fence and its `acquired_at`. Times are evaluated on the backend's clock:
 ///   `ttl_at = now + ttl`, `transition_at = now + ttl + transition`, and the backend keeps the
 ///   ownership for at most `ttl + transition` after `now`. Whatever happened, the reply names
-///   the owner after the call. The operation is atomic and safe to run twice (clients replay
+///   the owner after the call — or, from a store with a wait queue, to a contender that may
+///   not take the mutex yet, an unnamed holder (empty id, fence 0) whose `transition_at`
+///   says when to look again. The operation is atomic and safe to run twice (clients replay
 ///   requests after a reconnect).
 /// - `guard` renews an ownership `c` holds; it must never take a mutex someone else holds
 ///   within its lease. The default runs `acquire`.

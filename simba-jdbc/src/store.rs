@@ -946,6 +946,16 @@ impl LeaseStore for SqlStore {
         self.inner.kind.name()
     }
 
+    /// At most [`SqlConfig::with_max_name_len`] characters (the `mutex` column).
+    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
+        self.inner.check_name(mutex)
+    }
+
+    /// At most [`OWNER_COLUMN_LEN`] characters (the `owner_id` column).
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        self.inner.check_contender(contender_id)
+    }
+
     /// # Cancel safety
     /// Dropping the future may leave the acquisition applied or not (the connection is then
     /// closed); acquiring again is idempotent for the same contender.

@@ -317,7 +317,15 @@ async fn sqlite_memory_works_in_one_process() {
         .await
         .expect("connect");
     store.migrate().await.expect("migrate");
-    common::store_contract(&store, &store.clone(), "memory").await;
+    // One store, shared: `sqlite::memory:` is one database per store.
+    let source = simba_test_kit::memory::StoreHarness::new("sqlite::memory:", store, false);
+    for r in [
+        simba_test_kit::store_cases::acquire_renew_release(&source).await,
+        simba_test_kit::store_cases::stale_calls_change_nothing(&source).await,
+        simba_test_kit::store_cases::fences_strictly_increase(&source).await,
+    ] {
+        r.unwrap_or_else(|e| panic!("{e}"));
+    }
 }
 
 /// Many stores (processes would do the same) opening a new SQLite file at the same instant

@@ -1,4 +1,5 @@
-//! The LeaseStore contract, call by call, on each backend; plus PostgreSQL push events.
+//! The LeaseStore contract, call by call, on each database (the kit's store-level cases);
+//! the longest names; PostgreSQL push events.
 #![allow(missing_docs)]
 // With only some backend features, parts of this file are unused.
 #![cfg_attr(
@@ -10,34 +11,80 @@ mod common;
 
 use common::SqlHarness;
 
-async fn contract(h: &SqlHarness) {
+// The kit's store-level cases (the whole `LeaseStore` contract), on each database.
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    simba_test_kit::store_conformance_tests!(SqlHarness::sqlite());
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    simba_test_kit::store_conformance_tests!(SqlHarness::mysql().await);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    simba_test_kit::store_conformance_tests!(SqlHarness::postgres().await);
+}
+
+/// The longest names every backend accepts (200 bytes: 100 two-byte "ü"); a store whose
+/// `mutex` column is narrower refuses longer names, in characters, before any SQL runs,
+/// when a service is made.
+async fn longest_names(h: &SqlHarness) {
+    use simba_core::backend::LeaseStore;
     let a = h.store().await.expect("store a");
     let b = h.store().await.expect("store b");
-    common::store_contract(&a, &b, "contract-mutex").await;
-    // Names: unicode and the longest the column holds.
     let long = "ü".repeat(simba_jdbc::MUTEX_COLUMN_LEN / 2);
-    common::store_contract(&a, &b, &long).await;
+    let got = a.acquire(&long, "a", common::LEASE).await.expect("acquire");
+    assert!(got.owner.is_owner("a"), "{got:?}");
+    let seen = b.owner(&long).await.expect("owner");
+    assert_eq!(seen.owner, got.owner);
+    assert!(a.release(&long, "a").await.expect("release"));
+
+    let narrow = simba_jdbc::SqlStore::connect(h.config(h.url()).with_max_name_len(10))
+        .await
+        .expect("a store with 10-character names");
+    assert!(narrow.check_mutex_name(&"ü".repeat(10)).is_ok());
+    let longer = "ü".repeat(11);
+    assert!(
+        matches!(
+            narrow.check_mutex_name(&longer),
+            Err(simba_core::Error::InvalidName { .. })
+        ),
+        "the store accepts a name longer than its column"
+    );
+    let factory = simba_core::LeaseServiceFactory::new(narrow, simba_core::LeaseConfig::default())
+        .expect("factory");
+    let made = simba_core::ContendServiceFactory::create_contend_service(
+        &factory,
+        &longer,
+        std::sync::Arc::new(simba_core::SilentContender),
+    );
+    assert!(
+        matches!(made, Err(simba_core::Error::InvalidName { .. })),
+        "a service was made for a name longer than the column"
+    );
 }
 
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_contract() {
-    let h = SqlHarness::sqlite();
-    contract(&h).await;
+async fn sqlite_longest_names() {
+    longest_names(&SqlHarness::sqlite()).await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_contract() {
-    let h = SqlHarness::mysql().await;
-    contract(&h).await;
+async fn mysql_longest_names() {
+    longest_names(&SqlHarness::mysql().await).await;
 }
 
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_contract() {
-    let h = SqlHarness::postgres().await;
-    contract(&h).await;
+async fn postgres_longest_names() {
+    longest_names(&SqlHarness::postgres().await).await;
 }
 
 #[cfg(feature = "postgres")]
@@ -96,35 +143,4 @@ async fn postgres_pushes_acquired_and_released() {
         seen.push(e);
     }
     assert!(seen.iter().all(|e| *e == StoreEvent::Resync), "{seen:?}");
-}
-
-/// `release_after` (hold at least) and observers (pushed on PostgreSQL, bounded reads
-/// elsewhere), through the kit's store-level cases.
-async fn hold_and_observe(h: &SqlHarness, pushes: bool) {
-    let a = h.store().await.expect("store a");
-    let b = h.store().await.expect("store b");
-    simba_test_kit::store_cases::release_after_contract(&a, &b, "held-mutex")
-        .await
-        .unwrap_or_else(|e| panic!("release_after on {}: {e}", a.kind().name()));
-    simba_test_kit::store_cases::observer_is_pushed_and_idle(a.clone(), b, pushes, "seen-mutex")
-        .await
-        .unwrap_or_else(|e| panic!("observer on {}: {e}", a.kind().name()));
-}
-
-#[cfg(feature = "sqlite")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_hold_and_observe() {
-    hold_and_observe(&SqlHarness::sqlite(), false).await;
-}
-
-#[cfg(feature = "mysql")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_hold_and_observe() {
-    hold_and_observe(&SqlHarness::mysql().await, false).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_hold_and_observe() {
-    hold_and_observe(&SqlHarness::postgres().await, true).await;
 }

@@ -1,4 +1,5 @@
-//! The simba conformance suite on a 3-primary Redis Cluster started by the test kit.
+//! The simba conformance suite, and the kit's store-level cases, on a 3-primary Redis
+//! Cluster started by the test kit.
 //!
 //! Not here: the three cases that need a fault point on one factory's connections
 //! (`lost_signal_on_outage`, `failover_after_crash`, `safety_under_partitions`). A cluster
@@ -20,6 +21,7 @@ use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::RedisStore;
 use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::servers::{RedisCluster, redis_cluster};
+use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
 
 struct ClusterHarness {
@@ -64,6 +66,27 @@ impl Harness for ClusterHarness {
         })
     }
 }
+
+impl StoreSource for ClusterHarness {
+    type Store = RedisStore;
+
+    fn name(&self) -> String {
+        "redis-cluster".to_owned()
+    }
+
+    fn store(&self) -> BoxFuture<'_, Result<RedisStore, SetupError>> {
+        Box::pin(async move {
+            let config = test_config(&self.cluster.cluster_url(), &self.prefix);
+            Ok(RedisStore::connect(config).await?)
+        })
+    }
+
+    fn pushes_release(&self) -> bool {
+        true
+    }
+}
+
+simba_test_kit::store_conformance_tests!(ClusterHarness::start().await);
 
 simba_test_kit::conformance_tests!(@cases ClusterHarness::start().await;
     start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,

@@ -123,24 +123,6 @@ async fn acquire_renew_release_contract() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fences_strictly_increase_and_renewals_keep_them() {
-    let server = server().await;
-    let store = RedisStore::connect(test_config(server.url(), &random_prefix()))
-        .await
-        .unwrap();
-    let mut last = 0;
-    for i in 0..20 {
-        let id = format!("c{}", i % 3);
-        let r = store.acquire("fence", &id, LEASE).await.unwrap();
-        assert!(r.owner.fence > last, "{} after {last}", r.owner.fence);
-        let g = store.guard("fence", &id, LEASE).await.unwrap();
-        assert_eq!(g.owner.fence, r.owner.fence);
-        last = r.owner.fence;
-        assert!(store.release("fence", &id).await.unwrap());
-    }
-}
-
 /// A JVM Simba contender takes the owner key with `SET NX PX` and nothing else: the Rust
 /// store must respect it, and the JVM must see the Rust owner in the same key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,18 +453,11 @@ async fn the_woken_waiter_cannot_be_barged() {
 /// contender's `SET NX` fails until the hold ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_after_holds_the_owner_key() {
+    // The contract itself is the kit's `release_after_contract` (tests/conformance.rs).
     let server = server().await;
-    let prefix = random_prefix();
-    let a = RedisStore::connect(test_config(server.url(), &prefix))
+    let a = RedisStore::connect(test_config(server.url(), &random_prefix()))
         .await
         .unwrap();
-    let b = RedisStore::connect(test_config(server.url(), &prefix))
-        .await
-        .unwrap();
-    simba_test_kit::store_cases::release_after_contract(&a, &b, "held")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-
     let r = raw(server.url()).await;
     let m = "held-keys";
     let key = a.owner_key(m);
@@ -511,16 +486,11 @@ async fn observer_is_pushed_and_does_not_spin() {
     let server = simba_test_kit::servers::redis_private()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
-    let a = RedisStore::connect(test_config(server.url(), &prefix))
-        .await
-        .unwrap();
-    let b = RedisStore::connect(test_config(server.url(), &prefix))
-        .await
-        .unwrap();
     let r = raw(server.url()).await;
     let _ = cmd(&r, "CONFIG", &["RESETSTAT"]).await;
-    simba_test_kit::store_cases::observer_is_pushed_and_idle(a, b, true, "observed")
+    // The source owns the server (and keeps it running) from here on.
+    let source = common::RedisHarness::on(server, "", None);
+    simba_test_kit::store_cases::observer_is_pushed_and_idle(&source)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     // Commands the server ran for the whole case (about 5 s), every client together: the

@@ -6,6 +6,7 @@ use simba_core::backend::{BoxFuture, LeaseStore};
 use simba_core::fault::{Behavior, FaultControl, FaultStore};
 use simba_core::{ContendServiceFactory, LeaseConfig, LeaseServiceFactory, MemoryStore};
 
+use crate::store_cases::StoreSource;
 use crate::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
 
 /// Runs the suite on any in-process [`LeaseStore`] that clones as a shared handle;
@@ -103,5 +104,23 @@ impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
                 Box::new(fault) as Box<dyn Fault>,
             ))
         })
+    }
+}
+
+impl<S: LeaseStore + Clone + 'static> StoreSource for StoreHarness<S> {
+    type Store = S;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// The same shared store each time: an in-process store has no connections of its own.
+    fn store(&self) -> BoxFuture<'_, Result<S, SetupError>> {
+        let store = self.store.clone();
+        Box::pin(async move { Ok(store) })
+    }
+
+    fn pushes_release(&self) -> bool {
+        self.pushes_release
     }
 }

@@ -12,6 +12,7 @@ use simba_jdbc::{SqlConfig, SqlStore};
 use simba_test_kit::memory::{HangFault, lease_capabilities, lease_config};
 use simba_test_kit::proxy::FaultProxy;
 use simba_test_kit::servers::TestServer;
+use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
 
 /// The statement timeout of test stores: below the engine's 2 s request timeout, so a
@@ -219,135 +220,18 @@ pub const LEASE: simba_core::backend::Lease = simba_core::backend::Lease {
     transition: Duration::from_millis(500),
 };
 
-/// Milliseconds since the Unix epoch on this machine's clock.
-pub fn local_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+impl StoreSource for SqlHarness {
+    type Store = SqlStore;
 
-/// The [`simba_core::backend::LeaseStore`] contract, checked call by call on two stores (two pools,
-/// as two processes would have) over the same table.
-pub async fn store_contract(a: &SqlStore, b: &SqlStore, mutex: &str) {
-    use simba_core::backend::LeaseStore;
-    let (me, other) = ("contender-a", "contender-b");
-
-    let free = a.owner(mutex).await.expect("owner of a new mutex");
-    assert!(
-        !free.owner.has_owner(),
-        "a new mutex has no owner: {free:?}"
-    );
-    let skew = (free.now - local_now_ms()).abs();
-    assert!(
-        skew < 5_000,
-        "reply time is the database's clock, near ours: skew {skew} ms"
-    );
-
-    let first = a.acquire(mutex, me, LEASE).await.expect("acquire");
-    assert!(first.owner.is_owned_by_at(me, first.now), "{first:?}");
-    assert!(first.owner.fence > 0);
-    assert_eq!(
-        first.owner.acquired_at,
-        first.owner.ttl_at - 1000,
-        "{first:?}"
-    );
-    assert_eq!(
-        first.owner.transition_at,
-        first.owner.ttl_at + 500,
-        "{first:?}"
-    );
-
-    let taken = b.acquire(mutex, other, LEASE).await.expect("acquire held");
-    assert!(
-        taken.owner.is_owner(me),
-        "a held mutex stays with its owner: {taken:?}"
-    );
-    assert_eq!(taken.owner.fence, first.owner.fence);
-    let guarded = b
-        .guard(mutex, other, LEASE)
-        .await
-        .expect("guard by non-owner");
-    assert!(guarded.owner.is_owner(me), "guard never takes a held mutex");
-    assert!(!b.release(mutex, other).await.expect("release by non-owner"));
-
-    // Renewal (acquire again, or guard) keeps the fence and acquired_at.
-    let renewed = a
-        .acquire(mutex, me, LEASE)
-        .await
-        .expect("renew via acquire");
-    assert_eq!(
-        renewed.owner.fence, first.owner.fence,
-        "renewal keeps the fence"
-    );
-    assert_eq!(renewed.owner.acquired_at, first.owner.acquired_at);
-    assert!(renewed.owner.ttl_at >= first.owner.ttl_at);
-    let guarded = a.guard(mutex, me, LEASE).await.expect("guard");
-    assert_eq!(guarded.owner.fence, first.owner.fence);
-    assert!(guarded.owner.is_owned_by_at(me, guarded.now));
-
-    assert!(a.release(mutex, me).await.expect("release"));
-    assert!(
-        !a.release(mutex, me).await.expect("release twice"),
-        "second release is a no-op"
-    );
-    let after = b.owner(mutex).await.expect("owner after release");
-    assert!(!after.owner.has_owner(), "{after:?}");
-
-    let second = b
-        .acquire(mutex, other, LEASE)
-        .await
-        .expect("acquire after release");
-    assert!(second.owner.is_owned_by_at(other, second.now), "{second:?}");
-    assert!(
-        second.owner.fence > first.owner.fence,
-        "new owner, larger fence"
-    );
-    // A stale release by the previous owner never frees the new owner's mutex.
-    assert!(!a.release(mutex, me).await.expect("stale release"));
-    let still = a.owner(mutex).await.expect("owner");
-    assert!(still.owner.is_owner(other), "{still:?}");
-    // A stale guard by the previous owner does not take it back either.
-    assert!(
-        a.guard(mutex, me, LEASE)
-            .await
-            .expect("stale guard")
-            .owner
-            .is_owner(other)
-    );
-
-    // The lease ends on the database's clock: after ttl + transition anyone may acquire.
-    // Polls the owner (bounded) rather than sleeping a fixed time.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = a.owner(mutex).await.expect("owner");
-        if !r.owner.has_owner() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "lease never ended: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    fn name(&self) -> String {
+        self.name.to_owned()
     }
-    let expired_guard = b
-        .guard(mutex, other, LEASE)
-        .await
-        .expect("guard after expiry");
-    assert!(
-        !expired_guard.owner.has_owner(),
-        "guard does not revive an expired lease: {expired_guard:?}"
-    );
-    let third = a
-        .acquire(mutex, me, LEASE)
-        .await
-        .expect("acquire after expiry");
-    assert!(third.owner.is_owned_by_at(me, third.now));
-    assert!(third.owner.fence > second.owner.fence);
-    assert!(a.release(mutex, me).await.expect("release"));
 
-    // Re-acquiring one's own expired lease is a new acquisition, with a new fence.
-    let fourth = a.acquire(mutex, me, LEASE).await.expect("acquire");
-    assert!(fourth.owner.fence > third.owner.fence);
-    assert!(a.release(mutex, me).await.expect("release"));
+    fn store(&self) -> BoxFuture<'_, Result<SqlStore, SetupError>> {
+        Box::pin(SqlHarness::store(self))
+    }
+
+    fn pushes_release(&self) -> bool {
+        self.pushes_release
+    }
 }

@@ -10,6 +10,7 @@ use simba_redis::{RedisConfig, RedisStore};
 use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::proxy::FaultProxy;
 use simba_test_kit::servers::TestServer;
+use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
 
 /// A key prefix no other test uses.
@@ -132,6 +133,25 @@ impl Harness for RedisHarness {
                 Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
             ))
         })
+    }
+}
+
+impl StoreSource for RedisHarness {
+    type Store = RedisStore;
+
+    fn name(&self) -> String {
+        "redis".to_owned()
+    }
+
+    fn store(&self) -> BoxFuture<'_, Result<RedisStore, SetupError>> {
+        Box::pin(async move {
+            let url = self.url(self.server.url());
+            Ok(RedisStore::connect(test_config(&url, &self.prefix)).await?)
+        })
+    }
+
+    fn pushes_release(&self) -> bool {
+        true
     }
 }
 

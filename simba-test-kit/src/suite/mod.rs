@@ -64,27 +64,69 @@ macro_rules! ensure {
 
 /// The names of every case, in the order [`conformance_tests!`](crate::conformance_tests)
 /// runs them.
-pub const CASES: &[&str] = &[
-    "start",
-    "restart",
-    "guard_past_ttl",
-    "multi_contend",
-    "schedule",
-    "locker_timeout",
-    "try_acquire",
-    "guard_drop_releases",
-    "lost_signal_on_outage",
-    "failover_after_crash",
-    "fences_increase",
-    "handoff_without_poll",
-    "in_process_exclusion",
-    "reacquire_after_drop",
-    "retriever_sees_changes",
-    "retriever_sees_release",
-    "hold_at_least",
-    "bad_input",
-    "safety_under_partitions",
-];
+pub const CASES: &[&str] = crate::__suite_cases!(names);
+
+/// Every service-level case, written once: `$mode` picks what to expand them into.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_cases {
+    ($($mode:tt)*) => {
+        $crate::__expand_cases! { suite, $($mode)*;
+            start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
+            try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
+            fences_increase, handoff_without_poll, in_process_exclusion, reacquire_after_drop,
+            retriever_sees_changes, retriever_sees_release, hold_at_least, bad_input,
+            safety_under_partitions
+        }
+    };
+}
+
+/// Expands a list of cases into their names (`names`) or into one `#[tokio::test]` each
+/// (`tests EXPR`), for the service suite (`suite`) or the store-level cases
+/// (`store_cases`, in a module `store_contract`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __expand_cases {
+    ($module:ident, names; $($case:ident),+ $(,)?) => {
+        &[$(stringify!($case)),+]
+    };
+    (suite, tests $harness:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness;
+                if let Err(e) = $crate::suite::$case(&harness).await {
+                    panic!(
+                        "conformance case `{}` failed on {}: {}",
+                        stringify!($case),
+                        $crate::suite::Harness::name(&harness),
+                        e
+                    );
+                }
+            }
+        )+
+    };
+    (store_cases, tests $source:expr; $($case:ident),+ $(,)?) => {
+        mod store_contract {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let source = $source;
+                    if let Err(e) = $crate::store_cases::$case(&source).await {
+                        panic!(
+                            "store case `{}` failed on {}: {}",
+                            stringify!($case),
+                            $crate::store_cases::StoreSource::name(&source),
+                            e
+                        );
+                    }
+                }
+            )+
+        }
+    };
+}
 
 /// A longer timing for cases that must tell a release apart from a lease expiry.
 const LONG: Timing = Timing {
@@ -976,30 +1018,19 @@ pub async fn safety_under_partitions(h: &dyn Harness) -> CaseResult {
 /// ```ignore
 /// simba_test_kit::conformance_tests!(MyHarness::start().await);
 /// ```
+///
+/// A backend that cannot run some cases names the ones it runs (and says why not the
+/// others):
+///
+/// ```ignore
+/// simba_test_kit::conformance_tests!(@cases MyHarness::start().await; start, restart);
+/// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($harness:expr) => {
-        $crate::conformance_tests!(@cases $harness;
-            start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
-            try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
-            fences_increase, handoff_without_poll, in_process_exclusion, reacquire_after_drop,
-            retriever_sees_changes, retriever_sees_release, hold_at_least, bad_input,
-            safety_under_partitions);
-    };
     (@cases $harness:expr; $($case:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let harness = $harness;
-                if let Err(e) = $crate::suite::$case(&harness).await {
-                    panic!(
-                        "conformance case `{}` failed on {}: {}",
-                        stringify!($case),
-                        $crate::suite::Harness::name(&harness),
-                        e
-                    );
-                }
-            }
-        )+
+        $crate::__expand_cases! { suite, tests $harness; $($case),+ }
+    };
+    ($harness:expr) => {
+        $crate::__suite_cases!(tests $harness);
     };
 }
