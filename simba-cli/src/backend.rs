@@ -110,7 +110,8 @@ impl Target {
             | "valkeys-sentinel" => (Target::Redis(url.to_owned()), "tls"),
             "mysql" | "mariadb" => (Target::Mysql(url.to_owned()), "mysql"),
             "postgres" | "postgresql" => (Target::Postgres(url.to_owned()), "postgres"),
-            "zk" | "zookeeper" => {
+            // TLS schemes too, so that simba-zookeeper says why they cannot work.
+            "zk" | "zookeeper" | "zks" | "zookeeper+tls" | "zookeeper+ssl" | "zookeepers" => {
                 if rest.is_empty() || rest.starts_with('/') {
                     return Err(Failure::usage(format!(
                         "backend `{shown}` names no server: write zk://HOST:PORT[,HOST:PORT]/CHROOT"
@@ -489,7 +490,9 @@ pub(crate) fn redact(url: &str) -> String {
             simba_jdbc::redact_url(url)
         }
         #[cfg(feature = "zookeeper")]
-        Some("zk" | "zookeeper") => simba_zookeeper::redact_url(url),
+        Some("zk" | "zookeeper" | "zks" | "zookeeper+tls" | "zookeeper+ssl" | "zookeepers") => {
+            simba_zookeeper::redact_url(url)
+        }
         _ => simba_core::redact_url_with(url, simba_core::is_secret_key),
     }
 }
@@ -529,6 +532,11 @@ mod tests {
         assert_eq!(
             Target::parse("zk://a:2181,b:2181/apps").ok(),
             Some(Target::Zookeeper("zk://a:2181,b:2181/apps".into()))
+        );
+        // TLS schemes go to simba-zookeeper, which says why they cannot work.
+        assert_eq!(
+            Target::parse("zks://a:2281").ok(),
+            Some(Target::Zookeeper("zks://a:2281".into()))
         );
     }
 

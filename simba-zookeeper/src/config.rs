@@ -26,6 +26,12 @@ pub const DEFAULT_ROOT: &str = "/simba";
 /// The port used when a host in the connect string names none.
 pub const DEFAULT_PORT: u16 = 2181;
 
+/// Why a TLS URL (`zks://`, `?tls=…`) is refused.
+const TLS_UNAVAILABLE: &str = "TLS to ZooKeeper is not available: zookeeper-async, the client \
+     this crate uses, speaks plain TCP only. To reach a TLS-only ZooKeeper (secureClientPort), \
+     run a local TLS tunnel to it (stunnel, ghostunnel or a sidecar) and give \
+     zk://127.0.0.1:TUNNEL_PORT; or use a backend that speaks TLS (Redis: rediss://)";
+
 /// Digest credentials (`user:password`) for ZooKeeper's `digest` authentication scheme.
 ///
 /// When configured, the session authenticates with them after every (re)connect, and every
@@ -169,6 +175,13 @@ impl ZkConfig {
     /// ```
     pub fn from_url(url: &str) -> Result<Self> {
         let url = url.trim();
+        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        if matches!(
+            scheme.as_deref(),
+            Some("zks" | "zookeeper+tls" | "zookeeper+ssl" | "zookeepers")
+        ) {
+            return Err(Error::config("url", TLS_UNAVAILABLE));
+        }
         let rest = ["zk://", "zookeeper://"]
             .iter()
             .find_map(|scheme| {
@@ -186,6 +199,21 @@ impl ZkConfig {
                     ),
                 )
             })?;
+        if let Some((_, query)) = rest.split_once('?') {
+            let tls = ["tls", "ssl", "secure"]
+                .iter()
+                .any(|k| query.to_ascii_lowercase().contains(k));
+            return Err(Error::config(
+                "url",
+                if tls {
+                    TLS_UNAVAILABLE.to_owned()
+                } else {
+                    "a zk:// URL takes no query options; set timeouts and the rest on \
+                     ZkConfig"
+                        .to_owned()
+                },
+            ));
+        }
         // The chroot starts at the first `/`: a password may hold `@` but not `/`.
         let hosts_end = rest.find('/').unwrap_or(rest.len());
         let Some(at) = rest[..hosts_end].rfind('@') else {
@@ -697,5 +725,26 @@ mod tests {
         assert_eq!(field(e), "connect");
         assert_eq!(redact_url("zk://app:s3cret@h1/c"), "zk://app:***@h1/c");
         assert_eq!(redact_url("zk://s3cret@h1/c"), "zk://***@h1/c");
+    }
+
+    #[test]
+    fn tls_urls_say_tls_is_unavailable_and_how_to_get_it() {
+        for url in [
+            "zks://h1:2281/apps",
+            "ZooKeeper+TLS://app:s3cret@h1:2281",
+            "zk://h1:2281?tls=true",
+            "zk://app:s3cret@h1:2281/apps?secure=1",
+        ] {
+            let e = ZkConfig::from_url(url).expect_err(url);
+            let m = e.to_string();
+            assert!(
+                m.contains("TLS to ZooKeeper is not available") && m.contains("tunnel"),
+                "{url}: {m}"
+            );
+            assert!(!m.contains("s3cret"), "{m}");
+            assert_eq!(field(e), "url", "{url}");
+        }
+        let e = ZkConfig::from_url("zk://h1:2181?timeout=5").expect_err("a query");
+        assert!(e.to_string().contains("no query options"), "{e}");
     }
 }
