@@ -233,7 +233,9 @@ fn check_postgres_url(url: &str) -> Result<()> {
             ),
         ))
     };
-    let config = match url.parse::<tokio_postgres::Config>() {
+    // The TLS options are this crate's (tokio-postgres knows only some of them).
+    let (stripped, _) = crate::pg::split_url(url)?;
+    let config = match stripped.parse::<tokio_postgres::Config>() {
         Ok(c) => c,
         Err(e) => {
             // tokio-postgres keeps the detail ("invalid value for option `port`") in the

@@ -72,9 +72,13 @@ impl SqlStore {
                     .await
                     .map(Conn::Mysql),
                 #[cfg(feature = "postgres")]
-                Target::Postgres(url) => diesel_async::AsyncPgConnection::establish(url)
-                    .await
-                    .map(|c| Conn::Postgres(Box::new(c))),
+                // Through the store's connector: its TLS settings.
+                Target::Postgres(_) => match self.pg_connector() {
+                    Some(pg) => pg.diesel().await.map(|c| Conn::Postgres(Box::new(c))),
+                    None => Err(diesel::ConnectionError::BadConnection(
+                        "this store has no PostgreSQL connector".to_owned(),
+                    )),
+                },
                 #[cfg(feature = "sqlite")]
                 Target::Sqlite { path, .. } => {
                     diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<

@@ -77,11 +77,11 @@ pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
 /// Where the native locks of a store live.
 #[derive(Clone)]
 pub(crate) enum Kind {
-    /// PostgreSQL advisory locks, on sessions to `url`.
+    /// PostgreSQL advisory locks, on sessions the store's connector opens.
     #[cfg(feature = "postgres")]
     Postgres {
-        /// The connection URL.
-        url: String,
+        /// Opens the sessions (and sends cancel requests), with the store's TLS.
+        pg: std::sync::Arc<crate::pg::Connector>,
     },
     /// MySQL / MariaDB user locks, on sessions to `url`.
     #[cfg(feature = "mysql")]
@@ -141,7 +141,7 @@ impl Session {
     async fn connect(kind: &Kind) -> Result<Session, String> {
         match kind {
             #[cfg(feature = "postgres")]
-            Kind::Postgres { url } => pg::Session::connect(url).await.map(Session::Pg),
+            Kind::Postgres { pg } => pg::Session::connect(pg).await.map(Session::Pg),
             #[cfg(feature = "mysql")]
             Kind::Mysql { url } => my::Session::connect(url).await.map(Session::My),
             #[allow(unreachable_patterns)]
@@ -186,7 +186,7 @@ impl Session {
     fn canceller(&self, kind: &Kind) -> Canceller {
         match (self, kind) {
             #[cfg(feature = "postgres")]
-            (Session::Pg(s), _) => Canceller::Pg(s.cancel_token()),
+            (Session::Pg(s), Kind::Postgres { pg }) => Canceller::Pg(s.cancel_token(), pg.clone()),
             #[cfg(feature = "mysql")]
             (Session::My(s), Kind::Mysql { url }) => Canceller::My {
                 url: url.clone(),
@@ -202,7 +202,10 @@ impl Session {
 /// request, MySQL's `KILL QUERY` of the session's connection.
 enum Canceller {
     #[cfg(feature = "postgres")]
-    Pg(tokio_postgres::CancelToken),
+    Pg(
+        tokio_postgres::CancelToken,
+        std::sync::Arc<crate::pg::Connector>,
+    ),
     #[cfg(feature = "mysql")]
     My { url: String, id: u32 },
     /// Nothing to cancel with (a session and a kind of two different backends).
@@ -213,8 +216,8 @@ impl Canceller {
     async fn cancel(self) -> Result<(), String> {
         match self {
             #[cfg(feature = "postgres")]
-            Canceller::Pg(token) => token
-                .cancel_query(tokio_postgres::NoTls)
+            Canceller::Pg(token, pg) => pg
+                .cancel(&token)
                 .await
                 .map_err(|e| format!("postgres cancel request: {e}")),
             #[cfg(feature = "mysql")]
@@ -1005,7 +1008,9 @@ impl Gates {
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+    use tokio_postgres::{AsyncMessage, Client, Statement};
+
+    use crate::pg::Connector;
 
     /// A PostgreSQL session for advisory locks, its statements prepared once.
     pub(super) struct Session {
@@ -1027,9 +1032,11 @@ mod pg {
     }
 
     impl Session {
-        pub(super) async fn connect(url: &str) -> Result<Session, String> {
-            let (client, mut connection) =
-                tokio_postgres::connect(url, NoTls).await.map_err(text)?;
+        pub(super) async fn connect(pg: &Connector) -> Result<Session, String> {
+            let (client, mut connection) = pg
+                .connect()
+                .await
+                .map_err(|e| format!("postgres lock session: {e}"))?;
             let driver = tokio::spawn(async move {
                 while let Some(msg) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     match msg {

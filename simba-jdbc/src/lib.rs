@@ -15,6 +15,8 @@ pub mod fuzzing;
 mod gate;
 #[cfg(feature = "postgres")]
 mod listen;
+#[cfg(feature = "postgres")]
+mod pg;
 mod sql;
 mod store;
 
@@ -22,6 +24,8 @@ pub use config::{
     Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
     MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
+#[cfg(feature = "postgres")]
+pub use pg::PgTlsFailure;
 pub use sql::{create_table_sql, lease_clock_sql};
 pub use store::SqlStore;
 

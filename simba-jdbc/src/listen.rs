@@ -18,7 +18,9 @@ use simba_core::backend::StoreEvent;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
+
+use crate::pg::{ConnectError, Connector};
 use tracing::{debug, info, warn};
 
 /// How often the LISTEN connection is checked when no notification arrives.
@@ -139,17 +141,17 @@ impl Drop for AbortOnDrop {
 /// The LISTEN side of a PostgreSQL store; started by the first subscription.
 pub(crate) struct Listener {
     hub: Arc<Hub>,
-    url: String,
+    pg: Arc<Connector>,
     channel: String,
     timeout: Duration,
     task: StdMutex<Option<JoinHandle<()>>>,
 }
 
 impl Listener {
-    pub(crate) fn new(url: String, channel: String, timeout: Duration) -> Self {
+    pub(crate) fn new(pg: Arc<Connector>, channel: String, timeout: Duration) -> Self {
         Listener {
             hub: Arc::default(),
-            url,
+            pg,
             channel,
             timeout,
             task: StdMutex::new(None),
@@ -169,7 +171,7 @@ impl Listener {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.as_ref().is_none_or(JoinHandle::is_finished) {
             *task = Some(tokio::spawn(run(
-                self.url.clone(),
+                self.pg.clone(),
                 self.channel.clone(),
                 self.timeout,
                 self.hub.clone(),
@@ -189,10 +191,10 @@ impl Drop for Listener {
 type Notifications = mpsc::UnboundedReceiver<tokio_postgres::Notification>;
 
 async fn connect(
-    url: &str,
+    pg: &Connector,
     listen_sql: &str,
-) -> Result<(tokio_postgres::Client, Notifications, AbortOnDrop), tokio_postgres::Error> {
-    let (client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
+) -> Result<(tokio_postgres::Client, Notifications, AbortOnDrop), ConnectError> {
+    let (client, mut connection) = pg.connect().await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let driver = AbortOnDrop(tokio::spawn(async move {
         loop {
@@ -211,16 +213,19 @@ async fn connect(
             }
         }
     }));
-    client.batch_execute(listen_sql).await?;
+    client
+        .batch_execute(listen_sql)
+        .await
+        .map_err(|source| ConnectError { tls: None, source })?;
     Ok((client, rx, driver))
 }
 
-async fn run(url: String, channel: String, bound: Duration, hub: Arc<Hub>) {
+async fn run(pg: Arc<Connector>, channel: String, bound: Duration, hub: Arc<Hub>) {
     let listen_sql = format!("LISTEN \"{channel}\"");
     let mut backoff = BACKOFF_MIN;
     let mut failures = 0u32;
     loop {
-        match timeout(bound, connect(&url, &listen_sql)).await {
+        match timeout(bound, connect(&pg, &listen_sql)).await {
             Ok(Ok((client, mut notifications, _driver))) => {
                 if failures > 0 {
                     info!(%channel, "postgres LISTEN connection restored");

@@ -461,6 +461,9 @@ struct Inner {
     /// PostgreSQL: prepared statements for acquire and release.
     #[cfg(feature = "postgres")]
     fast: Option<fast::Fast>,
+    /// PostgreSQL: opens every connection of the store (TLS set up once).
+    #[cfg(feature = "postgres")]
+    pg: Option<Arc<crate::pg::Connector>>,
 }
 
 impl Inner {
@@ -474,15 +477,37 @@ impl Inner {
         let backend = self.kind.name();
         match tokio::time::timeout(limit, work).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(Failure::Connect(msg, source))) => Err(Error::Backend {
-                backend,
-                message: format!(
-                    "{what}: cannot get a connection to {}: {msg}",
-                    self.config.redacted_url()
-                ),
-                retryable: true,
-                source: Some(source),
-            }),
+            Ok(Err(Failure::Connect(msg, source))) => {
+                // A TLS problem is permanent, and says what to fix; the pool's errors lose
+                // their source on the way through diesel, so the connector remembers it.
+                #[cfg(feature = "postgres")]
+                if let Some(tls) = self.pg.as_ref().and_then(|pg| pg.last_failure()) {
+                    let text = tls.to_string();
+                    let message = if msg.contains(&text) {
+                        msg
+                    } else {
+                        format!("{msg}; {text}")
+                    };
+                    return Err(Error::backend_source(
+                        backend,
+                        format!(
+                            "{what}: cannot get a connection to {}: {message}",
+                            self.config.redacted_url()
+                        ),
+                        false,
+                        tls,
+                    ));
+                }
+                Err(Error::Backend {
+                    backend,
+                    message: format!(
+                        "{what}: cannot get a connection to {}: {msg}",
+                        self.config.redacted_url()
+                    ),
+                    retryable: true,
+                    source: Some(source),
+                })
+            }
             Ok(Err(Failure::Query(e))) => Err(self.query_error(what, e)),
             Err(_) => Err(Error::backend(
                 backend,
@@ -688,18 +713,30 @@ impl SqlStore {
         let kind = target.backend();
         let st = Statements::new(kind, config.table());
         let channel = channel_name(config.table());
+        #[cfg(feature = "postgres")]
+        let pg = match &target {
+            Target::Postgres(url) => Some(Arc::new(crate::pg::Connector::new(url)?)),
+            _ => None,
+        };
+        #[cfg(feature = "postgres")]
+        let pool = build_pool(&target, &config, pg.as_ref())?;
+        #[cfg(not(feature = "postgres"))]
         let pool = build_pool(&target, &config)?;
         #[cfg(feature = "postgres")]
         let statement_timeout = config.statement_timeout();
         let gates = Arc::new(Gates::new(
-            gate_kind(&target),
+            gate_kind(
+                &target,
+                #[cfg(feature = "postgres")]
+                pg.as_ref(),
+            ),
             lock_scope(&target, config.table()),
             config.statement_timeout(),
         ));
         #[cfg(feature = "postgres")]
-        let listener = match &target {
-            Target::Postgres(url) => Some(crate::listen::Listener::new(
-                url.clone(),
+        let listener = match &pg {
+            Some(pg) => Some(crate::listen::Listener::new(
+                pg.clone(),
                 channel.clone(),
                 config.statement_timeout(),
             )),
@@ -717,10 +754,11 @@ impl SqlStore {
                 #[cfg(feature = "postgres")]
                 listener,
                 #[cfg(feature = "postgres")]
-                fast: match &target {
-                    Target::Postgres(url) => Some(fast::Fast::new(url.clone(), statement_timeout)),
-                    _ => None,
-                },
+                fast: pg
+                    .as_ref()
+                    .map(|pg| fast::Fast::new(pg.clone(), statement_timeout)),
+                #[cfg(feature = "postgres")]
+                pg,
             }),
         })
     }
@@ -748,6 +786,12 @@ impl SqlStore {
                 })
             })
             .await
+    }
+
+    /// The connector of a PostgreSQL store (its TLS set up).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn pg_connector(&self) -> Option<Arc<crate::pg::Connector>> {
+        self.inner.pg.clone()
     }
 
     /// The backend this store talks to.
@@ -783,10 +827,15 @@ fn is_sqlite_busy(e: &diesel::result::Error) -> bool {
 }
 
 /// Where the native locks of a store on `target` live.
-fn gate_kind(target: &Target) -> GateKind {
+fn gate_kind(
+    target: &Target,
+    #[cfg(feature = "postgres")] pg: Option<&Arc<crate::pg::Connector>>,
+) -> GateKind {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = pg {
+        return GateKind::Postgres { pg: pg.clone() };
+    }
     match target {
-        #[cfg(feature = "postgres")]
-        Target::Postgres(url) => GateKind::Postgres { url: url.clone() },
         #[cfg(feature = "mysql")]
         Target::Mysql(url) => GateKind::Mysql { url: url.clone() },
         #[cfg(feature = "sqlite")]
@@ -828,7 +877,11 @@ fn pool_error(kind: Backend, e: impl std::error::Error + Send + Sync + 'static) 
     )
 }
 
-fn build_pool(target: &Target, config: &SqlConfig) -> Result<Pool> {
+fn build_pool(
+    target: &Target,
+    config: &SqlConfig,
+    #[cfg(feature = "postgres")] pg: Option<&Arc<crate::pg::Connector>>,
+) -> Result<Pool> {
     let size = config.pool_size();
     let timeout = config.statement_timeout();
     match target {
@@ -868,12 +921,18 @@ fn build_pool(target: &Target, config: &SqlConfig) -> Result<Pool> {
         #[cfg(feature = "postgres")]
         Target::Postgres(url) => {
             let setup = format!("SET statement_timeout = {}", timeout.as_millis());
+            let pg = match pg {
+                Some(pg) => pg.clone(),
+                None => Arc::new(crate::pg::Connector::new(url)?),
+            };
             let mut mc = ManagerConfig::<AsyncPgConnection>::default();
             mc.recycling_method = RecyclingMethod::Fast;
-            mc.custom_setup = Box::new(move |url| {
+            // Every connection through the store's connector (its TLS), not the URL.
+            mc.custom_setup = Box::new(move |_url| {
                 let setup = setup.clone();
+                let pg = pg.clone();
                 Box::pin(async move {
-                    let mut conn = AsyncPgConnection::establish(url).await?;
+                    let mut conn = pg.diesel().await?;
                     conn.batch_execute(&setup)
                         .await
                         .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -1091,9 +1150,10 @@ mod fast {
 
     use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
     use tokio_postgres::types::ToSql;
-    use tokio_postgres::{Client, NoTls, Statement};
+    use tokio_postgres::{Client, Statement};
 
     use super::{Arg, OwnerRow, SqlConn};
+    use crate::pg::Connector;
 
     pub(super) struct FastConn {
         client: Client,
@@ -1113,15 +1173,15 @@ mod fast {
 
     /// The connection of a store, opened on first use.
     pub(super) struct Fast {
-        url: String,
+        pg: Arc<Connector>,
         setup: String,
         conn: tokio::sync::Mutex<Option<Arc<FastConn>>>,
     }
 
     impl Fast {
-        pub(super) fn new(url: String, statement_timeout: Duration) -> Self {
+        pub(super) fn new(pg: Arc<Connector>, statement_timeout: Duration) -> Self {
             Fast {
-                url,
+                pg,
                 setup: format!("SET statement_timeout = {}", statement_timeout.as_millis()),
                 conn: tokio::sync::Mutex::new(None),
             }
@@ -1135,9 +1195,7 @@ mod fast {
             {
                 return Ok(Handle(c.clone()));
             }
-            let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
-                .await
-                .map_err(|e| e.to_string())?;
+            let (client, connection) = self.pg.connect().await.map_err(|e| e.to_string())?;
             let driver = tokio::spawn(async move {
                 let _ = connection.await;
             });

@@ -59,6 +59,10 @@ pub struct SqlHarness {
     url: String,
     table: String,
     pushes_release: bool,
+    /// Appended to every URL made from the server's (TLS options).
+    query: String,
+    /// Kept alive as long as the harness (the certificate files of a TLS server).
+    _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for SqlHarness {
@@ -98,6 +102,8 @@ impl SqlHarness {
             url,
             table: fresh_table(),
             pushes_release: false,
+            query: String::new(),
+            _keep: None,
         }
     }
 
@@ -108,7 +114,24 @@ impl SqlHarness {
             place: Place::Server(server),
             table: fresh_table(),
             pushes_release,
+            query: String::new(),
+            _keep: None,
         }
+    }
+
+    /// Adds `query` (e.g. `?sslmode=verify-full&…`) to every URL of this harness.
+    #[allow(dead_code)]
+    pub fn with_query(mut self, query: &str) -> Self {
+        self.url.push_str(query);
+        self.query = query.to_owned();
+        self
+    }
+
+    /// Keeps `value` alive as long as the harness.
+    #[allow(dead_code)]
+    pub fn keeping(mut self, value: impl std::any::Any + Send + Sync) -> Self {
+        self._keep = Some(Box::new(value));
+        self
     }
 
     pub fn url(&self) -> &str {
@@ -192,7 +215,11 @@ impl Harness for SqlHarness {
                 Place::Server(server) => {
                     let proxy = FaultProxy::start(server.socket_addr()?).await?;
                     let store = self
-                        .store_at(&tcp_only(&server.url_via(proxy.addr())))
+                        .store_at(&tcp_only(&format!(
+                            "{}{}",
+                            server.url_via(proxy.addr()),
+                            self.query
+                        )))
                         .await?;
                     let f = LeaseServiceFactory::new(store, lease_config(timing))?;
                     Ok((

@@ -70,7 +70,7 @@ mod zookeeper;
 
 pub use cluster::{RedisCluster, redis_cluster};
 pub use sentinel::{RedisSentinel, SENTINEL_SERVICE, redis_sentinel};
-pub use tls::{CertPair, RedisTls, TestCerts, redis_tls};
+pub use tls::{CertPair, PostgresTls, RedisTls, TestCerts, postgres_tls, redis_tls};
 
 use process::LocalServer;
 

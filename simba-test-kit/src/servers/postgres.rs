@@ -20,7 +20,12 @@ pub(crate) struct Postgres {
     bin: PathBuf,
     /// `(uid, gid)` to run as when this process is root (PostgreSQL refuses root).
     run_as: Option<(u32, u32)>,
+    /// Set for a server that accepts only TLS connections on TCP.
+    tls: Option<super::tls::PostgresTls>,
 }
+
+/// Where [`Postgres::prepare`] puts the TLS files, in the server's directory.
+const TLS_DIR: &str = "tls";
 
 static TEMPLATE: OnceCell<PathBuf> = OnceCell::const_new();
 
@@ -75,7 +80,67 @@ impl Postgres {
         } else {
             None
         };
-        Ok(Self { bin, run_as })
+        Ok(Self {
+            bin,
+            run_as,
+            tls: None,
+        })
+    }
+
+    /// The same server with `ssl=on`, accepting only TLS connections on TCP.
+    pub(crate) fn with_tls(mut self, tls: super::tls::PostgresTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Whether the server accepts only TLS connections.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Copies the certificates into `dir/tls` (the key 0600: PostgreSQL refuses a key others
+    /// can read) and writes a pg_hba.conf that accepts TLS connections only.
+    async fn prepare_tls(
+        &self,
+        dir: &Path,
+        tls: &super::tls::PostgresTls,
+    ) -> Result<(), ServerError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |what: &str, e| ServerError::io(KIND, what.to_owned(), e);
+        let target = dir.join(TLS_DIR);
+        tokio::fs::create_dir_all(&target)
+            .await
+            .map_err(|e| io("creating the TLS directory", e))?;
+        for (from, to) in [
+            (&tls.server.cert, "server.pem"),
+            (&tls.server.key, "server-key.pem"),
+            (&tls.ca, "ca.pem"),
+        ] {
+            tokio::fs::copy(from, target.join(to))
+                .await
+                .map_err(|e| io(&format!("copying {}", from.display()), e))?;
+        }
+        tokio::fs::set_permissions(
+            target.join("server-key.pem"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .await
+        .map_err(|e| io("setting the key's mode to 0600", e))?;
+        let client = if tls.require_client_cert {
+            " clientcert=verify-ca"
+        } else {
+            ""
+        };
+        let hba = format!(
+            "local all all trust\n\
+             hostssl all all 127.0.0.1/32 trust{client}\n\
+             hostssl all all ::1/128 trust{client}\n\
+             hostnossl all all 0.0.0.0/0 reject\n\
+             hostnossl all all ::/0 reject\n"
+        );
+        tokio::fs::write(dir.join("data").join("pg_hba.conf"), hba)
+            .await
+            .map_err(|e| io("writing pg_hba.conf", e))
     }
 
     fn tool(&self, name: &str) -> tokio::process::Command {
@@ -159,6 +224,9 @@ impl Postgres {
     pub(crate) async fn prepare(&self, dir: &Path) -> Result<(), ServerError> {
         let template = self.template().await?;
         copy_tree(KIND, &template.join("data"), &dir.join("data")).await?;
+        if let Some(tls) = &self.tls {
+            self.prepare_tls(dir, tls).await?;
+        }
         if let Some(owner) = self.run_as {
             chown_tree(KIND, dir, owner).await?;
         }
@@ -187,6 +255,16 @@ impl Postgres {
             // After a killed backend, exit instead of reinitialising: the kit's kill()
             // kills the backends first and lets the postmaster reap them.
             .args(["-c", "restart_after_crash=off"]);
+        if self.tls.is_some() {
+            let tls = dir.join(TLS_DIR);
+            cmd.args(["-c", "ssl=on"])
+                .arg("-c")
+                .arg(opt("ssl_cert_file", &tls.join("server.pem")))
+                .arg("-c")
+                .arg(opt("ssl_key_file", &tls.join("server-key.pem")))
+                .arg("-c")
+                .arg(opt("ssl_ca_file", &tls.join("ca.pem")));
+        }
         cmd
     }
 }

@@ -91,6 +91,14 @@ impl Flavor {
                 .await
                 .map(drop)
                 .map_err(|e| format!("connecting to {addr}: {e}")),
+            // A TLS-only PostgreSQL refuses the kit's plain start-up with "no pg_hba.conf
+            // entry … no encryption": it checks pg_hba.conf only once it accepts sessions.
+            Self::Postgres(p) if p.is_tls() => {
+                match probe::ready(ServerKind::Postgres, addr).await {
+                    Err(e) if e.contains("no encryption") => Ok(()),
+                    other => other,
+                }
+            }
             _ => probe::ready(self.kind(), addr).await,
         }
     }

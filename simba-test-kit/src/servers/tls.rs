@@ -1,4 +1,5 @@
-//! Certificates generated for a test, and private Redis servers that speak only TLS.
+//! Certificates generated for a test, and private Redis and PostgreSQL servers that speak
+//! only TLS.
 
 use std::path::{Path, PathBuf};
 
@@ -172,5 +173,32 @@ pub async fn redis_tls(tls: RedisTls) -> Result<TestServer, ServerError> {
         .with_tls(tls);
     Ok(TestServer::from_local(
         LocalServer::create(Flavor::Redis(redis)).await?,
+    ))
+}
+
+/// How a TLS PostgreSQL server is set up.
+#[derive(Debug, Clone)]
+pub struct PostgresTls {
+    /// The server's certificate and key.
+    pub server: CertPair,
+    /// The CA whose client certificates the server accepts (`ssl_ca_file`).
+    pub ca: PathBuf,
+    /// Whether clients must present a certificate signed by `ca` (pg_hba.conf
+    /// `clientcert=verify-ca`).
+    pub require_client_cert: bool,
+}
+
+/// A private PostgreSQL (its own `initdb` data, as [`postgres_private`](super::postgres_private))
+/// with `ssl=on` that accepts only TLS connections on TCP: pg_hba.conf has `hostssl` lines
+/// (trust, plus `clientcert=verify-ca` when `require_client_cert`) and `hostnossl … reject`.
+/// Its URL is the plain one (`postgres://postgres@127.0.0.1:P/simba`): add
+/// `?sslmode=…&sslrootcert=…` as the test needs. The certificate files are copied into
+/// the server's directory, the key with mode 0600, owned by the user the server runs as.
+pub async fn postgres_tls(tls: PostgresTls) -> Result<TestServer, ServerError> {
+    let postgres = super::postgres::Postgres::detect()
+        .map_err(|e| e.with_advice(true))?
+        .with_tls(tls);
+    Ok(TestServer::from_local(
+        LocalServer::create(Flavor::Postgres(postgres)).await?,
     ))
 }
