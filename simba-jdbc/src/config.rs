@@ -355,8 +355,9 @@ impl SqlConfig {
     /// URL forms: `mysql://USER:PASSWORD@HOST:PORT/DB` (or `mariadb://`),
     /// `postgres://USER:PASSWORD@HOST:PORT/DB` (or `postgresql://`), `sqlite://PATH`
     /// (`sqlite:///abs/path.db`, `sqlite://relative.db`) and `sqlite::memory:` (one process
-    /// only). Nothing is checked until [`SqlConfig::validate`] or
-    /// [`SqlStore::connect`](crate::SqlStore::connect).
+    /// only). PostgreSQL URLs take libpq's TLS options `sslmode`, `sslrootcert`, `sslcert`
+    /// and `sslkey` (feature `tls`; see the crate documentation). Nothing is checked until
+    /// [`SqlConfig::validate`] or [`SqlStore::connect`](crate::SqlStore::connect).
     pub fn new(url: impl Into<String>) -> Self {
         SqlConfig {
             url: url.into(),
@@ -443,7 +444,8 @@ impl SqlConfig {
     /// # Errors
     /// [`Error::InvalidConfig`] naming the bad setting: an unknown URL scheme (the message
     /// lists the supported schemes and the enabled features), a scheme whose feature is not
-    /// enabled, a malformed URL, a table name that is not a plain identifier, a pool size of
+    /// enabled, a malformed URL, a bad PostgreSQL TLS option (named: `sslmode`,
+    /// `sslrootcert`, `sslcert`, `sslkey`; TLS asked for without the `tls` feature), a table name that is not a plain identifier, a pool size of
     /// zero or over [`MAX_POOL_SIZE`], a statement timeout of zero, over a year or not whole
     /// milliseconds, a name limit of zero or over [`simba_core::MAX_MUTEX_NAME_LEN`].
     pub fn validate(&self) -> Result<()> {
