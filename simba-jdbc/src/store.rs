@@ -734,14 +734,9 @@ impl SqlStore {
             config.statement_timeout(),
         ));
         #[cfg(feature = "postgres")]
-        let listener = match &pg {
-            Some(pg) => Some(crate::listen::Listener::new(
-                pg.clone(),
-                channel.clone(),
-                config.statement_timeout(),
-            )),
-            _ => None,
-        };
+        let listener = pg.as_ref().map(|pg| {
+            crate::listen::Listener::new(pg.clone(), channel.clone(), config.statement_timeout())
+        });
         Ok(SqlStore {
             inner: Arc::new(Inner {
                 kind,

@@ -259,11 +259,11 @@ impl Postgres {
             let tls = dir.join(TLS_DIR);
             cmd.args(["-c", "ssl=on"])
                 .arg("-c")
-                .arg(opt("ssl_cert_file", &tls.join("server.pem")))
+                .arg(opt("ssl_cert_file", tls.join("server.pem")))
                 .arg("-c")
-                .arg(opt("ssl_key_file", &tls.join("server-key.pem")))
+                .arg(opt("ssl_key_file", tls.join("server-key.pem")))
                 .arg("-c")
-                .arg(opt("ssl_ca_file", &tls.join("ca.pem")));
+                .arg(opt("ssl_ca_file", tls.join("ca.pem")));
         }
         cmd
     }
