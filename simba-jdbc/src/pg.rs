@@ -766,17 +766,21 @@ mod tests {
 
     #[test]
     fn tls_options_are_taken_out_of_the_url() {
-        let (url, o) = split_url(
+        // Without the `tls` feature, verify-full is refused (see the test below).
+        #[cfg(feature = "tls")]
+        {
+            let (url, o) = split_url(
             "postgres://u:pw@h/db?application_name=x&sslmode=verify-full&sslrootcert=/a%20b/ca.pem&connect_timeout=3",
         )
         .map_err(field)
         .expect("valid");
-        assert_eq!(
-            url,
-            "postgres://u:pw@h/db?application_name=x&connect_timeout=3"
-        );
-        assert_eq!(o.mode, Some(SslMode::VerifyFull));
-        assert_eq!(o.root_cert, Some(PathBuf::from("/a b/ca.pem")));
+            assert_eq!(
+                url,
+                "postgres://u:pw@h/db?application_name=x&connect_timeout=3"
+            );
+            assert_eq!(o.mode, Some(SslMode::VerifyFull));
+            assert_eq!(o.root_cert, Some(PathBuf::from("/a b/ca.pem")));
+        }
         let (url, o) = split_url("postgres://h/db?sslmode=disable").expect("valid");
         assert_eq!(url, "postgres://h/db");
         assert_eq!(o.mode(), SslMode::Disable);
