@@ -372,7 +372,7 @@ impl Connector {
     pub(crate) async fn connect(
         &self,
     ) -> std::result::Result<(Client, Connection<Socket, PgStream>), ConnectError> {
-        let result = self.config.connect(self.tls.clone()).await;
+        let result = self.config.connect(self.tls()).await;
         let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(pair) => {
@@ -401,7 +401,13 @@ impl Connector {
         &self,
         token: &CancelToken,
     ) -> std::result::Result<(), tokio_postgres::Error> {
-        token.cancel_query(self.tls.clone()).await
+        token.cancel_query(self.tls()).await
+    }
+
+    /// The TLS connector (`NoTls`, which is `Copy`, without the `tls` feature).
+    #[allow(clippy::clone_on_copy)]
+    fn tls(&self) -> Tls {
+        self.tls.clone()
     }
 
     /// What the last connection failure meant, if about TLS and none succeeded since.
