@@ -30,7 +30,8 @@ pub const DEFAULT_PORT: u16 = 2181;
 const TLS_UNAVAILABLE: &str = "TLS to ZooKeeper is not available: zookeeper-async, the client \
      this crate uses, speaks plain TCP only. To reach a TLS-only ZooKeeper (secureClientPort), \
      run a local TLS tunnel to it (stunnel, ghostunnel or a sidecar) and give \
-     zk://127.0.0.1:TUNNEL_PORT; or use a backend that speaks TLS (Redis: rediss://)";
+     zk://127.0.0.1:TUNNEL_PORT; or use a backend that speaks TLS (Redis: rediss://, \
+     PostgreSQL: sslmode=verify-full)";
 
 /// Digest credentials (`user:password`) for ZooKeeper's `digest` authentication scheme.
 ///
