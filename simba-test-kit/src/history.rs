@@ -85,8 +85,9 @@ pub fn check(intervals: &[Interval]) -> Vec<Violation> {
     let mut out = Vec::new();
     for (n, a) in sorted.iter().enumerate() {
         for b in &sorted[n + 1..] {
+            // Sorted by start: neither this one nor any later one began before `a` ended.
             if b.start >= a.end_or(now) {
-                continue;
+                break;
             }
             out.push(Violation::Overlap {
                 first: (*a).clone(),
@@ -200,8 +201,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn iv(c: &str, fence: u64, start: u64, end: u64) -> Interval {
-        let base = Instant::now();
+    /// `c`'s ownership with `fence` from `start` to `end` ms after `base`.
+    fn iv(base: Instant, c: &str, fence: u64, start: u64, end: u64) -> Interval {
         Interval {
             contender: c.into(),
             fence,
@@ -214,11 +215,7 @@ mod tests {
     #[test]
     fn clean_history_passes() {
         let base = Instant::now();
-        let mk = |c: &str, f: u64, s: u64, e: u64| Interval {
-            start: base + Duration::from_millis(s),
-            end: Some(base + Duration::from_millis(e)),
-            ..iv(c, f, 0, 0)
-        };
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
         let h = vec![mk("a", 1, 0, 10), mk("b", 2, 10, 20), mk("a", 5, 30, 40)];
         assert!(check(&h).is_empty(), "{:?}", check(&h));
     }
@@ -226,15 +223,35 @@ mod tests {
     #[test]
     fn overlap_is_reported() {
         let base = Instant::now();
-        let mk = |c: &str, f: u64, s: u64, e: u64| Interval {
-            start: base + Duration::from_millis(s),
-            end: Some(base + Duration::from_millis(e)),
-            ..iv(c, f, 0, 0)
-        };
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
         let v = check(&[mk("a", 1, 0, 10), mk("b", 2, 9, 20)]);
         assert_eq!(v.len(), 1);
         assert!(matches!(v[0], Violation::Overlap { .. }));
         assert!(v[0].to_string().contains("two owners at once"));
+    }
+
+    #[test]
+    fn every_overlapping_pair_is_reported_once() {
+        let base = Instant::now();
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
+        // Two short ownerships inside a long one, then one after all of them.
+        let nested = [
+            mk("a", 1, 0, 100),
+            mk("b", 2, 10, 20),
+            mk("c", 3, 30, 40),
+            mk("d", 4, 200, 300),
+        ];
+        let pairs: Vec<(u64, u64)> = check(&nested)
+            .iter()
+            .map(|v| match v {
+                Violation::Overlap { first, second } => (first.fence, second.fence),
+                Violation::FenceRegression { .. } => panic!("{v}"),
+            })
+            .collect();
+        assert_eq!(pairs, [(1, 2), (1, 3)]);
+        // Three at once: three pairs.
+        let three = [mk("a", 1, 0, 10), mk("b", 2, 1, 10), mk("c", 3, 2, 10)];
+        assert_eq!(check(&three).len(), 3);
     }
 
     #[test]
@@ -243,23 +260,16 @@ mod tests {
         let base = Instant::now()
             .checked_sub(Duration::from_millis(50))
             .expect("the clock runs longer than 50 ms");
-        let mut a = iv("a", 1, 0, 0);
-        a.start = base;
+        let mut a = iv(base, "a", 1, 0, 0);
         a.end = None;
-        let mut b = iv("b", 2, 0, 0);
-        b.start = base + Duration::from_millis(5);
-        b.end = Some(base + Duration::from_millis(6));
+        let b = iv(base, "b", 2, 5, 6);
         assert_eq!(check(&[a, b]).len(), 1);
     }
 
     #[test]
     fn fence_regression_is_reported() {
         let base = Instant::now();
-        let mk = |c: &str, f: u64, s: u64, e: u64| Interval {
-            start: base + Duration::from_millis(s),
-            end: Some(base + Duration::from_millis(e)),
-            ..iv(c, f, 0, 0)
-        };
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
         let v = check(&[mk("a", 3, 0, 10), mk("b", 3, 10, 20)]);
         assert!(
             matches!(v.as_slice(), [Violation::FenceRegression { .. }]),
