@@ -7,3 +7,4 @@ pub mod proxy;
 pub mod servers;
 pub mod store_cases;
 pub mod suite;
+pub mod support;

@@ -42,11 +42,7 @@ impl MemoryHarness {
 
 /// The lease config the lease harnesses use for a timing.
 pub fn lease_config(timing: Timing) -> LeaseConfig {
-    LeaseConfig {
-        request_timeout: std::time::Duration::from_secs(2),
-        retry_interval: std::time::Duration::from_millis(100),
-        ..LeaseConfig::with_lease(timing.ttl, timing.transition)
-    }
+    crate::support::lease(timing.ttl, timing.transition)
 }
 
 /// Capabilities of a lease backend with the given timing.

@@ -20,11 +20,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use simba_core::backend::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::suite::{Fault, SetupError};
 
 /// Shared state between the handle and the proxy tasks.
 #[derive(Debug)]
@@ -141,6 +144,25 @@ impl Drop for FaultProxy {
     fn drop(&mut self) {
         // Aborting the accept task drops its JoinSet, which aborts every connection.
         self.task.abort();
+    }
+}
+
+/// A [`Fault`] that blackholes a factory's connections at a [`FaultProxy`]: on
+/// [`partition`](Fault::partition) no byte moves in either direction and new connections
+/// are accepted but never reach the server; [`heal`](Fault::heal) lets everything through
+/// again. Open connections stay open throughout, as in a network partition.
+#[derive(Debug)]
+pub struct ProxyFault(pub FaultProxy);
+
+impl Fault for ProxyFault {
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.blackhole(true);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        self.0.heal();
+        Box::pin(async { Ok(()) })
     }
 }
 

@@ -19,7 +19,8 @@ use simba_core::{
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::suite::{CaseError, CaseResult, SetupError, mutex_name};
+use crate::suite::{CaseError, CaseResult, SetupError};
+use crate::support::unique_name;
 
 /// A lease backend as the store-level cases see it.
 pub trait StoreSource: Send + Sync {
@@ -128,7 +129,7 @@ async fn poll_owner<S: LeaseStore>(
 /// owner's fence is larger.
 pub async fn acquire_renew_release<S: StoreSource>(src: &S) -> CaseResult {
     let (a, b) = two(src).await?;
-    let m = &mutex_name("acquire_renew_release");
+    let m = &unique_name("acquire_renew_release");
     let free = a.owner(m).await?;
     check(!free.owner.has_owner(), || {
         format!("a new mutex has an owner: {free:?}")
@@ -218,7 +219,7 @@ pub async fn acquire_renew_release<S: StoreSource>(src: &S) -> CaseResult {
 /// `release_after`, `guard` and `acquire` leave the new ownership as it was.
 pub async fn stale_calls_change_nothing<S: StoreSource>(src: &S) -> CaseResult {
     let (a, b) = two(src).await?;
-    let m = &mutex_name("stale_calls_change_nothing");
+    let m = &unique_name("stale_calls_change_nothing");
     let first = a.acquire(m, "a", LEASE).await?;
     check(first.owner.is_owner("a"), || {
         format!("a did not acquire: {first:?}")
@@ -257,7 +258,7 @@ pub async fn stale_calls_change_nothing<S: StoreSource>(src: &S) -> CaseResult {
 /// not quietly revive it under the old fence.
 pub async fn lease_ends_on_backend_clock<S: StoreSource>(src: &S) -> CaseResult {
     let (a, b) = two(src).await?;
-    let m = &mutex_name("lease_ends_on_backend_clock");
+    let m = &unique_name("lease_ends_on_backend_clock");
     let first = a.acquire(m, "a", SHORT).await?;
     let o = first.owner.clone();
     check(o.is_owner("a"), || format!("a did not acquire: {first:?}"))?;
@@ -296,7 +297,7 @@ pub async fn lease_ends_on_backend_clock<S: StoreSource>(src: &S) -> CaseResult 
 /// every one before, and renewals keep it.
 pub async fn fences_strictly_increase<S: StoreSource>(src: &S) -> CaseResult {
     let (a, b) = two(src).await?;
-    let m = &mutex_name("fences_strictly_increase");
+    let m = &unique_name("fences_strictly_increase");
     let mut last = 0;
     for i in 0..20_usize {
         let s = if i.is_multiple_of(2) { &a } else { &b };
@@ -326,7 +327,7 @@ pub async fn acquire_is_atomic<S: StoreSource>(src: &S) -> CaseResult {
     for round in 0..5 {
         // A new mutex each round: a store with a wait queue may still be handing the last
         // round's mutex to a queued loser (SQLite cannot cancel a lock-file wait at once).
-        let m = mutex_name("acquire_is_atomic");
+        let m = unique_name("acquire_is_atomic");
         let mut racers = JoinSet::new();
         for i in 0..8_usize {
             let s = if i.is_multiple_of(2) {
@@ -396,7 +397,7 @@ fn racer_index(id: &str) -> usize {
 /// instead and pass, unless the source says it pushes.
 pub async fn waiter_is_woken_on_release<S: StoreSource>(src: &S) -> CaseResult {
     let (a, b) = two(src).await?;
-    let m = &mutex_name("waiter_is_woken_on_release");
+    let m = &unique_name("waiter_is_woken_on_release");
     // A long lease: a waiter that only looked again when the lease ends would wait 16 s.
     let long = Lease {
         ttl: Duration::from_secs(10),
@@ -447,7 +448,7 @@ pub async fn waiter_is_woken_on_release<S: StoreSource>(src: &S) -> CaseResult {
 /// afterwards; a zero hold is a release.
 pub async fn release_after_contract<S: StoreSource>(src: &S) -> CaseResult {
     let (a, b) = two(src).await?;
-    let (a, b, m) = (&a, &b, &mutex_name("release_after_contract"));
+    let (a, b, m) = (&a, &b, &unique_name("release_after_contract"));
     let lease = Lease {
         ttl: Duration::from_secs(2),
         transition: Duration::from_secs(1),
@@ -529,7 +530,7 @@ pub async fn observer_is_pushed_and_idle<S: StoreSource>(src: &S) -> CaseResult 
     let (owner, observer) = two(src).await?;
     let (pushes, m) = (
         src.pushes_release(),
-        &mutex_name("observer_is_pushed_and_idle"),
+        &unique_name("observer_is_pushed_and_idle"),
     );
     // Long leases: an observer that only looked when a lease ends would see the release
     // 16 s late.

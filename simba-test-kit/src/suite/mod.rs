@@ -20,12 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use simba_core::{
-    ContendService, ContenderStatus, Error, LeaderScheduler, Locker, LossReason, MutexState,
-    Schedule, SilentRetriever, generate_contender_id,
+    Error, LeaderScheduler, Locker, LossReason, MutexState, Schedule, SilentRetriever,
+    generate_contender_id,
 };
 use tokio::time::{Instant, timeout};
 
 use crate::history::History;
+use crate::support::{unique_name, wait_status};
 
 /// Why a case failed.
 #[derive(Debug)]
@@ -134,32 +135,6 @@ const LONG: Timing = Timing {
     transition: Duration::from_secs(2),
 };
 
-/// A fresh mutex name for one case.
-pub fn mutex_name(case: &str) -> String {
-    let id = generate_contender_id();
-    let suffix = id.rsplit(':').next().unwrap_or("0");
-    format!("{case}-{suffix}")
-}
-
-async fn wait_status(
-    svc: &Arc<dyn ContendService>,
-    what: &str,
-    bound: Duration,
-    pred: impl FnMut(&ContenderStatus) -> bool,
-) -> Result<ContenderStatus, CaseError> {
-    let mut rx = svc.status();
-    match timeout(bound, rx.wait_for(pred)).await {
-        Ok(Ok(s)) => Ok(s.clone()),
-        Ok(Err(_)) => Err(CaseError(format!(
-            "{what}: the service's status channel closed"
-        ))),
-        Err(_) => Err(CaseError(format!(
-            "{what}: not within {bound:?}; status is {:?}",
-            *svc.status().borrow()
-        ))),
-    }
-}
-
 async fn within<T>(
     what: &str,
     bound: Duration,
@@ -180,7 +155,7 @@ pub async fn start(h: &dyn Harness) -> CaseResult {
     let f = h.factory(Timing::SHORT).await?;
     let history = History::new();
     let id = generate_contender_id();
-    let svc = f.create_contend_service(&mutex_name("start"), history.contender(&id))?;
+    let svc = f.create_contend_service(&unique_name("start"), history.contender(&id))?;
     ensure!(
         svc.contender_id() == id,
         "the service ignored the contender's id: {}",
@@ -188,7 +163,7 @@ pub async fn start(h: &dyn Harness) -> CaseResult {
     );
     ensure!(!svc.is_owner(), "owner before start");
     svc.start()?;
-    let st = wait_status(&svc, "acquire a free mutex", acquire_bound(&caps), |s| {
+    let st = wait_status(&*svc, "acquire a free mutex", acquire_bound(&caps), |s| {
         s.held.is_some()
     })
     .await?;
@@ -233,22 +208,22 @@ pub async fn restart(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let f = h.factory(Timing::SHORT).await?;
     let g = h.factory(Timing::SHORT).await?;
-    let m = mutex_name("restart");
+    let m = unique_name("restart");
     let history = History::new();
     let a = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
     let b = g.create_contend_service(&m, history.contender(generate_contender_id()))?;
     let bound = acquire_bound(&caps);
     a.start()?;
-    let first = wait_status(&a, "first acquisition", bound, |s| s.held.is_some()).await?;
+    let first = wait_status(&*a, "first acquisition", bound, |s| s.held.is_some()).await?;
     a.stop().await?;
     b.start()?;
-    let second = wait_status(&b, "another contender acquires after stop", bound, |s| {
+    let second = wait_status(&*b, "another contender acquires after stop", bound, |s| {
         s.held.is_some()
     })
     .await?;
     b.stop().await?;
     a.start()?;
-    let third = wait_status(&a, "re-acquire after restart", bound, |s| s.held.is_some()).await?;
+    let third = wait_status(&*a, "re-acquire after restart", bound, |s| s.held.is_some()).await?;
     a.stop().await?;
     let fences: Vec<u64> = [first, second, third]
         .iter()
@@ -271,17 +246,17 @@ pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let f = h.factory(Timing::SHORT).await?;
     let g = h.factory(Timing::SHORT).await?;
-    let m = mutex_name("guard");
+    let m = unique_name("guard");
     let history = History::new();
     let a = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
     a.start()?;
-    let st = wait_status(&a, "acquire", acquire_bound(&caps), |s| s.held.is_some()).await?;
+    let st = wait_status(&*a, "acquire", acquire_bound(&caps), |s| s.held.is_some()).await?;
     let fence = st.held.map_or(0, |h| h.fence);
     let b = g.create_contend_service(&m, history.contender(generate_contender_id()))?;
     b.start()?;
     // Time is the subject: hold through three whole leases while a rival contends.
     let lease = Timing::SHORT.ttl + Timing::SHORT.transition;
-    let lost = wait_status(&a, "", lease * 3, |s| s.held.is_none()).await;
+    let lost = wait_status(&*a, "", lease * 3, |s| s.held.is_none()).await;
     ensure!(
         lost.is_err(),
         "the owner lost the mutex while renewing: {:?}",
@@ -311,7 +286,7 @@ pub async fn multi_contend(h: &dyn Harness) -> CaseResult {
         h.factory(Timing::SHORT).await?,
         h.factory(Timing::SHORT).await?,
     ];
-    let m = mutex_name("multi");
+    let m = unique_name("multi");
     let history = History::new();
     let mut services = Vec::new();
     for i in 0..10 {
@@ -369,7 +344,7 @@ fn join<T: fmt::Display>(v: &[T]) -> String {
 /// other scheduler.
 pub async fn schedule(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let m = mutex_name("schedule");
+    let m = unique_name("schedule");
     let runs: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
     let mut schedulers = Vec::new();
     for who in 0..2 {
@@ -453,7 +428,7 @@ pub async fn schedule(h: &dyn Harness) -> CaseResult {
 /// `acquire_timeout` on a held mutex gives up with [`Error::Timeout`] after about the wait.
 pub async fn locker_timeout(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let m = mutex_name("timeout");
+    let m = unique_name("timeout");
     let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let ga = within("acquire a free mutex", acquire_bound(&caps), a.acquire()).await??;
@@ -483,7 +458,7 @@ pub async fn locker_timeout(h: &dyn Harness) -> CaseResult {
 
 /// `try_acquire` succeeds on a free mutex and says [`Error::WouldBlock`] on a held one.
 pub async fn try_acquire(h: &dyn Harness) -> CaseResult {
-    let m = mutex_name("try");
+    let m = unique_name("try");
     let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let bound = Duration::from_secs(10);
@@ -507,7 +482,7 @@ pub async fn try_acquire(h: &dyn Harness) -> CaseResult {
 /// would have expired.
 pub async fn guard_drop_releases(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(LONG);
-    let m = mutex_name("drop");
+    let m = unique_name("drop");
     let a = Locker::new(h.factory(LONG).await?, &m)?;
     let b = Locker::new(h.factory(LONG).await?, &m)?;
     let ga = within("acquire", acquire_bound(&caps), a.acquire()).await??;
@@ -538,7 +513,7 @@ pub async fn guard_drop_releases(h: &dyn Harness) -> CaseResult {
 pub async fn lost_signal_on_outage(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let (f, fault) = h.faulty_factory(Timing::SHORT).await?;
-    let a = Locker::new(f, &mutex_name("outage"))?;
+    let a = Locker::new(f, &unique_name("outage"))?;
     let guard = within("acquire", acquire_bound(&caps), a.acquire()).await??;
     fault.partition().await?;
     let t0 = Instant::now();
@@ -570,23 +545,23 @@ pub async fn failover_after_crash(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let (fa, fault) = h.faulty_factory(Timing::SHORT).await?;
     let fb = h.factory(Timing::SHORT).await?;
-    let m = mutex_name("failover");
+    let m = unique_name("failover");
     let history = History::new();
     let a = fa.create_contend_service(&m, history.contender(generate_contender_id()))?;
     let b = fb.create_contend_service(&m, history.contender(generate_contender_id()))?;
     a.start()?;
-    wait_status(&a, "first owner", acquire_bound(&caps), |s| {
+    wait_status(&*a, "first owner", acquire_bound(&caps), |s| {
         s.held.is_some()
     })
     .await?;
     b.start()?;
-    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| {
+    wait_status(&*b, "waiter contends", acquire_bound(&caps), |s| {
         s.attempts > 0
     })
     .await?;
     fault.partition().await?;
     let t0 = Instant::now();
-    let r = wait_status(&b, "failover", caps.failover_bound, |s| s.held.is_some()).await;
+    let r = wait_status(&*b, "failover", caps.failover_bound, |s| s.held.is_some()).await;
     let took = t0.elapsed();
     fault.heal().await?;
     r?;
@@ -608,7 +583,7 @@ pub async fn failover_after_crash(h: &dyn Harness) -> CaseResult {
 /// Fences strictly increase across acquisitions by different contenders.
 pub async fn fences_increase(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let m = mutex_name("fence");
+    let m = unique_name("fence");
     let lockers = [
         Locker::new(h.factory(Timing::SHORT).await?, &m)?,
         Locker::new(h.factory(Timing::SHORT).await?, &m)?,
@@ -630,7 +605,7 @@ pub async fn fences_increase(h: &dyn Harness) -> CaseResult {
 /// else within a poll period.
 pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(LONG);
-    let m = mutex_name("handoff");
+    let m = unique_name("handoff");
     let a = h
         .factory(LONG)
         .await?
@@ -640,12 +615,12 @@ pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
         .await?
         .create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
     a.start()?;
-    wait_status(&a, "first owner", acquire_bound(&caps), |s| {
+    wait_status(&*a, "first owner", acquire_bound(&caps), |s| {
         s.held.is_some()
     })
     .await?;
     b.start()?;
-    wait_status(&b, "waiter contends", acquire_bound(&caps), |s| {
+    wait_status(&*b, "waiter contends", acquire_bound(&caps), |s| {
         s.attempts > 0
     })
     .await?;
@@ -658,7 +633,7 @@ pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
     } else {
         LONG.ttl + LONG.transition + Duration::from_secs(2)
     };
-    wait_status(&b, "handoff to the waiter", bound, |s| s.held.is_some()).await?;
+    wait_status(&*b, "handoff to the waiter", bound, |s| s.held.is_some()).await?;
     let took = t0.elapsed();
     b.stop().await?;
     tracing::info!(backend = %h.name(), ?took, "handoff");
@@ -673,7 +648,7 @@ pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
 pub async fn in_process_exclusion(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let bound = acquire_bound(&caps);
-    let m = mutex_name("local");
+    let m = unique_name("local");
     let f = h.factory(Timing::SHORT).await?;
     let a = Locker::new(f.clone(), &m)?;
     let g = within("acquire", bound, a.acquire()).await??;
@@ -761,7 +736,7 @@ pub async fn in_process_exclusion(h: &dyn Harness) -> CaseResult {
 pub async fn reacquire_after_drop(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
     let bound = acquire_bound(&caps);
-    let m = mutex_name("reacquire");
+    let m = unique_name("reacquire");
     let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
     for round in 0..10 {
@@ -795,7 +770,7 @@ pub async fn reacquire_after_drop(h: &dyn Harness) -> CaseResult {
 /// A retrieval service sees each new owner.
 pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let m = mutex_name("retriever");
+    let m = unique_name("retriever");
     let r = h
         .factory(Timing::SHORT)
         .await?
@@ -828,7 +803,7 @@ pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
 /// pushes, else within its read interval — not when the old lease would have ended.
 pub async fn retriever_sees_release(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(LONG);
-    let m = mutex_name("observed");
+    let m = unique_name("observed");
     let r = h
         .factory(LONG)
         .await?
@@ -876,7 +851,7 @@ pub async fn retriever_sees_release(h: &dyn Harness) -> CaseResult {
 /// release.
 pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(Timing::SHORT);
-    let m = mutex_name("hold");
+    let m = unique_name("hold");
     let fa = h.factory(Timing::SHORT).await?;
     let a = Locker::new(fa.clone(), &m)?;
     let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
@@ -974,7 +949,7 @@ pub async fn bad_input(h: &dyn Harness) -> CaseResult {
 /// Three contenders, each behind its own fault point, partitioned and healed at random
 /// for a few seconds: no two ownerships overlap and fences increase.
 pub async fn safety_under_partitions(h: &dyn Harness) -> CaseResult {
-    let m = mutex_name("safety");
+    let m = unique_name("safety");
     let history = History::new();
     let mut parts = Vec::new();
     for _ in 0..3 {

@@ -1,0 +1,140 @@
+//! Small helpers that the backends' own tests share with the suite: unique names, the
+//! lease config of the tests, waiting for a service's status with a bound, and logging.
+//!
+//! ```no_run
+//! # async fn demo(svc: &dyn simba_core::ContendService) {
+//! use std::time::Duration;
+//! use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
+//!
+//! init_tracing(); // logs to the test's output when RUST_LOG is set
+//! let mutex = unique_name("failover"); // e.g. `failover_9f1c2a7be0d4c311`
+//! let config = lease(Duration::from_secs(1), Duration::from_millis(500));
+//! // … start `svc` on `mutex` with `config` …
+//! let status = expect_status(svc, "the first owner", Duration::from_secs(5), |s| {
+//!     s.held.is_some()
+//! })
+//! .await;
+//! # let _ = (mutex, config, status);
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use simba_core::{ContendService, ContenderStatus, LeaseConfig, generate_contender_id};
+
+use crate::suite::CaseError;
+
+/// A name no other test uses: `{prefix}_` followed by 16 random lowercase hex digits
+/// (the random part of a [`generate_contender_id`], different in every call and process).
+///
+/// The result has no characters but the prefix's, `_` and `0-9a-f`: with a prefix of ASCII
+/// letters, digits and `_` it is a plain SQL identifier (a table name), a Redis key prefix,
+/// a ZooKeeper node name and a mutex name alike. It adds 17 bytes to the prefix.
+pub fn unique_name(prefix: &str) -> String {
+    let id = generate_contender_id();
+    let random = id.rsplit(':').next().unwrap_or("0");
+    format!("{prefix}_{random}")
+}
+
+/// The lease config of the tests: `ttl` and `transition` as given, a 2 s request timeout
+/// and a 100 ms retry interval, so that faults are noticed and retried quickly. Tests that
+/// need other values change fields of it.
+pub fn lease(ttl: Duration, transition: Duration) -> LeaseConfig {
+    LeaseConfig {
+        request_timeout: Duration::from_secs(2),
+        retry_interval: Duration::from_millis(100),
+        ..LeaseConfig::with_lease(ttl, transition)
+    }
+}
+
+/// Waits until `svc`'s status satisfies `pred`, for at most `bound`, and returns that
+/// status.
+///
+/// # Errors
+///
+/// A [`CaseError`] naming `what` when the status channel closes, or when `bound` passes
+/// first (with the status at that moment).
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only watches the status channel.
+pub async fn wait_status(
+    svc: &dyn ContendService,
+    what: &str,
+    bound: Duration,
+    pred: impl FnMut(&ContenderStatus) -> bool,
+) -> Result<ContenderStatus, CaseError> {
+    let mut rx = svc.status();
+    match tokio::time::timeout(bound, rx.wait_for(pred)).await {
+        Ok(Ok(s)) => Ok(s.clone()),
+        Ok(Err(_)) => Err(CaseError(format!(
+            "{what}: the service's status channel closed"
+        ))),
+        Err(_) => Err(CaseError(format!(
+            "{what}: not within {bound:?}; status is {:?}",
+            *svc.status().borrow()
+        ))),
+    }
+}
+
+/// [`wait_status`] for tests that fail by panicking.
+///
+/// # Panics
+///
+/// With [`wait_status`]'s message when it fails.
+///
+/// # Cancel safety
+///
+/// Cancel safe, as [`wait_status`].
+pub async fn expect_status(
+    svc: &dyn ContendService,
+    what: &str,
+    bound: Duration,
+    pred: impl FnMut(&ContenderStatus) -> bool,
+) -> ContenderStatus {
+    wait_status(svc, what, bound, pred)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Sends `tracing` events to the test's captured output, filtered by `RUST_LOG` (nothing
+/// without it). Call it at the start of a test; later calls in the process do nothing.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_differ_and_are_identifiers() {
+        let a = unique_name("simba_t");
+        let b = unique_name("simba_t");
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "simba_t".len() + 17, "{a}");
+        let rest = a.strip_prefix("simba_t_").expect("prefix and separator");
+        assert!(
+            rest.chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn lease_keeps_the_durations() {
+        let c = lease(Duration::from_millis(700), Duration::from_millis(300));
+        assert_eq!(
+            (c.ttl, c.transition, c.request_timeout, c.retry_interval),
+            (
+                Duration::from_millis(700),
+                Duration::from_millis(300),
+                Duration::from_secs(2),
+                Duration::from_millis(100)
+            )
+        );
+    }
+}
