@@ -20,25 +20,23 @@ use std::time::Duration;
 
 use simba_core::{ContendService, ContendServiceFactory, SilentContender};
 use simba_test_kit::suite::{Harness, Timing};
-use tokio::time::{Instant, timeout};
+use simba_test_kit::support::{expect_status, unique_name};
+use tokio::time::Instant;
 
 use common::SqlHarness;
 
 async fn owns(svc: &Arc<dyn ContendService>, what: &str, bound: Duration) {
-    timeout(bound, svc.status().wait_for(|s| s.held.is_some()))
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not within {bound:?}: {:?}", *svc.status().borrow()))
-        .expect("status");
+    expect_status(&**svc, what, bound, |s| s.held.is_some()).await;
 }
 
 async fn contends(svc: &Arc<dyn ContendService>) {
-    timeout(
+    expect_status(
+        &**svc,
+        "the waiter contends",
         Duration::from_secs(10),
-        svc.status().wait_for(|s| s.attempts > 0),
+        |s| s.attempts > 0,
     )
-    .await
-    .expect("the waiter contends")
-    .expect("status");
+    .await;
 }
 
 fn service(f: &Arc<dyn ContendServiceFactory>, m: &str) -> Arc<dyn ContendService> {
@@ -48,7 +46,7 @@ fn service(f: &Arc<dyn ContendServiceFactory>, m: &str) -> Arc<dyn ContendServic
 
 /// Release by the owner → the waiter owns. Returns the time from `stop` returning.
 async fn handoff(h: &SqlHarness, timing: Timing, bound: Duration) -> Duration {
-    let m = format!("handoff-{}", common::fresh_table());
+    let m = unique_name("handoff");
     let a = service(&h.factory(timing).await.expect("factory"), &m);
     let b = service(&h.factory(timing).await.expect("factory"), &m);
     a.start().expect("start");
@@ -74,7 +72,7 @@ async fn handoff(h: &SqlHarness, timing: Timing, bound: Duration) -> Duration {
 async fn failover(h: &SqlHarness) -> Duration {
     let timing = Timing::SHORT;
     let bound = h.capabilities(timing).failover_bound;
-    let m = format!("failover-{}", common::fresh_table());
+    let m = unique_name("failover");
     let (fa, fault) = h.faulty_factory(timing).await.expect("faulty factory");
     let a = service(&fa, &m);
     let b = service(&h.factory(timing).await.expect("factory"), &m);

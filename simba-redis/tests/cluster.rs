@@ -8,19 +8,20 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{lease, random_prefix, test_config, wait_status};
+use common::test_config;
 use simba_core::backend::{Lease, LeaseStore};
 use simba_core::{ContendService, LeaseServiceFactory, SilentContender};
 use simba_redis::RedisStore;
 use simba_test_kit::servers::redis_cluster;
+use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_acquire_renew_release_and_handoff() {
-    common::init_tracing();
+    init_tracing();
     let cluster = redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}"));
     let url = cluster.cluster_url();
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let store = RedisStore::connect(test_config(&url, &prefix))
         .await
         .unwrap();
@@ -53,7 +54,7 @@ async fn cluster_acquire_renew_release_and_handoff() {
     assert_eq!(slots.len(), 3, "the mutexes did not cover every node");
 
     // Handoff through sharded pub/sub, on mutexes served by different nodes.
-    let timing = lease(5000, 2000);
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let fo = LeaseServiceFactory::new(store, timing.clone()).unwrap();
     let fw = LeaseServiceFactory::new(
         RedisStore::connect(test_config(&url, &prefix))
@@ -77,13 +78,13 @@ async fn cluster_acquire_renew_release_and_handoff() {
         let o = fo.contend_service(&m, Arc::new(SilentContender)).unwrap();
         let w = fw.contend_service(&m, Arc::new(SilentContender)).unwrap();
         o.start().unwrap();
-        let first = wait_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+        let first = expect_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
         w.start().unwrap();
-        wait_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
+        expect_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
         let t0 = Instant::now();
         o.stop().await.unwrap();
         // A poll would come ~7 s later; 1.5 s shows the release was pushed.
-        let st = wait_status(&w, "handoff", Duration::from_millis(1500), |s| {
+        let st = expect_status(&w, "handoff", Duration::from_millis(1500), |s| {
             s.held.is_some()
         })
         .await;
@@ -154,11 +155,11 @@ async fn migrate_slot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migration_of_a_held_mutex_keeps_safety() {
     use simba_test_kit::history::History;
-    common::init_tracing();
+    init_tracing();
     let cluster = redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}"));
     let url = cluster.cluster_url();
-    let prefix = random_prefix();
-    let timing = lease(1000, 500);
+    let prefix = unique_name("t");
+    let timing = lease(Duration::from_secs(1), Duration::from_millis(500));
     let factory = |store| LeaseServiceFactory::new(store, timing.clone()).unwrap();
     let fa = factory(
         RedisStore::connect(test_config(&url, &prefix))
@@ -189,9 +190,9 @@ async fn slot_migration_of_a_held_mutex_keeps_safety() {
     let a = fa.contend_service(m, history.contender("a")).unwrap();
     let b = fb.contend_service(m, history.contender("b")).unwrap();
     a.start().unwrap();
-    wait_status(&a, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&a, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
     b.start().unwrap();
-    wait_status(&b, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
+    expect_status(&b, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
 
     let (mut from, mut to) = (home, away);
     let mut stalls = 0;

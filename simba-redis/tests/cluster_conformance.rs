@@ -15,7 +15,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{random_prefix, test_config};
+use common::test_config;
 use simba_core::backend::BoxFuture;
 use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::RedisStore;
@@ -23,6 +23,7 @@ use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::servers::{RedisCluster, redis_cluster};
 use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
+use simba_test_kit::support::{init_tracing, unique_name};
 
 struct ClusterHarness {
     cluster: RedisCluster,
@@ -31,10 +32,10 @@ struct ClusterHarness {
 
 impl ClusterHarness {
     async fn start() -> Self {
-        common::init_tracing();
+        init_tracing();
         ClusterHarness {
             cluster: redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}")),
-            prefix: random_prefix(),
+            prefix: unique_name("t"),
         }
     }
 }

@@ -7,11 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cmd, lease, random_prefix, raw, test_config};
+use common::{cmd, raw, test_config};
 use simba_core::backend::{Lease, LeaseStore};
 use simba_core::{Error, LeaseConfig};
 use simba_redis::{RedisConfig, RedisStore};
 use simba_test_kit::servers::redis_private;
+use simba_test_kit::support::{init_tracing, lease, unique_name};
 
 const LEASE: Lease = Lease {
     ttl: Duration::from_secs(2),
@@ -24,10 +25,10 @@ fn url_with_auth(url: &str, userinfo: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_user_and_password() {
-    common::init_tracing();
+    init_tracing();
     let server = redis_private().await.unwrap_or_else(|e| panic!("{e}"));
     let admin = raw(server.url()).await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let keys = format!("~{prefix}:*");
     let channels = format!("&{prefix}:*");
     cmd(
@@ -72,7 +73,12 @@ async fn acl_user_and_password() {
             .owner_id,
         "b"
     );
-    let factory = simba_redis::factory(&url, lease(1000, 500)).await.unwrap();
+    let factory = simba_redis::factory(
+        &url,
+        lease(Duration::from_secs(1), Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
     assert_eq!(factory.store().owner_key("x"), "simba:{x}");
 
     // A wrong password is not retryable, says what to check, and does not print itself.
@@ -117,7 +123,7 @@ async fn acl_user_and_password() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_urls_and_settings_are_typed_errors() {
-    common::init_tracing();
+    init_tracing();
     for url in [
         "",
         "127.0.0.1:6379",
@@ -188,7 +194,7 @@ async fn bad_urls_and_settings_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_a_retryable_error() {
-    common::init_tracing();
+    init_tracing();
     // A port nobody listens on: bind, note it, close.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

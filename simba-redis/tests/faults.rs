@@ -8,13 +8,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{lease, random_prefix, raw, test_config, wait_numsub, wait_status};
+use common::{raw, test_config, wait_numsub};
 use simba_core::backend::{Lease, LeaseStore};
 use simba_core::{ContendService, LeaseServiceFactory, LossReason, SilentContender};
 use simba_redis::RedisStore;
 use simba_test_kit::history::History;
 use simba_test_kit::proxy::FaultProxy;
 use simba_test_kit::servers::{redis, redis_private};
+use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
 /// Redis restarts with every key lost while a contender owns: the owner reports the loss
@@ -26,10 +27,10 @@ use tokio::time::Instant;
 /// the recorded history must show no overlap at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_with_data_loss() {
-    common::init_tracing();
+    init_tracing();
     let server = redis_private().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
-    let timing = lease(2000, 1000);
+    let prefix = unique_name("t");
+    let timing = lease(Duration::from_secs(2), Duration::from_secs(1));
     let history = History::new();
     let mut services = Vec::new();
     for i in 0..2 {
@@ -44,12 +45,12 @@ async fn restart_with_data_loss() {
     // c0 first, so that it is the owner when the restart comes.
     services[0].start().unwrap();
     // The server just started: the quarantine (3 s) and a jitter (≤ 1 s) come first.
-    let first = wait_status(&services[0], "first owner", Duration::from_secs(8), |s| {
+    let first = expect_status(&services[0], "first owner", Duration::from_secs(8), |s| {
         s.held.is_some()
     })
     .await;
     services[1].start().unwrap();
-    wait_status(&services[1], "waiter", Duration::from_secs(5), |s| {
+    expect_status(&services[1], "waiter", Duration::from_secs(5), |s| {
         s.attempts > 0
     })
     .await;
@@ -60,7 +61,7 @@ async fn restart_with_data_loss() {
     let restarted = t0.elapsed();
     // The local deadline is at most ttl + transition (3 s) after the last renewal that
     // was sent before the restart began; 500 ms covers scheduling on a loaded machine.
-    let lost = wait_status(
+    let lost = expect_status(
         &services[0],
         "owner reports the loss",
         Duration::from_millis(3500),
@@ -125,13 +126,13 @@ async fn restart_with_data_loss() {
 /// the rival never owns at the same time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_connections_never_make_two_owners() {
-    common::init_tracing();
+    init_tracing();
     let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let proxy = FaultProxy::start(server.socket_addr().unwrap())
         .await
         .unwrap();
-    let timing = lease(1000, 500);
+    let timing = lease(Duration::from_secs(1), Duration::from_millis(500));
     let history = History::new();
     let behind = RedisStore::connect(test_config(&server.url_via(proxy.addr()), &prefix))
         .await
@@ -148,7 +149,7 @@ async fn cut_connections_never_make_two_owners() {
         .contend_service("cut", history.contender("b"))
         .unwrap();
     a.start().unwrap();
-    wait_status(&a, "a owns", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&a, "a owns", Duration::from_secs(5), |s| s.held.is_some()).await;
     b.start().unwrap();
     for _ in 0..8 {
         proxy.cut();
@@ -159,7 +160,7 @@ async fn cut_connections_never_make_two_owners() {
     proxy.refuse(true);
     // With new connections refused the owner cannot renew: it must give up by its
     // deadline, and then b takes over.
-    wait_status(&b, "b takes over", Duration::from_secs(6), |s| {
+    expect_status(&b, "b takes over", Duration::from_secs(6), |s| {
         s.held.is_some()
     })
     .await;
@@ -176,14 +177,14 @@ async fn cut_connections_never_make_two_owners() {
 /// without a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_resubscribes_after_a_cut() {
-    common::init_tracing();
+    init_tracing();
     let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let proxy = FaultProxy::start(server.socket_addr().unwrap())
         .await
         .unwrap();
     // A long lease: a waiter that needs a poll would own only ~7 s after the release.
-    let timing = lease(5000, 2000);
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let owner_store = RedisStore::connect(test_config(server.url(), &prefix))
         .await
         .unwrap();
@@ -200,9 +201,9 @@ async fn waiter_resubscribes_after_a_cut() {
         .contend_service("resub", Arc::new(SilentContender))
         .unwrap();
     o.start().unwrap();
-    wait_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
     w.start().unwrap();
-    let attempts = wait_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0)
+    let attempts = expect_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0)
         .await
         .attempts;
     let r = raw(server.url()).await;
@@ -213,14 +214,14 @@ async fn waiter_resubscribes_after_a_cut() {
     wait_numsub(&r, &channel, 0, Duration::from_secs(5)).await;
     // After the reconnect the channel is subscribed again and the waiter re-reads (Resync).
     wait_numsub(&r, &channel, 1, Duration::from_secs(5)).await;
-    wait_status(&w, "re-read after resync", Duration::from_secs(5), |s| {
+    expect_status(&w, "re-read after resync", Duration::from_secs(5), |s| {
         s.attempts > attempts
     })
     .await;
 
     let t0 = Instant::now();
     o.stop().await.unwrap();
-    wait_status(
+    expect_status(
         &w,
         "handoff after reconnect",
         Duration::from_millis(1500),
@@ -235,10 +236,10 @@ async fn waiter_resubscribes_after_a_cut() {
 /// the release script's publish to it reaches nobody, and the next live waiter owns at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_waiter_does_not_stall_handoff() {
-    common::init_tracing();
+    init_tracing();
     let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
-    let timing = lease(5000, 2000);
+    let prefix = unique_name("t");
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let r = raw(server.url()).await;
 
     let owner_store = RedisStore::connect(test_config(server.url(), &prefix))
@@ -249,7 +250,7 @@ async fn dead_waiter_does_not_stall_handoff() {
         .contend_service("dead", Arc::new(SilentContender))
         .unwrap();
     o.start().unwrap();
-    wait_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
 
     // The dead waiter: queued first, then its process "dies" (store dropped, no leave).
     let dead_store = RedisStore::connect(test_config(server.url(), &prefix))
@@ -275,7 +276,7 @@ async fn dead_waiter_does_not_stall_handoff() {
     .contend_service("dead", Arc::new(SilentContender))
     .unwrap();
     live.start().unwrap();
-    wait_status(&live, "live waiter queued", Duration::from_secs(5), |s| {
+    expect_status(&live, "live waiter queued", Duration::from_secs(5), |s| {
         s.attempts > 0
     })
     .await;
@@ -298,7 +299,7 @@ async fn dead_waiter_does_not_stall_handoff() {
     let t0 = Instant::now();
     o.stop().await.unwrap();
     // A poll would come ~7 s after the owner's last renewal; 1.5 s proves the push.
-    wait_status(
+    expect_status(
         &live,
         "handoff past the dead waiter",
         Duration::from_millis(1500),
@@ -314,14 +315,14 @@ async fn dead_waiter_does_not_stall_handoff() {
 /// the heartbeat and replaced; after that the waiter still gets the handoff at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_subscriber_connection_is_replaced() {
-    common::init_tracing();
+    init_tracing();
     let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let proxy = FaultProxy::start(server.socket_addr().unwrap())
         .await
         .unwrap();
     // A long lease keeps the waiter's own calls rare, so only heartbeats are in flight.
-    let timing = lease(5000, 2000);
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let o = LeaseServiceFactory::new(
         RedisStore::connect(test_config(server.url(), &prefix))
             .await
@@ -341,9 +342,9 @@ async fn silent_subscriber_connection_is_replaced() {
     .contend_service("silent", Arc::new(SilentContender))
     .unwrap();
     o.start().unwrap();
-    wait_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
     w.start().unwrap();
-    wait_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
+    expect_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
     let connections = proxy.total_connections();
 
     proxy.blackhole(true);
@@ -366,7 +367,7 @@ async fn silent_subscriber_connection_is_replaced() {
     assert!(o.is_owner());
     let t1 = Instant::now();
     o.stop().await.unwrap();
-    wait_status(
+    expect_status(
         &w,
         "handoff after the silent connection",
         Duration::from_millis(1500),
@@ -386,12 +387,12 @@ fn o_key(prefix: &str, mutex: &str) -> String {
 /// busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_command_connection_is_replaced() {
-    common::init_tracing();
+    init_tracing();
     let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
     let proxy = FaultProxy::start(server.socket_addr().unwrap())
         .await
         .unwrap();
-    let config = test_config(&server.url_via(proxy.addr()), &random_prefix())
+    let config = test_config(&server.url_via(proxy.addr()), &unique_name("t"))
         .with_wait_mode(simba_redis::WaitMode::Polling);
     let store = RedisStore::connect(config).await.unwrap();
     store.owner("stall").await.unwrap();

@@ -16,12 +16,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cmd, lease, random_prefix, raw, test_config};
+use common::{cmd, raw, test_config};
 use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::scripts::Script;
 use simba_core::{ContendService, LeaseServiceFactory, LossReason};
 use simba_redis::RedisStore;
 use simba_test_kit::history::{History, Violation};
+use simba_test_kit::support::{init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
 /// How long each owner holds the mutex, and rests before contending again.
@@ -113,7 +114,9 @@ async fn simba_contender(url: String, prefix: String, id: String, history: Histo
     let store = RedisStore::connect(test_config(&url, &prefix))
         .await
         .unwrap();
-    let factory = LeaseServiceFactory::new(store, lease(2000, 1000)).unwrap();
+    let factory =
+        LeaseServiceFactory::new(store, lease(Duration::from_secs(2), Duration::from_secs(1)))
+            .unwrap();
     let svc = factory
         .contend_service(MUTEX, history.contender(id))
         .unwrap();
@@ -138,12 +141,12 @@ const MUTEX: &str = "fleet";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jvm_and_simba_contenders_share_one_mutex_fairly() {
-    common::init_tracing();
+    init_tracing();
     let server = simba_test_kit::servers::redis()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let url = server.url().to_owned();
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let owner_key = RedisStore::connect(test_config(&url, &prefix))
         .await
         .unwrap()

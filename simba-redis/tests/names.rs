@@ -9,19 +9,20 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{random_prefix, test_config};
+use common::test_config;
 use simba_core::{
     ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Locker, MemoryStore,
     SilentContender, SilentRetriever,
 };
 use simba_redis::{MESSAGE_SEPARATOR, RedisStore};
 use simba_test_kit::servers::redis;
+use simba_test_kit::support::{init_tracing, unique_name};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_refuses_braces_and_the_message_separator_up_front() {
-    common::init_tracing();
+    init_tracing();
     let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let store = RedisStore::connect(test_config(server.url(), &random_prefix()))
+    let store = RedisStore::connect(test_config(server.url(), &unique_name("t")))
         .await
         .unwrap();
     let redis: Arc<dyn ContendServiceFactory> =

@@ -14,10 +14,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cmd, lease, random_prefix, raw, test_config, wait_status};
+use common::{cmd, raw, test_config};
 use fred::interfaces::{ClientLike, PubsubInterface};
 use simba_core::{ContendService, LeaseServiceFactory, SilentContender};
 use simba_redis::RedisStore;
+use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
 /// A contend service on a store of its own, and the mutex's owner key.
@@ -37,23 +38,23 @@ async fn service(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_waiter_behind_four_paused_ones_gets_the_mutex_within_a_second() {
-    common::init_tracing();
+    init_tracing();
     let server = simba_test_kit::servers::redis()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let url = server.url();
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     // A long lease: before the fix the live waiter waited for it (~7 s).
-    let timing = lease(5000, 2000);
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let (holder, owner_key) = service(url, &prefix, &timing).await;
     holder.start().unwrap();
-    wait_status(&holder, "holder owns", Duration::from_secs(5), |s| {
+    expect_status(&holder, "holder owns", Duration::from_secs(5), |s| {
         s.held.is_some()
     })
     .await;
     let (live, _) = service(url, &prefix, &timing).await;
     live.start().unwrap();
-    wait_status(&live, "live waiter queued", Duration::from_secs(5), |s| {
+    expect_status(&live, "live waiter queued", Duration::from_secs(5), |s| {
         s.attempts > 0
     })
     .await;
@@ -76,7 +77,7 @@ async fn a_live_waiter_behind_four_paused_ones_gets_the_mutex_within_a_second() 
 
     let released = Instant::now();
     holder.stop().await.unwrap();
-    wait_status(&live, "live waiter owns", Duration::from_secs(20), |s| {
+    expect_status(&live, "live waiter owns", Duration::from_secs(20), |s| {
         s.held.is_some()
     })
     .await;

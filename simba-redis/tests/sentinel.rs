@@ -9,11 +9,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{cmd, lease, random_prefix, raw, test_config, wait_status};
+use common::{cmd, raw, test_config};
 use simba_core::backend::{Lease, LeaseStore};
 use simba_core::{ContendService, LeaseServiceFactory, SilentContender};
 use simba_redis::RedisStore;
 use simba_test_kit::servers::{redis_private, redis_sentinel};
+use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
 /// A sentinel process (`redis-server --sentinel`) watching one primary; killed on drop.
@@ -81,14 +82,14 @@ async fn start_sentinel(primary_port: u16) -> Sentinel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_finds_the_primary() {
-    common::init_tracing();
+    init_tracing();
     let primary = redis_private().await.unwrap_or_else(|e| panic!("{e}"));
     let sentinel = start_sentinel(primary.port()).await;
     let url = format!(
         "redis-sentinel://127.0.0.1:{}?sentinelServiceName=simba-primary",
         sentinel.port
     );
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     // This primary has no replica: no replica can confirm anything (see the failover
     // tests below for the replica check).
     let store = RedisStore::connect(test_config(&url, &prefix).with_replica_acks(Some(0)))
@@ -107,7 +108,7 @@ async fn sentinel_finds_the_primary() {
     assert!(store.release("s", "a").await.unwrap());
 
     // Pub/sub handoff through the sentinel-found primary.
-    let timing = lease(5000, 2000);
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let o = LeaseServiceFactory::new(store, timing.clone())
         .unwrap()
         .contend_service("s", Arc::new(SilentContender))
@@ -122,12 +123,12 @@ async fn sentinel_finds_the_primary() {
     .contend_service("s", Arc::new(SilentContender))
     .unwrap();
     o.start().unwrap();
-    wait_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&o, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
     w.start().unwrap();
-    wait_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
+    expect_status(&w, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
     o.stop().await.unwrap();
     // A poll would come ~7 s later; 1.5 s shows the push.
-    wait_status(&w, "handoff", Duration::from_millis(1500), |s| {
+    expect_status(&w, "handoff", Duration::from_millis(1500), |s| {
         s.held.is_some()
     })
     .await;
@@ -172,9 +173,9 @@ async fn warm_up(url: &str, prefix: &str, mutex: &str) -> u64 {
 /// replica check (next test) prevents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_without_replica_acks_loses_the_owner_and_reuses_its_fence() {
-    common::init_tracing();
+    init_tracing();
     let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let config = || {
         test_config(&deployment.url(), &prefix)
             .with_replica_acks(Some(0))
@@ -203,9 +204,9 @@ async fn failover_without_replica_acks_loses_the_owner_and_reuses_its_fence() {
 /// survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
-    common::init_tracing();
+    init_tracing();
     let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     // The default for Sentinel: one replica must confirm.
     let config =
         || test_config(&deployment.url(), &prefix).with_connect_timeout(Duration::from_secs(15));
@@ -277,9 +278,9 @@ async fn retry_acquire(store: &RedisStore, mutex: &str, id: &str) -> u64 {
 /// failing ("cannot connect through the sentinels after failover", issue #14).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_during_a_failover_finds_the_new_primary() {
-    common::init_tracing();
+    init_tracing();
     let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let old = deployment.primary().await.unwrap();
     let failover = deployment.kill_primary_and_fail_over(Duration::from_secs(60));
     let connect = async {

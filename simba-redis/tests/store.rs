@@ -9,13 +9,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{cmd, lease, numsub, random_prefix, raw, test_config, wait_numsub, wait_status};
+use common::{cmd, numsub, raw, test_config, wait_numsub};
 use fred::types::Value;
 use simba_core::backend::{Lease, LeaseStore};
 use simba_core::{ContendService, LeaseServiceFactory, MutexOwner, SilentContender};
 use simba_redis::{RedisStore, WaitMode};
 use simba_test_kit::history::History;
 use simba_test_kit::servers::{TestServer, redis};
+use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
 const LEASE: Lease = Lease {
@@ -24,7 +25,7 @@ const LEASE: Lease = Lease {
 };
 
 async fn server() -> TestServer {
-    common::init_tracing();
+    init_tracing();
     redis().await.unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -42,7 +43,7 @@ fn zrange(v: Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_renew_release_contract() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let store = RedisStore::connect(test_config(server.url(), &prefix))
         .await
         .unwrap();
@@ -128,7 +129,7 @@ async fn acquire_renew_release_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jvm_owner_key_compatibility() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let store = RedisStore::connect(test_config(server.url(), &prefix))
         .await
         .unwrap();
@@ -167,7 +168,7 @@ async fn jvm_owner_key_compatibility() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_script_flush() {
     let server = server().await;
-    let store = RedisStore::connect(test_config(server.url(), &random_prefix()))
+    let store = RedisStore::connect(test_config(server.url(), &unique_name("t")))
         .await
         .unwrap();
     let r = raw(server.url()).await;
@@ -197,9 +198,9 @@ async fn survives_script_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoff_goes_to_waiters_in_arrival_order() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     // A long lease: a waiter that got the mutex by polling would need ~7 s.
-    let timing = lease(5000, 2000);
+    let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let mut services = Vec::new();
     let history = History::new();
     for i in 0..4 {
@@ -213,12 +214,12 @@ async fn handoff_goes_to_waiters_in_arrival_order() {
         svc.start().unwrap();
         // Start them one after another, so the queue order is known.
         if i == 0 {
-            wait_status(&svc, "first owner", Duration::from_secs(5), |s| {
+            expect_status(&svc, "first owner", Duration::from_secs(5), |s| {
                 s.held.is_some()
             })
             .await;
         } else {
-            wait_status(&svc, "waiter queued", Duration::from_secs(5), |s| {
+            expect_status(&svc, "waiter queued", Duration::from_secs(5), |s| {
                 s.attempts > 0
             })
             .await;
@@ -230,7 +231,7 @@ async fn handoff_goes_to_waiters_in_arrival_order() {
         services[i].stop().await.unwrap();
         // One round trip is the goal; 1.5 s leaves room for a loaded machine and is still
         // far below the ~7 s of a poll.
-        let st = wait_status(
+        let st = expect_status(
             &services[i + 1],
             "handoff",
             Duration::from_millis(1500),
@@ -255,11 +256,11 @@ async fn handoff_goes_to_waiters_in_arrival_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_mode_has_no_subscriber_and_still_hands_over() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let config = test_config(server.url(), &prefix).with_wait_mode(WaitMode::Polling);
     let store = RedisStore::connect(config.clone()).await.unwrap();
     assert!(store.subscribe("poll", "a").await.unwrap().is_none());
-    let timing = lease(500, 200);
+    let timing = lease(Duration::from_millis(500), Duration::from_millis(200));
     let fa = LeaseServiceFactory::new(store, timing.clone()).unwrap();
     let fb = LeaseServiceFactory::new(RedisStore::connect(config).await.unwrap(), timing).unwrap();
     let a = fa
@@ -269,12 +270,12 @@ async fn polling_mode_has_no_subscriber_and_still_hands_over() {
         .contend_service("poll", Arc::new(SilentContender))
         .unwrap();
     a.start().unwrap();
-    wait_status(&a, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
+    expect_status(&a, "owner", Duration::from_secs(5), |s| s.held.is_some()).await;
     b.start().unwrap();
-    wait_status(&b, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
+    expect_status(&b, "waiter", Duration::from_secs(5), |s| s.attempts > 0).await;
     a.stop().await.unwrap();
     // A poll comes by the end of a's lease (700 ms) plus jitter (< 1 s); 4 s is generous.
-    wait_status(&b, "poll takes over", Duration::from_secs(4), |s| {
+    expect_status(&b, "poll takes over", Duration::from_secs(4), |s| {
         s.held.is_some()
     })
     .await;
@@ -284,12 +285,16 @@ async fn polling_mode_has_no_subscriber_and_still_hands_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_are_dropped_when_contenders_stop() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let store = RedisStore::connect(test_config(server.url(), &prefix))
         .await
         .unwrap();
     let r = raw(server.url()).await;
-    let f = LeaseServiceFactory::new(store.clone(), lease(1000, 500)).unwrap();
+    let f = LeaseServiceFactory::new(
+        store.clone(),
+        lease(Duration::from_secs(1), Duration::from_millis(500)),
+    )
+    .unwrap();
     let a = f
         .contend_service("subs", Arc::new(SilentContender))
         .unwrap();
@@ -298,8 +303,8 @@ async fn subscriptions_are_dropped_when_contenders_stop() {
         .unwrap();
     a.start().unwrap();
     b.start().unwrap();
-    wait_status(&a, "a contends", Duration::from_secs(5), |s| s.attempts > 0).await;
-    wait_status(&b, "b contends", Duration::from_secs(5), |s| s.attempts > 0).await;
+    expect_status(&a, "a contends", Duration::from_secs(5), |s| s.attempts > 0).await;
+    expect_status(&b, "b contends", Duration::from_secs(5), |s| s.attempts > 0).await;
     let mutex_channel = store.owner_key("subs");
     let a_channel = format!("{mutex_channel}:{}", a.contender_id());
     let b_channel = format!("{mutex_channel}:{}", b.contender_id());
@@ -331,7 +336,7 @@ async fn subscriptions_are_dropped_when_contenders_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_reach_subscribers() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let owner = RedisStore::connect(test_config(server.url(), &prefix))
         .await
         .unwrap();
@@ -361,7 +366,7 @@ async fn events_reach_subscribers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_without_hash_tag() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let config = test_config(server.url(), &prefix).with_hash_tag(false);
     let store = RedisStore::connect(config.clone()).await.unwrap();
     let r = raw(server.url()).await;
@@ -397,7 +402,7 @@ async fn keys_without_hash_tag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_woken_waiter_cannot_be_barged() {
     let server = server().await;
-    let prefix = random_prefix();
+    let prefix = unique_name("t");
     let store = RedisStore::connect(test_config(server.url(), &prefix))
         .await
         .unwrap();
@@ -455,7 +460,7 @@ async fn the_woken_waiter_cannot_be_barged() {
 async fn release_after_holds_the_owner_key() {
     // The contract itself is the kit's `release_after_contract` (tests/conformance.rs).
     let server = server().await;
-    let a = RedisStore::connect(test_config(server.url(), &random_prefix()))
+    let a = RedisStore::connect(test_config(server.url(), &unique_name("t")))
         .await
         .unwrap();
     let r = raw(server.url()).await;
@@ -481,7 +486,7 @@ async fn release_after_holds_the_owner_key() {
 /// 500 ms while the lease is 16 s, and costs a few reads, not hundreds, while idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observer_is_pushed_and_does_not_spin() {
-    common::init_tracing();
+    init_tracing();
     // A private server: its command statistics count this test's commands only.
     let server = simba_test_kit::servers::redis_private()
         .await

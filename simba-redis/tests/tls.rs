@@ -10,11 +10,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{random_prefix, test_config};
+use common::test_config;
 use simba_core::Error;
 use simba_core::backend::{Lease, LeaseStore};
 use simba_redis::{RedisStore, TlsFailure, TlsOptions};
 use simba_test_kit::servers::{CertPair, RedisTls, TestCerts, redis_private, redis_tls};
+use simba_test_kit::support::{init_tracing, unique_name};
 use tokio::time::Instant;
 
 async fn tls_server(
@@ -34,7 +35,7 @@ async fn tls_server(
 /// Connects; on failure returns the error and how long it took.
 async fn connect(url: &str, tls: TlsOptions) -> Result<RedisStore, (Error, Duration)> {
     let t0 = Instant::now();
-    let config = test_config(url, &random_prefix())
+    let config = test_config(url, &unique_name("t"))
         .with_replica_acks(Some(0))
         .with_connect_timeout(Duration::from_secs(5))
         .with_tls(tls);
@@ -70,7 +71,7 @@ fn failure(result: Result<RedisStore, (Error, Duration)>, fix: &str) -> TlsFailu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_the_right_ca_works_by_url_and_by_options() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.server(), false).await;
     let lease = Lease {
@@ -104,7 +105,7 @@ async fn tls_with_the_right_ca_works_by_url_and_by_options() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_ca_is_an_untrusted_certificate() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.server(), false).await;
     let f = failure(
@@ -116,7 +117,7 @@ async fn wrong_ca_is_an_untrusted_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_server_certificate() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.expired(), false).await;
     let f = failure(connect(server.url(), ca(certs.ca())).await, "expired");
@@ -125,7 +126,7 @@ async fn expired_server_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_name_mismatch_and_the_server_name_option() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.wrong_name(), false).await;
     let f = failure(connect(server.url(), ca(certs.ca())).await, "tlsServerName");
@@ -149,7 +150,7 @@ async fn host_name_mismatch_and_the_server_name_option() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_asked_for_but_the_server_speaks_plain() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let plain = redis_private().await.unwrap();
     let url = plain.url().replace("redis://", "rediss://");
@@ -159,7 +160,7 @@ async fn tls_asked_for_but_the_server_speaks_plain() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_asked_for_but_the_server_speaks_only_tls() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.server(), false).await;
     let url = server.url().replace("rediss://", "redis://");
@@ -169,7 +170,7 @@ async fn plain_asked_for_but_the_server_speaks_only_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_needs_a_client_certificate() {
-    common::init_tracing();
+    init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.server(), true).await;
     let f = failure(connect(server.url(), ca(certs.ca())).await, "tlsCertFile");

@@ -10,13 +10,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{SESSION, private_server, proxied, random_root, server, test_config, wait_status};
+use common::{SESSION, private_server, proxied, random_root, server, test_config};
 use simba_core::{
     ContendService, Error, Locker, LossReason, RetrievalService, SilentContender, SilentRetriever,
     generate_contender_id,
 };
 use simba_test_kit::history::History;
 use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::support::{expect_status, init_tracing, unique_name};
 use simba_zookeeper::{ZkConfig, ZkFactory};
 use tokio::time::Instant;
 use zookeeper_async::{ZkError, ZooKeeper};
@@ -27,13 +28,6 @@ const HANDOFF: Duration = Duration::from_millis(1500);
 
 /// Acquiring a free mutex: a few round trips (create the path, the node, list).
 const ACQUIRE: Duration = Duration::from_secs(5);
-
-fn mutex() -> String {
-    format!(
-        "m-{}",
-        generate_contender_id().rsplit(':').next().unwrap_or("0")
-    )
-}
 
 async fn raw_client(connect: &str) -> ZooKeeper {
     tokio::time::timeout(
@@ -63,7 +57,7 @@ fn assert_zk_backend_error(e: &Error) {
 /// factory bounds the whole set-up with the connect timeout and says what happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_gives_a_typed_error_in_time() {
-    common::init_tracing();
+    init_tracing();
     let connect_timeout = Duration::from_millis(800);
     // The margin covers scheduling and closing a half-made client (bounded to 2 s).
     let bound = connect_timeout + Duration::from_secs(3);
@@ -163,7 +157,7 @@ async fn a_lowered_session_timeout_is_used() {
 async fn short_cuts_keep_the_ownership() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     let history = History::new();
     // 4 s: a reconnect through the proxy (a 250 ms pause, the handshake, a confirming
     // write) fits well inside the owner's deadline (>= 1.4 s after the cut: half of 4 s -
@@ -180,16 +174,16 @@ async fn short_cuts_keep_the_ownership() {
         .contend_service(&m, history.contender(generate_contender_id()))
         .expect("service");
     a.start().expect("start");
-    let st = wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
+    let st = expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
     let fence = st.held.expect("held").fence;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
 
     for round in 0..5 {
         let before = a.status().borrow().attempts;
         proxy.cut();
         // The reconnect makes `a` check again (re-list, re-watch): wait for that check.
-        let st = wait_status(&a, "a checks after the cut", session * 2, |s| {
+        let st = expect_status(&a, "a checks after the cut", session * 2, |s| {
             s.attempts > before && s.last_error.is_none()
         })
         .await;
@@ -204,7 +198,7 @@ async fn short_cuts_keep_the_ownership() {
 
     // The cuts lost no watch: the waiter takes over at once on release.
     a.stop().await.expect("stop");
-    wait_status(&b, "handoff after the cuts", HANDOFF, |s| s.held.is_some()).await;
+    expect_status(&b, "handoff after the cuts", HANDOFF, |s| s.held.is_some()).await;
     b.stop().await.expect("stop");
     let v = history.violations();
     assert!(v.is_empty(), "{v:?}");
@@ -216,7 +210,7 @@ async fn short_cuts_keep_the_ownership() {
 async fn waiter_watch_is_restored_after_a_reconnect() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     let fa = ZkFactory::connect(test_config(zk.url(), &root, SESSION))
         .await
         .expect("connect");
@@ -228,20 +222,20 @@ async fn waiter_watch_is_restored_after_a_reconnect() {
         .contend_service(&m, Arc::new(SilentContender))
         .expect("service");
     a.start().expect("start");
-    wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
+    expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
     for _ in 0..3 {
         let before = b.status().borrow().attempts;
         proxy.cut();
-        wait_status(&b, "b checks again after the cut", SESSION * 2, |s| {
+        expect_status(&b, "b checks again after the cut", SESSION * 2, |s| {
             s.attempts > before && s.last_error.is_none()
         })
         .await;
     }
     let t0 = Instant::now();
     a.stop().await.expect("stop");
-    wait_status(&b, "handoff to a reconnected waiter", HANDOFF, |s| {
+    expect_status(&b, "handoff to a reconnected waiter", HANDOFF, |s| {
         s.held.is_some()
     })
     .await;
@@ -255,7 +249,7 @@ async fn waiter_watch_is_restored_after_a_reconnect() {
 async fn owner_is_suspect_while_disconnected_and_continues() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     // 8 s: an outage of 1.5 s stays well inside the owner's deadline (>= 2.4 s after the
     // outage begins: half of 8 s - 200 ms margin - 800 ms probe interval - 600 ms for a
     // slow answer to the last probe).
@@ -272,18 +266,18 @@ async fn owner_is_suspect_while_disconnected_and_continues() {
         .contend_service(&m, history.contender(generate_contender_id()))
         .expect("service");
     a.start().expect("start");
-    let fence = wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
+    let fence = expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
         .await
         .held
         .expect("held")
         .fence;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
 
     // Cut the connection and refuse new ones: the client sees the loss at once.
     proxy.refuse(true);
     proxy.cut();
-    let st = wait_status(&a, "a becomes suspect", Duration::from_secs(1), |s| {
+    let st = expect_status(&a, "a becomes suspect", Duration::from_secs(1), |s| {
         s.held.is_some_and(|h| h.suspect)
     })
     .await;
@@ -293,7 +287,7 @@ async fn owner_is_suspect_while_disconnected_and_continues() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(a.is_owner(), "the owner gave up before its deadline");
     proxy.refuse(false);
-    let st = wait_status(&a, "a is no longer suspect", session, |s| {
+    let st = expect_status(&a, "a is no longer suspect", session, |s| {
         s.held.is_none_or(|h| !h.suspect)
     })
     .await;
@@ -305,7 +299,7 @@ async fn owner_is_suspect_while_disconnected_and_continues() {
     assert!(!b.is_owner());
     assert_eq!(fa.session_expirations(), 0);
     a.stop().await.expect("stop");
-    wait_status(&b, "handoff", HANDOFF, |s| s.held.is_some()).await;
+    expect_status(&b, "handoff", HANDOFF, |s| s.held.is_some()).await;
     b.stop().await.expect("stop");
     let v = history.violations();
     assert!(v.is_empty(), "{v:?}");
@@ -319,7 +313,7 @@ async fn owner_is_suspect_while_disconnected_and_continues() {
 async fn long_partition_loses_before_anyone_else_owns() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     let history = History::new();
     let (fa, proxy) = proxied(&zk, |c| test_config(c, &root, SESSION)).await;
     let fb = ZkFactory::connect(test_config(zk.url(), &root, SESSION))
@@ -338,18 +332,18 @@ async fn long_partition_loses_before_anyone_else_owns() {
         .expect("retriever");
     retriever.start().expect("start");
     a.start().expect("start");
-    let fence_a = wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
+    let fence_a = expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
         .await
         .held
         .expect("held")
         .fence;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
 
     proxy.blackhole(true);
     let t0 = Instant::now();
     // The owner gives up by its deadline: last answered request + session - margin.
-    let st = wait_status(
+    let st = expect_status(
         &a,
         "a reports the loss",
         SESSION + Duration::from_millis(500),
@@ -364,7 +358,7 @@ async fn long_partition_loses_before_anyone_else_owns() {
     );
     // The server expires a's session after the session timeout (and a tick); then b's
     // watch on a's node fires.
-    let st = wait_status(&b, "b takes over", SESSION + Duration::from_secs(2), |s| {
+    let st = expect_status(&b, "b takes over", SESSION + Duration::from_secs(2), |s| {
         s.held.is_some()
     })
     .await;
@@ -394,13 +388,13 @@ async fn long_partition_loses_before_anyone_else_owns() {
     .await
     .expect("the expired session is noticed and replaced");
     let before = a.status().borrow().attempts;
-    wait_status(&a, "a contends in the new session", SESSION * 2, |s| {
+    expect_status(&a, "a contends in the new session", SESSION * 2, |s| {
         s.attempts > before && s.last_error.is_none()
     })
     .await;
     assert!(!a.is_owner() && b.is_owner());
     b.stop().await.expect("stop");
-    let st = wait_status(&a, "a owns again after b stops", HANDOFF, |s| {
+    let st = expect_status(&a, "a owns again after b stops", HANDOFF, |s| {
         s.held.is_some()
     })
     .await;
@@ -431,7 +425,7 @@ async fn long_partition_loses_before_anyone_else_owns() {
 async fn server_restart_keeps_the_session_and_ownership() {
     let zk = private_server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     // Long enough to cover a JVM restart (typically 1-3 s here).
     let session = Duration::from_secs(15);
     let fa = ZkFactory::connect(test_config(zk.url(), &root, session))
@@ -448,13 +442,13 @@ async fn server_restart_keeps_the_session_and_ownership() {
         .contend_service(&m, history.contender(generate_contender_id()))
         .expect("service");
     a.start().expect("start");
-    let fence = wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
+    let fence = expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
         .await
         .held
         .expect("held")
         .fence;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
 
     let before = a.status().borrow().attempts;
     let before_b = b.status().borrow().attempts;
@@ -463,7 +457,7 @@ async fn server_restart_keeps_the_session_and_ownership() {
     let restart_took = t0.elapsed();
     // The stop closed every connection: `a` checks again once the session is back, and
     // finds its node still the lowest.
-    let st = wait_status(&a, "a continues after the restart", session, |s| {
+    let st = expect_status(&a, "a continues after the restart", session, |s| {
         s.attempts > before && s.last_error.is_none() && s.held.is_some_and(|h| !h.suspect)
     })
     .await;
@@ -475,12 +469,12 @@ async fn server_restart_keeps_the_session_and_ownership() {
     );
     assert!(!b.is_owner());
     assert_eq!(fa.session_expirations(), 0);
-    wait_status(&b, "b checks after the restart", session, |s| {
+    expect_status(&b, "b checks after the restart", session, |s| {
         s.attempts > before_b && s.last_error.is_none()
     })
     .await;
     a.stop().await.expect("stop");
-    wait_status(&b, "handoff after the restart", HANDOFF, |s| {
+    expect_status(&b, "handoff after the restart", HANDOFF, |s| {
         s.held.is_some()
     })
     .await;
@@ -495,7 +489,7 @@ async fn server_restart_keeps_the_session_and_ownership() {
 async fn digest_acl_nodes_stay_usable_after_a_reconnect() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     // Long enough for the owner to ride out a reconnect (see short_cuts_keep_the_ownership).
     let session = Duration::from_secs(4);
     let secured = |c: &str| test_config(c, &root, session).with_digest("simba", "s3cret");
@@ -510,13 +504,13 @@ async fn digest_acl_nodes_stay_usable_after_a_reconnect() {
         .contend_service(&m, Arc::new(SilentContender))
         .expect("service");
     a.start().expect("start");
-    let fence = wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
+    let fence = expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some())
         .await
         .held
         .expect("held")
         .fence;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
 
     // Without credentials the mutex node cannot even be listed.
     let path = fa.mutex_path(&m).expect("path");
@@ -545,7 +539,7 @@ async fn digest_acl_nodes_stay_usable_after_a_reconnect() {
     for _ in 0..3 {
         let before = a.status().borrow().attempts;
         proxy.cut();
-        let st = wait_status(&a, "a checks again after the cut", session * 2, |s| {
+        let st = expect_status(&a, "a checks again after the cut", session * 2, |s| {
             s.attempts > before
         })
         .await;
@@ -554,7 +548,7 @@ async fn digest_acl_nodes_stay_usable_after_a_reconnect() {
     }
     // Deleting the node needs the credentials too: the handoff shows it worked.
     a.stop().await.expect("stop");
-    wait_status(&b, "handoff", HANDOFF, |s| s.held.is_some()).await;
+    expect_status(&b, "handoff", HANDOFF, |s| s.held.is_some()).await;
     b.stop().await.expect("stop");
     raw.close().await.expect("close");
 }
@@ -565,7 +559,7 @@ async fn digest_acl_nodes_stay_usable_after_a_reconnect() {
 async fn closing_the_factory_frees_the_mutex_at_once() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     let session = Duration::from_secs(20);
     let fa = ZkFactory::connect(test_config(zk.url(), &root, session))
         .await
@@ -580,11 +574,11 @@ async fn closing_the_factory_frees_the_mutex_at_once() {
         .contend_service(&m, Arc::new(SilentContender))
         .expect("service");
     a.start().expect("start");
-    wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
+    expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
     fa.close().await.expect("close");
-    let st = wait_status(&a, "a learns the session is gone", HANDOFF, |s| {
+    let st = expect_status(&a, "a learns the session is gone", HANDOFF, |s| {
         s.held.is_none()
     })
     .await;
@@ -592,7 +586,7 @@ async fn closing_the_factory_frees_the_mutex_at_once() {
         st.last_loss.map(|l| l.reason),
         Some(LossReason::SessionLost)
     );
-    wait_status(&b, "b owns at once", HANDOFF, |s| s.held.is_some()).await;
+    expect_status(&b, "b owns at once", HANDOFF, |s| s.held.is_some()).await;
     a.stop().await.expect("stop");
     b.stop().await.expect("stop");
 
@@ -623,7 +617,7 @@ async fn closing_the_factory_frees_the_mutex_at_once() {
 async fn a_node_left_by_a_stop_while_disconnected_is_deleted_on_reconnect() {
     let zk = server().await;
     let root = random_root();
-    let m = mutex();
+    let m = unique_name("m");
     // Long, so that only the clean-up (not an expiry) can free the mutex in time.
     let session = Duration::from_secs(20);
     let (fa, proxy) = proxied(&zk, |c| test_config(c, &root, session)).await;
@@ -637,12 +631,12 @@ async fn a_node_left_by_a_stop_while_disconnected_is_deleted_on_reconnect() {
         .contend_service(&m, Arc::new(SilentContender))
         .expect("service");
     a.start().expect("start");
-    wait_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
+    expect_status(&a, "a acquires", ACQUIRE, |s| s.held.is_some()).await;
     b.start().expect("start");
-    wait_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
+    expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
     proxy.refuse(true);
     proxy.cut();
-    wait_status(&a, "a becomes suspect", Duration::from_secs(1), |s| {
+    expect_status(&a, "a becomes suspect", Duration::from_secs(1), |s| {
         s.held.is_some_and(|h| h.suspect)
     })
     .await;
@@ -656,7 +650,7 @@ async fn a_node_left_by_a_stop_while_disconnected_is_deleted_on_reconnect() {
     assert_eq!(st.last_loss.map(|l| l.reason), Some(LossReason::Released));
     assert!(!b.is_owner(), "the node is still there");
     proxy.refuse(false);
-    wait_status(
+    expect_status(
         &b,
         "b owns once a's session is back",
         Duration::from_secs(5),
@@ -713,7 +707,7 @@ async fn guard_validity_follows_the_session_deadline() {
     let server = server().await;
     let root = random_root();
     let (factory, proxy) = proxied(&server, |c| test_config(c, &root, SESSION)).await;
-    let locker = Locker::new(Arc::new(factory), &mutex()).expect("locker");
+    let locker = Locker::new(Arc::new(factory), &unique_name("m")).expect("locker");
     let guard = tokio::time::timeout(ACQUIRE, locker.acquire())
         .await
         .expect("acquired in time")

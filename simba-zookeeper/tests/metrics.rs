@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{random_root, server, test_config, wait_status};
+use common::{random_root, server, test_config};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use simba_core::metrics as m;
 use simba_core::{ContendServiceFactory, LossReason, SilentContender};
+use simba_test_kit::support::expect_status;
 use simba_zookeeper::ZkFactory;
 
 /// Generous for a loaded 2-core machine: only turns a hang into a failure.
@@ -44,14 +45,14 @@ async fn acquisitions_and_losses_are_counted() {
         .expect("b");
 
     a.start().expect("start a");
-    wait_status(a.as_ref(), "a owns", BOUND, |s| s.held.is_some()).await;
+    expect_status(a.as_ref(), "a owns", BOUND, |s| s.held.is_some()).await;
     b.start().expect("start b");
-    wait_status(b.as_ref(), "b waits", BOUND, |s| s.attempts >= 1).await;
+    expect_status(b.as_ref(), "b waits", BOUND, |s| s.attempts >= 1).await;
     a.stop().await.expect("stop a");
-    wait_status(b.as_ref(), "b owns", BOUND, |s| s.held.is_some()).await;
+    expect_status(b.as_ref(), "b owns", BOUND, |s| s.held.is_some()).await;
     // The session ends under the owner: a loss of reason session_lost.
     f2.close().await.expect("close b's session");
-    wait_status(b.as_ref(), "b lost", BOUND, |s| {
+    expect_status(b.as_ref(), "b lost", BOUND, |s| {
         s.last_loss
             .is_some_and(|l| l.reason == LossReason::SessionLost)
     })

@@ -2,7 +2,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use simba_core::backend::BoxFuture;
@@ -10,28 +9,15 @@ use simba_core::fault::FaultStore;
 use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_jdbc::{SqlConfig, SqlStore};
 use simba_test_kit::memory::{HangFault, lease_capabilities, lease_config};
-use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use simba_test_kit::support::unique_name;
 
 /// The statement timeout of test stores: below the engine's 2 s request timeout, so a
 /// hung call ends in the store (which closes its connection) rather than being dropped.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_millis(1500);
-
-/// A table name no other harness in this process uses.
-pub fn fresh_table() -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!(
-        "simba_t{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// mysql_async switches from TCP to the server's Unix socket when the server is local
 /// (`prefer_socket`), which would bypass a [`FaultProxy`]: keep MySQL URLs on TCP.
@@ -100,7 +86,7 @@ impl SqlHarness {
             name: "sqlite",
             place: Place::File(dir),
             url,
-            table: fresh_table(),
+            table: unique_name("simba_t"),
             pushes_release: false,
             query: String::new(),
             _keep: None,
@@ -112,7 +98,7 @@ impl SqlHarness {
             name,
             url: tcp_only(server.url()),
             place: Place::Server(server),
-            table: fresh_table(),
+            table: unique_name("simba_t"),
             pushes_release,
             query: String::new(),
             _keep: None,
@@ -166,22 +152,6 @@ impl SqlHarness {
         let store = SqlStore::connect(self.config(url)).await?;
         store.migrate().await?;
         Ok(store)
-    }
-}
-
-/// A partition made by a [`FaultProxy`]: bytes stop flowing, connections stay open.
-#[derive(Debug)]
-pub struct ProxyFault(pub FaultProxy);
-
-impl Fault for ProxyFault {
-    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
-        self.0.blackhole(true);
-        Box::pin(async { Ok(()) })
-    }
-
-    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
-        self.0.heal();
-        Box::pin(async { Ok(()) })
     }
 }
 

@@ -5,19 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::backend::BoxFuture;
-use simba_core::{ContendServiceFactory, LeaseServiceFactory, generate_contender_id};
+use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::{RedisConfig, RedisStore};
 use simba_test_kit::memory::{lease_capabilities, lease_config};
-use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
-
-/// A key prefix no other test uses.
-pub fn random_prefix() -> String {
-    let id = generate_contender_id();
-    format!("t{}", id.rsplit(':').next().unwrap_or("0"))
-}
+use simba_test_kit::support::{init_tracing, unique_name};
 
 /// The settings tests use for a URL: short timeouts so that faults are noticed quickly.
 ///
@@ -54,7 +49,7 @@ impl RedisHarness {
             .unwrap_or_else(|e| panic!("no Redis server for the tests: {e}"));
         RedisHarness {
             server,
-            prefix: random_prefix(),
+            prefix: unique_name("t"),
             options: String::new(),
             _keep: None,
         }
@@ -70,7 +65,7 @@ impl RedisHarness {
         init_tracing();
         RedisHarness {
             server,
-            prefix: random_prefix(),
+            prefix: unique_name("t"),
             options: options.into(),
             _keep: keep,
         }
@@ -78,23 +73,6 @@ impl RedisHarness {
 
     fn url(&self, base: &str) -> String {
         format!("{base}{}", self.options)
-    }
-}
-
-/// A [`Fault`] that blackholes a store's connections at a proxy: no byte moves, and new
-/// connections are accepted but never reach the server.
-#[derive(Debug)]
-pub struct ProxyFault(pub FaultProxy);
-
-impl Fault for ProxyFault {
-    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
-        self.0.blackhole(true);
-        Box::pin(async { Ok(()) })
-    }
-
-    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
-        self.0.heal();
-        Box::pin(async { Ok(()) })
     }
 }
 
@@ -155,14 +133,6 @@ impl StoreSource for RedisHarness {
     }
 }
 
-/// Logs to the test output when `RUST_LOG` is set.
-pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
-
 /// A plain fred client for inspecting and manipulating the server in tests.
 pub async fn raw(url: &str) -> fred::clients::Client {
     use fred::interfaces::ClientLike;
@@ -186,24 +156,6 @@ pub async fn cmd(client: &fred::clients::Client, name: &str, args: &[&str]) -> f
         .custom(fred::cmd!(name.to_owned()), args)
         .await
         .unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-/// Waits for a status the predicate accepts; panics with the last status after `bound`.
-pub async fn wait_status(
-    svc: &dyn simba_core::ContendService,
-    what: &str,
-    bound: Duration,
-    pred: impl FnMut(&simba_core::ContenderStatus) -> bool,
-) -> simba_core::ContenderStatus {
-    let mut rx = svc.status();
-    match tokio::time::timeout(bound, rx.wait_for(pred)).await {
-        Ok(Ok(s)) => s.clone(),
-        Ok(Err(_)) => panic!("{what}: status channel closed"),
-        Err(_) => panic!(
-            "{what}: not within {bound:?}; status is {:?}",
-            *svc.status().borrow()
-        ),
-    }
 }
 
 /// How many clients subscribe to `channel` (`PUBSUB NUMSUB`).
@@ -233,17 +185,5 @@ pub async fn wait_numsub(
             "{channel}: {n} subscribers, wanted {want}, after {bound:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A lease config for tests with the given ttl and transition, retrying quickly.
-pub fn lease(ttl_ms: u64, transition_ms: u64) -> simba_core::LeaseConfig {
-    simba_core::LeaseConfig {
-        request_timeout: Duration::from_secs(2),
-        retry_interval: Duration::from_millis(100),
-        ..simba_core::LeaseConfig::with_lease(
-            Duration::from_millis(ttl_ms),
-            Duration::from_millis(transition_ms),
-        )
     }
 }

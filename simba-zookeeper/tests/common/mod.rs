@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use simba_core::ContendServiceFactory;
 use simba_core::backend::BoxFuture;
-use simba_core::{ContendService, ContendServiceFactory, ContenderStatus, generate_contender_id};
-use simba_test_kit::proxy::FaultProxy;
+use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use simba_test_kit::support::{init_tracing, unique_name};
 use simba_zookeeper::{ZkConfig, ZkFactory};
 
 /// The session timeout of the conformance harness (the suite's ttl is ignored: ZooKeeper
@@ -17,8 +18,7 @@ pub const SESSION: Duration = Duration::from_secs(2);
 
 /// A root path no other test uses.
 pub fn random_root() -> String {
-    let id = generate_contender_id();
-    format!("/simba-test-{}", id.rsplit(':').next().unwrap_or("0"))
+    format!("/{}", unique_name("simba-test"))
 }
 
 /// The settings tests use for a connect string.
@@ -76,23 +76,6 @@ impl ZkHarness {
     }
 }
 
-/// A [`Fault`] that blackholes a factory's connection at a proxy: no byte moves, and new
-/// connections are accepted but never reach the server.
-#[derive(Debug)]
-pub struct ProxyFault(pub FaultProxy);
-
-impl Fault for ProxyFault {
-    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
-        self.0.blackhole(true);
-        Box::pin(async { Ok(()) })
-    }
-
-    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
-        self.0.heal();
-        Box::pin(async { Ok(()) })
-    }
-}
-
 impl Harness for ZkHarness {
     fn name(&self) -> String {
         "zookeeper".to_owned()
@@ -136,24 +119,6 @@ impl Harness for ZkHarness {
     }
 }
 
-/// Waits (bounded) until `svc`'s status satisfies `pred`; panics with the status if not.
-pub async fn wait_status(
-    svc: &dyn ContendService,
-    what: &str,
-    bound: Duration,
-    pred: impl FnMut(&ContenderStatus) -> bool,
-) -> ContenderStatus {
-    let mut rx = svc.status();
-    match tokio::time::timeout(bound, rx.wait_for(pred)).await {
-        Ok(Ok(s)) => s.clone(),
-        Ok(Err(_)) => panic!("{what}: status channel closed"),
-        Err(_) => panic!(
-            "{what}: not within {bound:?}; status is {:?}",
-            *svc.status().borrow()
-        ),
-    }
-}
-
 /// A number the server reports under `field` (e.g. `Connections:`, `Received:`) in its
 /// answer to the four-letter word `srvr`.
 pub async fn srvr_number(server: &TestServer, field: &str) -> u64 {
@@ -173,12 +138,4 @@ pub async fn srvr_number(server: &TestServer, field: &str) -> u64 {
 /// The number of client connections `server` reports.
 pub async fn connection_count(server: &TestServer) -> usize {
     usize::try_from(srvr_number(server, "Connections:").await).unwrap_or(usize::MAX)
-}
-
-/// Logs to the test output when `RUST_LOG` is set.
-pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
 }
