@@ -6,12 +6,46 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
+use simba_test_kit::history::{Violation, check};
 
 #[test]
 fn concurrent_execs_on_one_sqlite_file_never_overlap() {
     let dir = tempdir();
     let url = sqlite_url(dir.path(), "x.db");
     concurrent_execs_never_overlap(Some(&url), &[], 3, "0.5", "overlap");
+}
+
+/// The check of `concurrent_execs_never_overlap` reads what its scripts write and fails on
+/// runs at once and on fences that do not increase: the same scripts, run without simba.
+#[test]
+fn the_run_check_catches_overlaps_and_stale_fences() {
+    let dir = tempdir();
+    let log = file(dir.path(), "log");
+    let script = |tag: &str, fence: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(interval_script(&log, tag, "0.3"))
+            .env("SIMBA_FENCE", fence)
+            .spawn()
+            .expect("start sh")
+    };
+    // a and b at once, then c with b's fence.
+    let (mut a, mut b) = (script("a", "1"), script("b", "2"));
+    for (child, what) in [(&mut a, "a"), (&mut b, "b")] {
+        assert!(wait_for(child, Duration::from_secs(10), what).success());
+    }
+    assert!(wait_for(&mut script("c", "2"), Duration::from_secs(10), "c").success());
+    let runs = logged_runs(&log);
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    let found = check(&runs);
+    let count = |overlap: bool| {
+        found
+            .iter()
+            .filter(|v| matches!(v, Violation::Overlap { .. }) == overlap)
+            .count()
+    };
+    // Whichever of a and b started first, one fence step goes down: b to c, or b to a.
+    assert_eq!((count(true), count(false)), (1, 1), "{found:?}");
 }
 
 #[test]

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use simba_test_kit::history::{Interval, check};
+use simba_test_kit::support::unique_name;
+
 /// The `simba` binary under test.
 pub const SIMBA: &str = env!("CARGO_BIN_EXE_simba");
 
@@ -39,13 +42,9 @@ pub fn sqlite_url(dir: &Path, name: &str) -> String {
     format!("sqlite://{}", dir.join(name).display())
 }
 
-/// A unique mutex name for one test.
+/// A unique mutex name for one test: `cli-{test}_` and a random suffix.
 pub fn mutex_name(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("cli-{test}-{}-{nanos}", std::process::id())
+    unique_name(&format!("cli-{test}"))
 }
 
 /// Waits for `child` at most `limit`; kills it and panics when the limit passes.
@@ -147,51 +146,74 @@ pub fn sh(script: &str) -> [&OsStr; 4] {
     ]
 }
 
-/// A script that appends `start NANOS` and `end NANOS` lines to `log` around `sleep`.
+/// A script that appends `start TAG FENCE NANOS` and `end TAG FENCE NANOS` lines to `log`
+/// around `sleep`: FENCE is the `$SIMBA_FENCE` simba gave the command, NANOS the wall clock
+/// (`date +%s%N`).
 pub fn interval_script(log: &Path, tag: &str, sleep: &str) -> String {
     let log = log.display();
     format!(
-        "echo \"start {tag} $(date +%s%N)\" >> {log}; sleep {sleep}; \
-         echo \"end {tag} $(date +%s%N)\" >> {log}"
+        "echo \"start {tag} $SIMBA_FENCE $(date +%s%N)\" >> {log}; sleep {sleep}; \
+         echo \"end {tag} $SIMBA_FENCE $(date +%s%N)\" >> {log}"
     )
 }
 
-/// Parses the log of [`interval_script`]s into `(tag, start, end)` intervals, checking
-/// that they never overlap: each start is followed by the end of the same tag before the
-/// next start.
-pub fn disjoint_intervals(log: &Path) -> Vec<(String, u128, u128)> {
+/// The runs that [`interval_script`]s logged, as the test kit's ownership intervals (one
+/// per tag, the tag as contender), to be judged by [`check`]: each wall-clock time becomes a
+/// common base `Instant` plus its offset from the earliest line, so order and distances are
+/// kept. Panics on a malformed log, or a tag without exactly one start and one end after it.
+pub fn logged_runs(log: &Path) -> Vec<Interval> {
     let lines = lines(log);
-    assert_eq!(lines.len() % 2, 0, "unbalanced log: {lines:?}");
-    let mut out = Vec::new();
-    for pair in lines.chunks(2) {
-        let parse = |l: &str| -> (String, String, u128) {
-            let mut it = l.split_whitespace();
-            let kind = it.next().unwrap_or_default().to_owned();
-            let tag = it.next().unwrap_or_default().to_owned();
-            let t = it
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("bad log line {l:?}"));
-            (kind, tag, t)
-        };
-        let (k1, tag1, t1) = parse(&pair[0]);
-        let (k2, tag2, t2) = parse(&pair[1]);
-        assert_eq!(
-            (k1.as_str(), k2.as_str()),
-            ("start", "end"),
-            "overlapping runs: {lines:?}"
-        );
-        assert_eq!(tag1, tag2, "overlapping runs: {lines:?}");
-        assert!(t1 <= t2, "{lines:?}");
-        if let Some((_, _, prev_end)) = out.last() {
-            assert!(
-                *prev_end <= t1,
-                "run started before the previous ended: {lines:?}"
-            );
+    let parsed: Vec<(String, String, u64, u128)> = lines
+        .iter()
+        .map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [kind, tag, fence, nanos] => match (fence.parse(), nanos.parse()) {
+                (Ok(fence), Ok(nanos)) => (kind.to_owned(), tag.to_owned(), fence, nanos),
+                _ => panic!("bad log line {l:?} in {lines:?}"),
+            },
+            _ => panic!("bad log line {l:?} in {lines:?}"),
+        })
+        .collect();
+    let first = parsed.iter().map(|p| p.3).min().unwrap_or(0);
+    let base = Instant::now();
+    let at = |nanos: u128| {
+        base + Duration::from_nanos(u64::try_from(nanos - first).expect("a run of centuries"))
+    };
+    let mut runs: Vec<Interval> = Vec::new();
+    for (kind, tag, fence, nanos) in &parsed {
+        let open = runs.iter_mut().find(|r| &r.contender == tag);
+        match (kind.as_str(), open) {
+            ("start", None) => runs.push(Interval {
+                contender: tag.clone(),
+                fence: *fence,
+                start: at(*nanos),
+                end: None,
+                reason: None,
+            }),
+            ("end", Some(run)) if run.end.is_none() && run.fence == *fence => {
+                run.end = Some(at(*nanos));
+            }
+            _ => panic!("{kind} {tag} out of place in {lines:?}"),
         }
-        out.push((tag1, t1, t2));
     }
-    out
+    assert!(
+        runs.iter().all(|r| r.end.is_some()),
+        "a run did not end: {lines:?}"
+    );
+    runs
+}
+
+/// Asserts that the kit's history checker finds nothing wrong with `runs`.
+pub fn assert_safe(runs: &[Interval]) {
+    let violations = check(runs);
+    assert!(
+        violations.is_empty(),
+        "{}\nin {runs:#?}",
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// A path in `dir`.
@@ -357,7 +379,8 @@ pub fn owner_and_watch_follow_exec(url: &str, test: &str) {
 }
 
 /// Runs `n` concurrent `simba exec`s of `sleep` seconds on `url` (extra args before the
-/// command) and checks that their runs never overlap.
+/// command) and checks with the test kit's history checker that their runs never overlap
+/// and that their fences increase.
 pub fn concurrent_execs_never_overlap(
     url: Option<&str>,
     env: &[(&str, &Path)],
@@ -384,8 +407,9 @@ pub fn concurrent_execs_never_overlap(
         let status = wait_for(c, Duration::from_secs(60), &format!("simba exec #{i}"));
         assert_eq!(status.code(), Some(0), "simba exec #{i}");
     }
-    let runs = disjoint_intervals(&log);
+    let runs = logged_runs(&log);
     assert_eq!(runs.len(), n, "every command ran once: {runs:?}");
+    assert_safe(&runs);
 }
 
 /// While one `simba exec` holds the mutex, `--no-wait` exits with 75 promptly and
