@@ -194,15 +194,20 @@ impl ContendPeriod {
         now: i64,
         roll: impl FnOnce(Range<i64>) -> i64,
     ) -> i64 {
+        // Saturating: the times come from a server (a hostile or broken one may say
+        // anything) and the jitter from the config.
         let delay = if owner.is_owner(&self.contender_id) {
-            owner.ttl_at - now
+            owner.ttl_at.saturating_sub(now)
         } else {
             let range = if owner.transition_at > owner.ttl_at {
                 self.jitter.clone()
             } else {
                 self.jitter_no_transition.clone()
             };
-            owner.transition_at - now + roll(range)
+            owner
+                .transition_at
+                .saturating_sub(now)
+                .saturating_add(roll(range))
         };
         delay.max(0)
     }
@@ -280,6 +285,34 @@ mod tests {
             0
         );
         assert!(p.next_delay(&MutexOwner::NONE, 5_000) < Duration::from_millis(1_000));
+    }
+
+    /// Times from a server that make no sense, and the widest jitter, saturate instead of
+    /// overflowing (found by the fuzz target `sql_row`: a database clock near `i64::MIN`).
+    #[test]
+    fn extreme_times_saturate() {
+        let p = ContendPeriod::new("me");
+        assert_eq!(
+            p.next_delay_with(&owner("me", 1_000, 2_000), i64::MIN + 5, |r| r.start),
+            i64::MAX
+        );
+        assert_eq!(
+            p.next_delay_with(&owner("me", i64::MIN, 0), i64::MAX, |r| r.start),
+            0
+        );
+        assert_eq!(
+            p.next_delay_with(&MutexOwner::NONE, i64::MIN, |r| r.end - 1),
+            i64::MAX
+        );
+        let wide = p
+            .with_jitter(i64::MIN..i64::MAX, i64::MIN..i64::MAX)
+            .expect("non-empty ranges");
+        let o = owner("other", 10_000, 16_000);
+        assert_eq!(wide.next_delay_with(&o, 1_000, |r| r.end - 1), i64::MAX);
+        assert_eq!(wide.next_delay_with(&o, 1_000, |r| r.start), 0);
+        // The random roll, at the extremes: no panic either.
+        let _ = wide.next_delay(&o, i64::MIN);
+        let _ = wide.next_delay(&o, i64::MAX);
     }
 
     #[test]
