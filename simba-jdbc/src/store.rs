@@ -45,20 +45,22 @@ enum Arg<'a> {
 }
 
 /// The row every owner read returns: the database's time, and the mutex's row if any.
-#[derive(Debug, QueryableByName)]
-struct OwnerRow {
+/// It comes from a server: [`owner_reply`] trusts none of it (the fuzz target `sql_row`
+/// builds these from fuzz input).
+#[derive(Debug, Clone, QueryableByName)]
+pub(crate) struct OwnerRow {
     #[diesel(sql_type = BigInt)]
-    now_ms: i64,
+    pub(crate) now_ms: i64,
     #[diesel(sql_type = Nullable<Text>)]
-    owner_id: Option<String>,
+    pub(crate) owner_id: Option<String>,
     #[diesel(sql_type = Nullable<BigInt>)]
-    acquired_at: Option<i64>,
+    pub(crate) acquired_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
-    ttl_at: Option<i64>,
+    pub(crate) ttl_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
-    transition_at: Option<i64>,
+    pub(crate) transition_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
-    version: Option<i64>,
+    pub(crate) version: Option<i64>,
 }
 
 fn bind_all<'a, DB>(sql: &str, args: &[Arg<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
@@ -608,59 +610,68 @@ impl Inner {
         Ok(())
     }
 
-    /// The reply from the row. `grace` is given to a contender that may not take a free
-    /// row yet (it has not got the native lock): a row released less than `grace` ms ago
-    /// is, to it, held by nobody (empty id) until then, so that the engine looks again
-    /// when the grace ends if no push came before.
+    /// The reply from the row ([`owner_reply`] for this store's backend).
     fn reply(&self, row: Option<OwnerRow>, grace: Option<i64>) -> Result<LeaseReply> {
-        let backend = self.kind.name();
-        let Some(row) = row else {
-            return Err(Error::backend(
-                backend,
-                "the owner query returned no row (it always returns one)",
-            ));
-        };
-        let now = row.now_ms;
-        let transition_at = row.transition_at.unwrap_or(0);
-        let owner = match row.owner_id {
-            Some(owner_id) if !owner_id.is_empty() => {
-                if transition_at > now {
-                    let version = row.version.unwrap_or(0);
-                    let fence = u64::try_from(version).map_err(|_| {
-                        Error::backend(
-                            backend,
-                            format!("the version (fence) of the row is negative: {version}"),
-                        )
-                    })?;
-                    MutexOwner {
-                        owner_id,
-                        acquired_at: row.acquired_at.unwrap_or(0),
-                        ttl_at: row.ttl_at.unwrap_or(0),
-                        transition_at,
-                        fence,
-                    }
-                } else {
-                    // An ownership past its lease is no ownership.
-                    MutexOwner::NONE
+        owner_reply(self.kind, row, grace)
+    }
+}
+
+/// The reply from the row. `grace` is given to a contender that may not take a free
+/// row yet (it has not got the native lock): a row released less than `grace` ms ago
+/// is, to it, held by nobody (empty id) until then, so that the engine looks again
+/// when the grace ends if no push came before.
+pub(crate) fn owner_reply(
+    kind: Backend,
+    row: Option<OwnerRow>,
+    grace: Option<i64>,
+) -> Result<LeaseReply> {
+    let backend = kind.name();
+    let Some(row) = row else {
+        return Err(Error::backend(
+            backend,
+            "the owner query returned no row (it always returns one)",
+        ));
+    };
+    let now = row.now_ms;
+    let transition_at = row.transition_at.unwrap_or(0);
+    let owner = match row.owner_id {
+        Some(owner_id) if !owner_id.is_empty() => {
+            if transition_at > now {
+                let version = row.version.unwrap_or(0);
+                let fence = u64::try_from(version).map_err(|_| {
+                    Error::backend(
+                        backend,
+                        format!("the version (fence) of the row is negative: {version}"),
+                    )
+                })?;
+                MutexOwner {
+                    owner_id,
+                    acquired_at: row.acquired_at.unwrap_or(0),
+                    ttl_at: row.ttl_at.unwrap_or(0),
+                    transition_at,
+                    fence,
+                }
+            } else {
+                // An ownership past its lease is no ownership.
+                MutexOwner::NONE
+            }
+        }
+        Some(_) => match grace {
+            Some(grace) if transition_at.saturating_add(grace) > now => {
+                let until = transition_at.saturating_add(grace);
+                MutexOwner {
+                    owner_id: String::new(),
+                    acquired_at: 0,
+                    ttl_at: until,
+                    transition_at: until,
+                    fence: 0,
                 }
             }
-            Some(_) => match grace {
-                Some(grace) if transition_at.saturating_add(grace) > now => {
-                    let until = transition_at.saturating_add(grace);
-                    MutexOwner {
-                        owner_id: String::new(),
-                        acquired_at: 0,
-                        ttl_at: until,
-                        transition_at: until,
-                        fence: 0,
-                    }
-                }
-                _ => MutexOwner::NONE,
-            },
-            None => MutexOwner::NONE,
-        };
-        Ok(LeaseReply { owner, now })
-    }
+            _ => MutexOwner::NONE,
+        },
+        None => MutexOwner::NONE,
+    };
+    Ok(LeaseReply { owner, now })
 }
 
 /// A lease store over one SQL table, for the core lease engine

@@ -1,0 +1,7 @@
+#![no_main]
+//! See `simba-fuzz`'s README: the body lives with the code it tests and is replayed over
+//! `corpus/sql_row` by that crate's tests.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    simba_jdbc::fuzzing::row(data);
+});
