@@ -60,8 +60,10 @@ impl MutexRetriever for SilentRetriever {
 pub struct Held {
     /// The fencing token of this ownership.
     pub fence: u64,
-    /// True while renewals are failing: the lease still protects the ownership until its
-    /// local deadline, but the holder should avoid starting new work.
+    /// True while renewals are failing or go unanswered (see
+    /// [`LeaseConfig::request_timeout`](crate::LeaseConfig::request_timeout)): the lease
+    /// still protects the ownership until its local deadline, but the holder should avoid
+    /// starting new work.
     pub suspect: bool,
 }
 

@@ -137,6 +137,85 @@ async fn hanging_renewal_is_a_loss_at_the_local_deadline() {
     svc.stop().await.expect("stop");
 }
 
+/// A renewal that hangs is a backend that does not answer: the owner is suspect well
+/// before its deadline (it was lost at the deadline without ever being suspect before),
+/// and still loses the ownership exactly at the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_hanging_renewal_makes_the_owner_suspect_before_the_deadline() {
+    let s = setup();
+    let (svc, events) = contender(&s, "m");
+    let t0 = Instant::now();
+    svc.start().expect("start");
+    let fence = wait(&svc, |st| st.held.is_some())
+        .await
+        .held
+        .map(|h| h.fence);
+    s.store.control().set_all(Behavior::Hang);
+    let st = wait(&svc, |st| st.held.is_none_or(|h| h.suspect)).await;
+    let suspect_at = Instant::now() - t0;
+    assert_eq!(
+        st.held.map(|h| (h.fence, h.suspect)),
+        fence.map(|f| (f, true)),
+        "suspect before lost ({suspect_at:?})"
+    );
+    assert!(
+        svc.is_owner(),
+        "a hanging renewal alone does not end ownership"
+    );
+    // The renewal went out at two thirds of the 1.4 s to the deadline (~934 ms); it is
+    // suspect two thirds of the rest later (~1245 ms), not at the 3 s request timeout.
+    assert!(
+        suspect_at > Duration::from_millis(1200) && suspect_at < Duration::from_millis(1300),
+        "{suspect_at:?}"
+    );
+    let st = wait(&svc, |st| st.held.is_none()).await;
+    assert_eq!(
+        Instant::now() - t0,
+        TTL + TRANSITION - DRIFT,
+        "lost at the deadline"
+    );
+    assert_eq!(
+        st.last_loss.map(|l| l.reason),
+        Some(LossReason::LeaseExpired)
+    );
+    assert_eq!(
+        s.store.control().calls(Op::Guard),
+        1,
+        "one renewal, hanging"
+    );
+    assert_eq!(events.entries().len(), 2, "{:?}", events.entries());
+    s.store.control().set_all(Behavior::Pass);
+    svc.stop().await.expect("stop");
+}
+
+/// A renewal that answers late but before the deadline: suspect while it is unanswered, no
+/// longer suspect (same ownership, no loss) once it answers.
+#[tokio::test(start_paused = true)]
+async fn a_slow_renewal_is_suspect_until_it_answers() {
+    let s = setup();
+    let (svc, events) = contender(&s, "m");
+    svc.start().expect("start");
+    let fence = wait(&svc, |st| st.held.is_some())
+        .await
+        .held
+        .map(|h| h.fence);
+    // Sent at ~934 ms, suspect at ~1245 ms, answered at ~1334 ms, deadline 1400 ms.
+    s.store
+        .control()
+        .set(Op::Guard, Behavior::Delay(Duration::from_millis(400)));
+    wait(&svc, |st| st.held.is_none_or(|h| h.suspect)).await;
+    assert!(svc.is_owner());
+    s.store.control().set(Op::Guard, Behavior::Pass);
+    let st = wait(&svc, |st| st.held.is_none_or(|h| !h.suspect)).await;
+    assert_eq!(
+        st.held.map(|h| h.fence),
+        fence,
+        "same ownership, not suspect"
+    );
+    assert_eq!(events.entries().len(), 1, "no loss: {:?}", events.entries());
+    svc.stop().await.expect("stop");
+}
+
 #[tokio::test(start_paused = true)]
 async fn failing_renewals_make_the_owner_suspect_and_a_success_recovers() {
     let s = setup();

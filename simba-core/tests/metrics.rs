@@ -81,7 +81,8 @@ fn config(mutex_label: bool) -> LeaseConfig {
 }
 
 /// A hands over to B at 300 ms; B renews, fails one renewal (suspect), recovers, then
-/// hangs until its local deadline passes (lease expired), acquires again, and stops.
+/// hangs (suspect again: unanswered) until its local deadline passes (lease expired),
+/// acquires again, and stops.
 #[tokio::test(start_paused = true)]
 async fn lease_engine_scenario_numbers() {
     let recorder = DebuggingRecorder::new();
@@ -125,9 +126,13 @@ async fn lease_engine_scenario_numbers() {
     })
     .await;
 
-    // Renewals hang: the local deadline ends the ownership; B, still the owner on the
-    // store within its lease, acquires again at once.
+    // Renewals hang: suspect while unanswered, then the local deadline ends the ownership;
+    // B, still the owner on the store within its lease, acquires again at once.
     faults.set(Op::Guard, Behavior::Hang);
+    until(&mut sb, "b suspect again", |s| {
+        s.held.is_some_and(|h| h.suspect)
+    })
+    .await;
     until(&mut sb, "b's lease expired", |s| {
         s.last_loss
             .is_some_and(|l| l.reason == LossReason::LeaseExpired)
@@ -152,7 +157,11 @@ async fn lease_engine_scenario_numbers() {
         seen.counter(m::LOSSES, "backend=memory,reason=taken_over"),
         0
     );
-    assert_eq!(seen.counter(m::SUSPECT, be), 1);
+    assert_eq!(
+        seen.counter(m::SUSPECT, be),
+        2,
+        "a failed and a hanging renewal"
+    );
     assert_eq!(
         seen.counter(m::BACKEND_ERRORS, "backend=memory,kind=retryable"),
         1

@@ -58,7 +58,10 @@ pub struct LeaseConfig {
     /// this process and the backend.
     pub drift_margin: Duration,
     /// Upper bound for one backend call made while not owning (an owner's calls are bounded
-    /// by its lease deadline).
+    /// by its lease deadline). An owner whose renewal is still unanswered after this long,
+    /// or after two thirds of the time left to its deadline if that comes first, is
+    /// *suspect* ([`Held::suspect`](crate::Held::suspect)) while it keeps waiting for the
+    /// answer, as after a failed renewal.
     pub request_timeout: Duration,
     /// Pause before retrying after a failed call.
     pub retry_interval: Duration,

@@ -283,17 +283,35 @@ impl<S: LeaseStore> Driver<S> {
         // dead owner for a whole lease. So a stop waits for the acquisition's answer
         // (bounded by the request timeout), and the release follows it.
         let acquiring = !owning && self.contending();
-        let result = tokio::select! {
-            biased;
-            _ = self.stop.cancelled(), if !acquiring => (Outcome::Stop, None),
-            _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => (Outcome::DeadlinePassed, None),
-            (r, subscribed) = both => (match r {
-                Ok(r) => Outcome::Reply(sent, r),
-                Err(_) => Outcome::TimedOut(Error::backend(
-                    shared.store.backend(),
-                    format!("call did not answer within {bound:?}"),
-                )),
-            }, subscribed),
+        // A renewal that does not answer is a backend that does not answer: the owner is
+        // suspect from `suspect_at` on while the call goes on, as after a failed renewal.
+        // The deadline still ends the ownership, whatever the call does.
+        let mut suspect_at = match deadline {
+            Some(d) if owning && self.contending() => Some(suspect_after(sent, d, request_timeout)),
+            _ => None,
+        };
+        let mut both = std::pin::pin!(both);
+        let result = loop {
+            break tokio::select! {
+                biased;
+                _ = self.stop.cancelled(), if !acquiring => (Outcome::Stop, None),
+                _ = sleep_until(deadline.unwrap_or(sent)), if deadline.is_some() => (Outcome::DeadlinePassed, None),
+                (r, subscribed) = &mut both => (match r {
+                    Ok(r) => Outcome::Reply(sent, r),
+                    Err(_) => Outcome::TimedOut(Error::backend(
+                        shared.store.backend(),
+                        format!("call did not answer within {bound:?}"),
+                    )),
+                }, subscribed),
+                _ = sleep_until(suspect_at.unwrap_or(sent)), if suspect_at.is_some() => {
+                    suspect_at = None;
+                    self.tracker.mark_suspect(&format_args!(
+                        "renewal unanswered for {:?}",
+                        Instant::now().saturating_duration_since(sent)
+                    ));
+                    continue;
+                }
+            };
         };
         record_outcome(&span, &result.0, &shared.contender_id);
         result
@@ -512,6 +530,15 @@ impl<S: LeaseStore> Driver<S> {
             }
         }
     }
+}
+
+/// When a renewal sent at `sent` and still unanswered makes the ownership suspect: after
+/// the request timeout, or two thirds of the way from `sent` to the local `deadline` if
+/// that is sooner. So a hanging renewal leaves at least a third of the time it had
+/// suspect before the loss (a failing one is suspect as soon as it fails).
+fn suspect_after(sent: Instant, deadline: Instant, request_timeout: Duration) -> Instant {
+    let left = deadline.saturating_duration_since(sent);
+    sent + request_timeout.min(left * 2 / 3)
 }
 
 /// Records how a call of [`Driver::attempt`] ended on its span: `owner` (this contender
