@@ -94,6 +94,21 @@ fn join_reader(h: std::thread::JoinHandle<Vec<u8>>) -> Vec<u8> {
     h.join().unwrap_or_default()
 }
 
+/// The lines of `r` (a child's stderr, say), read on a thread and handed over as they come.
+pub fn line_channel<R: std::io::Read + Send + 'static>(r: R) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// The text of a captured stream.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
