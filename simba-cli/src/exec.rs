@@ -182,6 +182,12 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                     continue;
                 }
                 let now = guard.is_suspect();
+                // Not suspect any more because the ownership ended (published between the
+                // polls of `lost()` and of this branch): the next turn reports the loss,
+                // not a recovery.
+                if !now && !guard.is_held() {
+                    continue;
+                }
                 if now != suspect {
                     suspect = now;
                     if now {
