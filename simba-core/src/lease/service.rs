@@ -46,7 +46,9 @@ pub(super) struct Shared<S> {
 ///   `drift_margin`. When no renewal has succeeded by then it reports
 ///   [`LossReason::LeaseExpired`] at once, even while a renewal call still hangs;
 /// - a failed renewal before the deadline marks the ownership *suspect* and is retried; it
-///   does not end the ownership;
+///   does not end the ownership. So does a renewal still unanswered after the request
+///   timeout, or two thirds of the way to the deadline if that is sooner (it is waited for
+///   until the deadline);
 /// - `stop` (and dropping the last handle) releases the mutex on the backend; an
 ///   acquisition in flight is not cut off but waited for first (at most the request
 ///   timeout), because it may win on the server after its answer was dropped;
