@@ -205,12 +205,8 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
 
 #[cfg(feature = "mysql")]
 fn check_mysql_url(url: &str) -> Result<()> {
-    mysql_async::Opts::from_url(url).map(|_| ()).map_err(|e| {
-        Error::config(
-            "url",
-            format!("`{}` is not a valid MySQL URL: {e}", redact_url(url)),
-        )
-    })
+    // The TLS options are this crate's (mysql_async refuses them); `opts` checks both.
+    crate::my::opts(url).map(|_| ())
 }
 
 #[cfg(not(feature = "mysql"))]
@@ -356,7 +352,8 @@ impl SqlConfig {
     /// `postgres://USER:PASSWORD@HOST:PORT/DB` (or `postgresql://`), `sqlite://PATH`
     /// (`sqlite:///abs/path.db`, `sqlite://relative.db`) and `sqlite::memory:` (one process
     /// only). PostgreSQL URLs take libpq's TLS options `sslmode`, `sslrootcert`, `sslcert`
-    /// and `sslkey` (feature `tls`; see the crate documentation). Nothing is checked until
+    /// and `sslkey`; MySQL/MariaDB URLs take `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key`
+    /// (both feature `tls`; see the crate documentation). Nothing is checked until
     /// [`SqlConfig::validate`] or [`SqlStore::connect`](crate::SqlStore::connect).
     pub fn new(url: impl Into<String>) -> Self {
         SqlConfig {
@@ -445,7 +442,8 @@ impl SqlConfig {
     /// [`Error::InvalidConfig`] naming the bad setting: an unknown URL scheme (the message
     /// lists the supported schemes and the enabled features), a scheme whose feature is not
     /// enabled, a malformed URL, a bad PostgreSQL TLS option (named: `sslmode`,
-    /// `sslrootcert`, `sslcert`, `sslkey`; TLS asked for without the `tls` feature), a table name that is not a plain identifier, a pool size of
+    /// `sslrootcert`, `sslcert`, `sslkey`; TLS asked for without the `tls` feature), a bad
+    /// MySQL TLS option (named: `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`), a table name that is not a plain identifier, a pool size of
     /// zero or over [`MAX_POOL_SIZE`], a statement timeout of zero, over a year or not whole
     /// milliseconds, a name limit of zero or over [`simba_core::MAX_MUTEX_NAME_LEN`].
     pub fn validate(&self) -> Result<()> {

@@ -68,9 +68,7 @@ impl SqlStore {
         let open = async {
             match &target {
                 #[cfg(feature = "mysql")]
-                Target::Mysql(url) => diesel_async::AsyncMysqlConnection::establish(url)
-                    .await
-                    .map(Conn::Mysql),
+                Target::Mysql(url) => crate::my::diesel(url).await.map(Conn::Mysql),
                 #[cfg(feature = "postgres")]
                 // Through the store's connector: its TLS settings.
                 Target::Postgres(_) => match self.pg_connector() {

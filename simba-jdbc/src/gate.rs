@@ -1109,8 +1109,8 @@ mod pg {
 
 #[cfg(feature = "mysql")]
 mod my {
+    use mysql_async::Conn;
     use mysql_async::prelude::Queryable;
-    use mysql_async::{Conn, Opts};
 
     /// `GET_LOCK`'s timeout for a blocking wait, in seconds: a year (some servers read a
     /// negative timeout as "no wait").
@@ -1134,7 +1134,8 @@ mod my {
 
     impl Session {
         pub(super) async fn connect(url: &str) -> Result<Session, String> {
-            let opts = Opts::from_url(url).map_err(|e| format!("mysql lock session: {e}"))?;
+            // The URL's TLS options (crate::my), as every connection of the store.
+            let opts = crate::my::opts(url).map_err(|e| format!("mysql lock session: {e}"))?;
             let conn = Conn::new(opts).await.map_err(text)?;
             Ok(Session(conn))
         }

@@ -15,6 +15,8 @@ pub mod fuzzing;
 mod gate;
 #[cfg(feature = "postgres")]
 mod listen;
+#[cfg(feature = "mysql")]
+mod my;
 #[cfg(feature = "postgres")]
 mod pg;
 mod sql;

@@ -906,7 +906,8 @@ fn build_pool(
             mc.custom_setup = Box::new(move |url| {
                 let (a, b) = (max_statement_time.clone(), lock_wait.clone());
                 Box::pin(async move {
-                    let mut conn = AsyncMysqlConnection::establish(url).await?;
+                    // The URL's TLS options and matched-row counts (crate::my).
+                    let mut conn = crate::my::diesel(url).await?;
                     // Server-side bounds, best effort: max_statement_time is MariaDB's.
                     if let Err(e) = conn.batch_execute(&a).await {
                         debug!("mysql: server-side statement timeout not set: {e}");
