@@ -70,7 +70,9 @@ mod zookeeper;
 
 pub use cluster::{RedisCluster, redis_cluster};
 pub use sentinel::{RedisSentinel, SENTINEL_SERVICE, redis_sentinel};
-pub use tls::{CertPair, PostgresTls, RedisTls, TestCerts, postgres_tls, redis_tls};
+pub use tls::{
+    CertPair, MysqlTls, PostgresTls, RedisTls, TestCerts, mysql_tls, postgres_tls, redis_tls,
+};
 
 use process::LocalServer;
 

@@ -25,6 +25,7 @@ const FAST_OPTIONS: &[&str] = &[
 pub(crate) struct Mysql {
     server: PathBuf,
     install_db: PathBuf,
+    tls: Option<super::tls::MysqlTls>,
 }
 
 static TEMPLATE: OnceCell<PathBuf> = OnceCell::const_new();
@@ -47,7 +48,22 @@ impl Mysql {
                     "mariadb-install-db (or mysql_install_db) was not found; the kit runs MariaDB",
                 )
             })?;
-        Ok(Self { server, install_db })
+        Ok(Self {
+            server,
+            install_db,
+            tls: None,
+        })
+    }
+
+    /// This server with TLS (`--ssl-cert`, `--ssl-key`, `--ssl-ca`) and
+    /// `--require-secure-transport=ON`.
+    pub(crate) fn with_tls(mut self, tls: super::tls::MysqlTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     fn user_args() -> Vec<&'static str> {
@@ -90,11 +106,15 @@ impl Mysql {
 
     pub(crate) fn command(&self, dir: &Path, port: u16) -> Result<Command, ServerError> {
         let init = dir.join("init.sql");
-        std::fs::write(
-            &init,
-            format!("CREATE DATABASE IF NOT EXISTS `{DATABASE}`;\n"),
-        )
-        .map_err(|e| ServerError::io(KIND, "writing init.sql", e))?;
+        let mut sql = format!("CREATE DATABASE IF NOT EXISTS `{DATABASE}`;\n");
+        if self.tls.as_ref().is_some_and(|t| t.require_client_cert) {
+            // The kit's user (root) must present a certificate signed by the CA.
+            sql.push_str(
+                "ALTER USER IF EXISTS 'root'@'localhost', 'root'@'127.0.0.1', 'root'@'%' \
+                 REQUIRE X509;\n",
+            );
+        }
+        std::fs::write(&init, sql).map_err(|e| ServerError::io(KIND, "writing init.sql", e))?;
         let mut cmd = Command::new(&self.server);
         cmd.arg("--no-defaults")
             .arg(opt("--datadir", dir.join("data")))
@@ -107,6 +127,12 @@ impl Mysql {
             .arg("--max-connect-errors=1000000")
             .args(FAST_OPTIONS)
             .args(Self::user_args());
+        if let Some(tls) = &self.tls {
+            cmd.arg(opt("--ssl-cert", &tls.server.cert))
+                .arg(opt("--ssl-key", &tls.server.key))
+                .arg(opt("--ssl-ca", &tls.ca))
+                .arg("--require-secure-transport=ON");
+        }
         Ok(cmd)
     }
 }

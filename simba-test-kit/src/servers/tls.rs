@@ -1,5 +1,5 @@
-//! Certificates generated for a test, and private Redis and PostgreSQL servers that speak
-//! only TLS.
+//! Certificates generated for a test, and private Redis, PostgreSQL and MariaDB servers
+//! that speak only TLS.
 
 use std::path::{Path, PathBuf};
 
@@ -200,5 +200,30 @@ pub async fn postgres_tls(tls: PostgresTls) -> Result<TestServer, ServerError> {
         .with_tls(tls);
     Ok(TestServer::from_local(
         LocalServer::create(Flavor::Postgres(postgres)).await?,
+    ))
+}
+
+/// How a TLS MySQL / MariaDB server is set up.
+#[derive(Debug, Clone)]
+pub struct MysqlTls {
+    /// The server's certificate and key (`--ssl-cert`, `--ssl-key`).
+    pub server: CertPair,
+    /// The CA whose client certificates the server accepts (`--ssl-ca`).
+    pub ca: PathBuf,
+    /// Whether the kit's user (`root`) must present a certificate signed by `ca`
+    /// (`REQUIRE X509`).
+    pub require_client_cert: bool,
+}
+
+/// A private MariaDB (as [`mysql_private`](super::mysql_private)) with TLS and
+/// `--require-secure-transport=ON`: plain connections are refused. Its URL is the plain one
+/// (`mysql://root@127.0.0.1:P/simba`): add `?ssl-mode=…&ssl-ca=…` as the test needs. The
+/// certificate files are read where they are (keep the [`TestCerts`] alive).
+pub async fn mysql_tls(tls: MysqlTls) -> Result<TestServer, ServerError> {
+    let mysql = super::mysql::Mysql::detect()
+        .map_err(|e| e.with_advice(true))?
+        .with_tls(tls);
+    Ok(TestServer::from_local(
+        LocalServer::create(Flavor::Mysql(mysql)).await?,
     ))
 }
