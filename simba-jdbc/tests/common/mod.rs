@@ -108,7 +108,14 @@ impl SqlHarness {
     /// Adds `query` (e.g. `?sslmode=verify-full&…`) to every URL of this harness.
     #[allow(dead_code)]
     pub fn with_query(mut self, query: &str) -> Self {
-        self.url.push_str(query);
+        match query.strip_prefix('?') {
+            // A MySQL URL already has `?prefer_socket=false` (tcp_only).
+            Some(rest) if self.url.contains('?') => {
+                self.url.push('&');
+                self.url.push_str(rest);
+            }
+            _ => self.url.push_str(query),
+        }
         self.query = query.to_owned();
         self
     }
