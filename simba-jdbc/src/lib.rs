@@ -26,6 +26,8 @@ pub use config::{
     Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
     MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
+#[cfg(feature = "mysql")]
+pub use my::MysqlTlsFailure;
 #[cfg(feature = "postgres")]
 pub use pg::PgTlsFailure;
 pub use sql::{create_table_sql, lease_clock_sql};

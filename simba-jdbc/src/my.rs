@@ -3,6 +3,7 @@
 //! `mysql_async` options every connection of a store is opened with (pool, `GET_LOCK`
 //! session and its `KILL QUERY` connection, floor probe).
 
+use std::fmt;
 use std::path::PathBuf;
 
 use simba_core::{Error, Result};
@@ -277,6 +278,81 @@ fn with_tls(builder: mysql_async::OptsBuilder, _tls: &TlsOptions) -> mysql_async
     builder
 }
 
+/// Why a MySQL / MariaDB connection failed over TLS, or for want of TLS (the `source` of
+/// the [`Error::Backend`] a failed connection gives, when the store could tell). Every case
+/// is permanent: fix the setting named in the message. Read from the driver's message
+/// (mysql_async keeps no typed cause through the pool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MysqlTlsFailure {
+    /// The server's certificate chain does not end at a trusted CA.
+    UntrustedCertificate,
+    /// The server's certificate has expired (or is not valid yet).
+    CertificateExpired,
+    /// The server's certificate does not name the host connected to.
+    NameMismatch {
+        /// The host name that was checked.
+        name: String,
+    },
+    /// The URL asks for TLS, but the server does not offer it.
+    NotOffered,
+    /// The server accepts only encrypted connections (MySQL's `require_secure_transport`
+    /// error 3159), and the URL asks for none. MariaDB answers "Access denied" instead,
+    /// which cannot be told from a wrong password: not classified.
+    Required,
+}
+
+impl fmt::Display for MysqlTlsFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MysqlTlsFailure::UntrustedCertificate => f.write_str(
+                "the server's TLS certificate is not signed by a trusted CA: give the CA that \
+                 signed it with ssl-ca=/path/ca.pem",
+            ),
+            MysqlTlsFailure::CertificateExpired => f.write_str(
+                "the server's TLS certificate has expired or is not valid yet: renew the \
+                 server's certificate (ssl-cert), or check this machine's clock",
+            ),
+            MysqlTlsFailure::NameMismatch { name } => write!(
+                f,
+                "the server's TLS certificate is not valid for the host {name:?}: connect with \
+                 a host name the certificate carries"
+            ),
+            MysqlTlsFailure::NotOffered => f.write_str(
+                "the URL asks for TLS (ssl-mode=REQUIRED or stricter) but the server does not \
+                 offer it: give the server ssl-cert and ssl-key, or use ssl-mode=DISABLED",
+            ),
+            MysqlTlsFailure::Required => f.write_str(
+                "the server accepts only encrypted connections: use ssl-mode=VERIFY_IDENTITY \
+                 with ssl-ca=/path/ca.pem (or ssl-mode=REQUIRED)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MysqlTlsFailure {}
+
+/// What a failed connection's message means, if it is about TLS.
+pub(crate) fn classify(message: &str) -> Option<MysqlTlsFailure> {
+    if message.contains("certificate expired") || message.contains("certificate not valid yet") {
+        return Some(MysqlTlsFailure::CertificateExpired);
+    }
+    if let Some((_, rest)) = message.split_once("certificate not valid for name \"") {
+        let name = rest.split('"').next().unwrap_or_default().to_owned();
+        return Some(MysqlTlsFailure::NameMismatch { name });
+    }
+    if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
+        return Some(MysqlTlsFailure::UntrustedCertificate);
+    }
+    if message.contains("server does not have this capability") {
+        return Some(MysqlTlsFailure::NotOffered);
+    }
+    if message.contains("insecure transport") {
+        return Some(MysqlTlsFailure::Required);
+    }
+    None
+}
+
 /// A diesel connection opened with [`opts`] (the setup queries of diesel-async's
 /// `establish` are run by `try_from`).
 pub(crate) async fn diesel(
@@ -305,13 +381,45 @@ mod tests {
     }
 
     #[test]
+    fn driver_messages_are_classified() {
+        let c = |m: &str| classify(m);
+        assert_eq!(
+            c(
+                "Input/output error: invalid peer certificate: certificate expired: verification time 1"
+            ),
+            Some(MysqlTlsFailure::CertificateExpired)
+        );
+        assert_eq!(
+            c(
+                "invalid peer certificate: certificate not valid for name \"127.0.0.1\"; certificate is only valid for DnsName(\"x\")"
+            ),
+            Some(MysqlTlsFailure::NameMismatch {
+                name: "127.0.0.1".to_owned()
+            })
+        );
+        assert_eq!(
+            c("invalid peer certificate: UnknownIssuer"),
+            Some(MysqlTlsFailure::UntrustedCertificate)
+        );
+        assert_eq!(
+            c("Client asked for SSL but server does not have this capability"),
+            Some(MysqlTlsFailure::NotOffered)
+        );
+        assert_eq!(c("Access denied for user 'root'@'127.0.0.1'"), None);
+    }
+
+    #[test]
     fn tls_options_are_taken_out_of_the_url() {
-        let (url, o) =
-            split_url("mysql://u:p@h/db?ssl-mode=verify_identity&pool_min=1&ssl-ca=/dev/null")
-                .unwrap();
-        assert_eq!(url, "mysql://u:p@h/db?pool_min=1");
-        assert_eq!(o.mode, Some(SslMode::VerifyIdentity));
-        assert_eq!(o.ca, Some(PathBuf::from("/dev/null")));
+        // Without the `tls` feature, a TLS mode is refused (see the test below).
+        #[cfg(feature = "tls")]
+        {
+            let (url, o) =
+                split_url("mysql://u:p@h/db?ssl-mode=verify_identity&pool_min=1&ssl-ca=/dev/null")
+                    .unwrap();
+            assert_eq!(url, "mysql://u:p@h/db?pool_min=1");
+            assert_eq!(o.mode, Some(SslMode::VerifyIdentity));
+            assert_eq!(o.ca, Some(PathBuf::from("/dev/null")));
+        }
         let (url, o) = split_url("mysql://u@h/db").unwrap();
         assert_eq!(url, "mysql://u@h/db");
         assert_eq!(o.mode(), SslMode::Disabled);
@@ -338,23 +446,28 @@ mod tests {
         assert_eq!(f, "ssl-cert");
         let (f, _) = field(split_url("mysql://u@h/db?ssl-ca=/dev/null").unwrap_err());
         assert_eq!(f, "ssl-mode");
-        let (f, r) = field(
-            split_url("mysql://u@h/db?ssl-mode=VERIFY_CA&ssl-ca=/nonexistent/ca.pem").unwrap_err(),
-        );
-        assert_eq!(f, "ssl-ca");
-        assert!(r.contains("/nonexistent/ca.pem"), "{r}");
-        let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("key.pem");
-        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
-        let (f, r) = field(
-            split_url(&format!(
-                "mysql://u@h/db?ssl-mode=REQUIRED&ssl-cert=/dev/null&ssl-key={}",
-                key.display()
-            ))
-            .unwrap_err(),
-        );
-        assert_eq!(f, "ssl-key");
-        assert!(r.contains("PKCS#1"), "{r}");
+        // With the `tls` feature only: without it, the mode is refused first.
+        #[cfg(feature = "tls")]
+        {
+            let (f, r) = field(
+                split_url("mysql://u@h/db?ssl-mode=VERIFY_CA&ssl-ca=/nonexistent/ca.pem")
+                    .unwrap_err(),
+            );
+            assert_eq!(f, "ssl-ca");
+            assert!(r.contains("/nonexistent/ca.pem"), "{r}");
+            let dir = tempfile::tempdir().unwrap();
+            let key = dir.path().join("key.pem");
+            std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+            let (f, r) = field(
+                split_url(&format!(
+                    "mysql://u@h/db?ssl-mode=REQUIRED&ssl-cert=/dev/null&ssl-key={}",
+                    key.display()
+                ))
+                .unwrap_err(),
+            );
+            assert_eq!(f, "ssl-key");
+            assert!(r.contains("PKCS#1"), "{r}");
+        }
     }
 
     #[test]

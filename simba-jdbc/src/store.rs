@@ -500,6 +500,21 @@ impl Inner {
                         tls,
                     ));
                 }
+                // MySQL: the driver's message is all that crosses the pool.
+                #[cfg(feature = "mysql")]
+                if self.kind == Backend::Mysql
+                    && let Some(tls) = crate::my::classify(&msg)
+                {
+                    return Err(Error::backend_source(
+                        backend,
+                        format!(
+                            "{what}: cannot get a connection to {}: {msg}; {tls}",
+                            self.config.redacted_url()
+                        ),
+                        false,
+                        tls,
+                    ));
+                }
                 Err(Error::Backend {
                     backend,
                     message: format!(
