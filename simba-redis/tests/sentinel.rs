@@ -212,8 +212,15 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
         || test_config(&deployment.url(), &prefix).with_connect_timeout(Duration::from_secs(15));
     let a_store = RedisStore::connect(config()).await.unwrap();
 
-    // A confirmed owner of "h".
-    let held = retry_acquire(&a_store, "h", "a").await;
+    // A confirmed owner of "h", with a lease that outlasts everything below (a failover
+    // with a re-election can take most of its 60 s bound, and the retries 15 s each): the
+    // check after the failover must see a lease that has not ended, not one that expired.
+    let hold = Lease {
+        ttl: Duration::from_secs(600),
+        transition: Duration::from_secs(5),
+    };
+    let held = retry_acquire_for(&a_store, "h", "a", hold).await;
+    let held_at = Instant::now();
     let warm = warm_up(&deployment.url(), &prefix, "m").await;
     deployment.freeze_replication().await.unwrap();
 
@@ -244,6 +251,10 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
     assert!(b > warm, "{b} after {warm}");
     // The confirmed owner of "h" kept its key and fence through the failover.
     let seen = b_store.acquire("h", "b", long_lease()).await.unwrap();
+    assert!(
+        held_at.elapsed() < hold.ttl,
+        "the scenario outlasted a's lease"
+    );
     assert_eq!(
         seen.owner.owner_id, "a",
         "the promoted replica lost a confirmed owner"
@@ -256,12 +267,16 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
 }
 
 async fn retry_acquire(store: &RedisStore, mutex: &str, id: &str) -> u64 {
+    retry_acquire_for(store, mutex, id, long_lease()).await
+}
+
+async fn retry_acquire_for(store: &RedisStore, mutex: &str, id: &str, lease: Lease) -> u64 {
     // A replica's confirmation can miss the 500 ms WAIT window: right after a failover
     // the new replica may still be syncing, and on a loaded machine (the cold CI run) a
     // healthy replica answered late. Neither has an event to await, so retry, bounded.
     let t0 = Instant::now();
     loop {
-        match store.acquire(mutex, id, long_lease()).await {
+        match store.acquire(mutex, id, lease).await {
             Ok(r) if r.owner.owner_id == id => return r.owner.fence,
             Ok(r) => panic!("{mutex} is owned by {}", r.owner.owner_id),
             Err(e) => assert!(
