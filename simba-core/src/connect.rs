@@ -1,0 +1,479 @@
+//! One way in per backend: from a URL to a connected backend, for programs that pick the
+//! backend at run time (a command-line tool, a service configured by one URL).
+//!
+//! Each backend crate implements [`Connector`] for its own URL schemes: it knows which
+//! schemes are its own, how to check and redact them, and how to connect one. A
+//! [`Connectors`] list holds the connectors a program was built with and sends each URL to
+//! the one that owns its scheme:
+//!
+//! ```
+//! use simba_core::connect::{ConnectOptions, Connectors};
+//! # async fn run(connectors: Connectors) -> simba_core::Result<()> {
+//! // let connectors = Connectors::new(vec![&simba_redis::CONNECTOR, &simba_jdbc::CONNECTOR]);
+//! let url = "postgres://app:secret@db/jobs";
+//! println!("using {}", connectors.redact(url)); // postgres://app:***@db/jobs
+//! let backend = connectors.connect(url, &ConnectOptions::default()).await?;
+//! let locker = simba_core::Locker::new(backend.factory(), "nightly-report")?;
+//! # let _ = locker; Ok(()) }
+//! ```
+//!
+//! What a [`Connection`] offers beyond its [`ContendServiceFactory`] is what a generic
+//! tool needs without knowing the backend: what it can do ([`Capabilities`]), one read of a
+//! mutex's owner where the backend has leases, and the bare round trips that `simba bench`
+//! compares every figure to ([`Probe`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{BoxFuture, LeaseReply};
+use crate::error::{Error, Result};
+use crate::lease::LeaseConfig;
+use crate::service::ContendServiceFactory;
+
+/// A backend crate's URL schemes and how to connect them. Dyn-compatible: a program keeps
+/// `&'static dyn Connector`s in a [`Connectors`] list.
+pub trait Connector: Send + Sync + 'static {
+    /// The backend family, as people write it (`"Redis"`, `"SQL"`, `"ZooKeeper"`).
+    fn name(&self) -> &'static str;
+
+    /// The URL schemes this connector owns, lower case, without `://` (`"redis"`,
+    /// `"rediss-sentinel"`, …). Only the schemes compiled in: a crate feature that is off
+    /// takes its schemes away.
+    fn schemes(&self) -> Vec<&'static str>;
+
+    /// The URL forms, for help texts and error messages (`"redis://HOST[:PORT][/DB]"`).
+    fn forms(&self) -> Vec<&'static str>;
+
+    /// `url` with every secret it carries replaced by `***`, by this backend's rules (which
+    /// query options and userinfo parts hold passwords). Never fails: a URL that does not
+    /// parse is redacted by the common rule.
+    fn redact(&self, url: &str) -> String;
+
+    /// Checks `url` without any I/O: scheme, syntax and options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] saying what is wrong and how to write it instead.
+    fn validate(&self, url: &str) -> Result<()>;
+
+    /// Connects to `url` (which must be one of [`schemes`](Connector::schemes)) with
+    /// `options`, and checks that the backend answers.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad URL or options (before any I/O);
+    /// [`Error::Backend`] if the backend cannot be reached or refuses the connection.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes whatever it had opened.
+    fn connect<'a>(
+        &'a self,
+        url: &'a str,
+        options: &'a ConnectOptions,
+    ) -> BoxFuture<'a, Result<Box<dyn Connection>>>;
+}
+
+/// How to connect, beyond the URL.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    lease: Option<LeaseConfig>,
+    connect_timeout: Option<Duration>,
+}
+
+impl ConnectOptions {
+    /// The backend's defaults: [`LeaseConfig::default`] on lease backends, the backend's
+    /// own session timeout on session backends.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Chooses the lease timing. On a session backend (ZooKeeper), whose ownership lasts as
+    /// long as a session, `ttl + transition` becomes the session timeout: how long a silent
+    /// owner keeps the mutex.
+    #[must_use]
+    pub fn with_lease(mut self, lease: LeaseConfig) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Bounds the first connection (the backend's own default otherwise).
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// The lease timing chosen, if any.
+    pub fn lease(&self) -> Option<&LeaseConfig> {
+        self.lease.as_ref()
+    }
+
+    /// The lease timing chosen, or [`LeaseConfig::default`].
+    pub fn lease_or_default(&self) -> LeaseConfig {
+        self.lease.clone().unwrap_or_default()
+    }
+
+    /// The bound of the first connection, if one was chosen.
+    pub fn connect_timeout(&self) -> Option<Duration> {
+        self.connect_timeout
+    }
+}
+
+/// How a backend keeps an ownership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// A lease with an end time on the backend's clock, renewed by the owner (Redis, SQL).
+    Lease,
+    /// As long as the owner's session lives (ZooKeeper).
+    Session,
+}
+
+/// What a connected backend can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Lease or session.
+    pub ownership: Ownership,
+    /// Whether waiters are woken by the backend when the mutex is freed (pub/sub, a lock
+    /// queue, a watch); `false`: they look again at the lease's pace.
+    pub pushes_to_waiters: bool,
+    /// Whether observers are told of owner changes by the backend; `false`: they read at
+    /// a bounded interval.
+    pub pushes_to_observers: bool,
+    /// Whether a released mutex can be kept held for a while (hold-at-least).
+    pub holds: bool,
+}
+
+impl Capabilities {
+    /// A capability set; `holds` follows from `ownership` (only leases can be kept held).
+    pub fn new(ownership: Ownership, pushes_to_waiters: bool, pushes_to_observers: bool) -> Self {
+        Capabilities {
+            ownership,
+            pushes_to_waiters,
+            pushes_to_observers,
+            holds: ownership == Ownership::Lease,
+        }
+    }
+}
+
+/// A connected backend: its service factory and what a generic tool asks of it.
+pub trait Connection: Send + Sync + fmt::Debug {
+    /// The factory of contend and retrieval services on this connection.
+    fn factory(&self) -> Arc<dyn ContendServiceFactory>;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Reads `mutex`'s owner and the backend's clock with one call, on lease backends;
+    /// `None` on session backends, whose owner is observed with a
+    /// [`RetrievalService`](crate::RetrievalService) instead.
+    fn read_owner<'a>(&'a self, mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>>;
+
+    /// Opens a probe of this backend's bare round trips, on connections of the kind the
+    /// services use. `name` is a unique token for any key or channel the probe needs
+    /// (under the store's own prefix).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the probe's connection or subscription cannot be made.
+    fn probe<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>>;
+
+    /// The connections this factory opens, by its configuration
+    /// (`"1 command + 1 subscriber connection"`, `"pool of at most 10 + 1 LISTEN"`).
+    fn connections(&self) -> String;
+
+    /// How many client connections the server has now, where it can say (Redis's `CLIENT
+    /// LIST`); `None` elsewhere or when the read fails.
+    fn server_connections(&self) -> BoxFuture<'_, Option<usize>> {
+        Box::pin(async { None })
+    }
+}
+
+/// A bare backend operation that a mutex operation is compared to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Floor {
+    /// One round trip (`PING`, `SELECT 1`, ZooKeeper `exists`).
+    RoundTrip,
+    /// A message published on one connection until delivered on the subscriber one.
+    PubSub,
+    /// The lock a script-less client would take: set-if-absent with an expiry, then delete.
+    RawLock,
+}
+
+/// Measures a backend's floors (see [`Connection::probe`]).
+pub trait Probe: Send {
+    /// What one [`Floor::RoundTrip`] is on this backend (`"PING"`, `"SELECT 1"`, `"exists"`).
+    fn round_trip_name(&self) -> &'static str;
+
+    /// The floors this probe measures; [`Floor::RoundTrip`] always.
+    fn floors(&self) -> Vec<Floor>;
+
+    /// Performs `floor` once, giving up after `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the operation fails or takes longer than `limit`;
+    /// [`Error::Unsupported`] for a floor not in [`floors`](Probe::floors).
+    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>>;
+
+    /// Closes the probe's connections.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if closing failed; nothing is left behind the probe's own key or
+    /// channel.
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// The error for a floor a probe does not measure.
+pub fn unsupported_floor(backend: &'static str, floor: Floor) -> Error {
+    Error::unsupported(
+        backend,
+        "floor",
+        format!("{floor:?} is not measured on this backend"),
+    )
+}
+
+/// The connectors a program was built with; sends each URL to the one that owns its scheme.
+#[derive(Clone)]
+pub struct Connectors {
+    list: Vec<&'static dyn Connector>,
+}
+
+impl fmt::Debug for Connectors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.list.iter().map(|c| c.name()))
+            .finish()
+    }
+}
+
+impl Connectors {
+    /// A list of connectors. When two own the same scheme, the first wins.
+    pub fn new(list: Vec<&'static dyn Connector>) -> Self {
+        Connectors { list }
+    }
+
+    /// The connectors, in order.
+    pub fn list(&self) -> &[&'static dyn Connector] {
+        &self.list
+    }
+
+    /// Every URL form of every connector, for messages (`"none"` for an empty list).
+    pub fn forms(&self) -> String {
+        let forms: Vec<&str> = self.list.iter().flat_map(|c| c.forms()).collect();
+        if forms.is_empty() {
+            "none".to_owned()
+        } else {
+            forms.join(", ")
+        }
+    }
+
+    /// The connector that owns `url`'s scheme.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] (field `backend URL`) when `url` has no scheme or no
+    /// connector owns it; the message lists the URL forms that work.
+    pub fn find(&self, url: &str) -> Result<&'static dyn Connector> {
+        let Some(scheme) = scheme_of(url) else {
+            return Err(Error::config(
+                "backend URL",
+                format!(
+                    "`{}` is not a URL; use one of: {}",
+                    self.redact(url),
+                    self.forms()
+                ),
+            ));
+        };
+        self.owner_of(&scheme).ok_or_else(|| {
+            Error::config(
+                "backend URL",
+                format!(
+                    "`{}`: unknown scheme `{scheme}://`; use one of: {}",
+                    self.redact(url),
+                    self.forms()
+                ),
+            )
+        })
+    }
+
+    fn owner_of(&self, scheme: &str) -> Option<&'static dyn Connector> {
+        self.list
+            .iter()
+            .copied()
+            .find(|c| c.schemes().contains(&scheme))
+    }
+
+    /// `url` redacted by its connector's rules, or by the common rule
+    /// ([`redact_url_with`](crate::redact_url_with) with [`is_secret_key`](crate::is_secret_key))
+    /// when no connector owns it.
+    pub fn redact(&self, url: &str) -> String {
+        match scheme_of(url).and_then(|s| self.owner_of(&s)) {
+            Some(c) => c.redact(url),
+            None => crate::redact_url_with(url, crate::is_secret_key),
+        }
+    }
+
+    /// Checks `url` without I/O ([`Connector::validate`] of its connector).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] as [`find`](Connectors::find) and the connector say.
+    pub fn validate(&self, url: &str) -> Result<()> {
+        self.find(url)?.validate(url.trim())
+    }
+
+    /// Connects `url` through its connector.
+    ///
+    /// # Errors
+    /// As [`find`](Connectors::find) and [`Connector::connect`].
+    ///
+    /// # Cancel safety
+    /// As [`Connector::connect`].
+    pub async fn connect(
+        &self,
+        url: &str,
+        options: &ConnectOptions,
+    ) -> Result<Box<dyn Connection>> {
+        let connector = self.find(url)?;
+        let url = url.trim();
+        connector.validate(url)?;
+        connector.connect(url, options).await
+    }
+}
+
+/// The lower-cased scheme of `url`, if it has one.
+pub fn scheme_of(url: &str) -> Option<String> {
+    let (scheme, _) = url.trim().split_once("://")?;
+    let ok = !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    ok.then(|| scheme.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LeaseStore;
+    use crate::{LeaseServiceFactory, MemoryStore};
+
+    /// A connector of `mem://NAME` URLs onto in-memory stores, with a secret option.
+    struct Mem;
+
+    #[derive(Debug)]
+    struct MemConnection(Arc<LeaseServiceFactory<MemoryStore>>);
+
+    impl Connector for Mem {
+        fn name(&self) -> &'static str {
+            "memory"
+        }
+        fn schemes(&self) -> Vec<&'static str> {
+            vec!["mem", "memory"]
+        }
+        fn forms(&self) -> Vec<&'static str> {
+            vec!["mem://NAME"]
+        }
+        fn redact(&self, url: &str) -> String {
+            crate::redact_url_with(url, |k| k == "key")
+        }
+        fn validate(&self, url: &str) -> Result<()> {
+            match url.split_once("://") {
+                Some((_, rest)) if !rest.is_empty() => Ok(()),
+                _ => Err(Error::config("backend URL", "mem:// needs a name")),
+            }
+        }
+        fn connect<'a>(
+            &'a self,
+            _url: &'a str,
+            options: &'a ConnectOptions,
+        ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
+            Box::pin(async move {
+                let f = LeaseServiceFactory::new(MemoryStore::new(), options.lease_or_default())?;
+                Ok(Box::new(MemConnection(Arc::new(f))) as Box<dyn Connection>)
+            })
+        }
+    }
+
+    impl Connection for MemConnection {
+        fn factory(&self) -> Arc<dyn ContendServiceFactory> {
+            self.0.clone()
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::new(Ownership::Lease, true, true)
+        }
+        fn read_owner<'a>(&'a self, mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>> {
+            Some(Box::pin(self.0.store().owner(mutex)))
+        }
+        fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+            Box::pin(async { Err(Error::unsupported("memory", "probe", "no floors")) })
+        }
+        fn connections(&self) -> String {
+            "none".into()
+        }
+    }
+
+    static MEM: Mem = Mem;
+
+    fn connectors() -> Connectors {
+        Connectors::new(vec![&MEM])
+    }
+
+    #[test]
+    fn urls_go_to_the_connector_of_their_scheme() {
+        let c = connectors();
+        assert_eq!(c.find("MEM://x").map(|c| c.name()).ok(), Some("memory"));
+        assert_eq!(
+            c.find(" memory://x ").map(|c| c.name()).ok(),
+            Some("memory")
+        );
+        let e = c.find("ftp://u:secret@h").err().map(|e| e.to_string());
+        let e = e.unwrap_or_default();
+        assert!(
+            e.contains("unknown scheme `ftp://`") && e.contains("mem://NAME"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "{e}");
+        let e = c.find("just-a-name").err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("not a URL")));
+        assert!(c.validate("mem://").is_err());
+        assert!(c.validate("mem://a").is_ok());
+    }
+
+    #[test]
+    fn redaction_uses_the_owner_rules_or_the_common_one() {
+        let c = connectors();
+        assert_eq!(c.redact("mem://a?key=k&token=t"), "mem://a?key=***&token=t");
+        assert_eq!(c.redact("ftp://h?token=t"), "ftp://h?token=***");
+        assert_eq!(Connectors::new(vec![]).forms(), "none");
+    }
+
+    #[tokio::test]
+    async fn connect_gives_a_working_factory_and_an_owner_read() {
+        let c = connectors();
+        let lease = LeaseConfig::with_lease(Duration::from_secs(5), Duration::from_secs(1));
+        let conn = c
+            .connect("mem://a", &ConnectOptions::new().with_lease(lease))
+            .await
+            .expect("connects");
+        assert_eq!(conn.capabilities().ownership, Ownership::Lease);
+        assert!(conn.capabilities().holds);
+        let locker = crate::Locker::new(conn.factory(), "m").expect("locker");
+        let _guard = locker
+            .acquire_timeout(Duration::from_secs(5))
+            .await
+            .expect("acquired");
+        let reply = conn.read_owner("m").expect("a lease backend reads").await;
+        let reply = reply.expect("read");
+        assert!(reply.owner.is_in_lease(reply.now), "{reply:?}");
+        assert!(matches!(
+            c.connect("nope://x", &ConnectOptions::new()).await,
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+
+    #[test]
+    fn schemes_are_read_only_from_urls() {
+        assert_eq!(scheme_of("Zk+TLS://h"), Some("zk+tls".into()));
+        assert_eq!(scheme_of("no scheme"), None);
+        assert_eq!(scheme_of("://h"), None);
+        assert_eq!(scheme_of("a b://h"), None);
+    }
+}
