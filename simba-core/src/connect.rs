@@ -38,8 +38,9 @@ pub trait Connector: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// The URL schemes this connector owns, lower case, without `://` (`"redis"`,
-    /// `"rediss-sentinel"`, …). Only the schemes compiled in: a crate feature that is off
-    /// takes its schemes away.
+    /// `"rediss-sentinel"`, …). Also those that need a crate feature that is off, or that
+    /// the backend cannot serve at all: [`validate`](Connector::validate) then says which
+    /// feature to enable or what to do instead, which no other connector could.
     fn schemes(&self) -> Vec<&'static str>;
 
     /// The URL forms, for help texts and error messages (`"redis://HOST[:PORT][/DB]"`).
@@ -50,7 +51,8 @@ pub trait Connector: Send + Sync + 'static {
     /// parse is redacted by the common rule.
     fn redact(&self, url: &str) -> String;
 
-    /// Checks `url` without any I/O: scheme, syntax and options.
+    /// Checks `url` without connecting: scheme, syntax and options (a CA or key file the
+    /// URL names may be read).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] saying what is wrong and how to write it instead.
@@ -312,7 +314,7 @@ impl Connectors {
         }
     }
 
-    /// Checks `url` without I/O ([`Connector::validate`] of its connector).
+    /// Checks `url` without connecting ([`Connector::validate`] of its connector).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] as [`find`](Connectors::find) and the connector say.

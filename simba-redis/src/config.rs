@@ -553,7 +553,7 @@ fn validate_prefix(prefix: &str) -> Result<()> {
     Ok(())
 }
 
-const SCHEMES: &[&str] = &[
+pub(crate) const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
     "valkey",

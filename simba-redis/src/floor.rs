@@ -25,7 +25,7 @@ impl RedisStore {
     ///
     /// # Cancel safety
     /// Cancel safe.
-    pub async fn ping(&self) -> Result<()> {
+    pub(crate) async fn ping(&self) -> Result<()> {
         self.client()
             .ping::<Value>(None)
             .await
@@ -42,7 +42,7 @@ impl RedisStore {
     ///
     /// # Cancel safety
     /// Dropping the future may leave the key set; it expires after `ttl`.
-    pub async fn raw_lock(&self, name: &str, ttl: Duration) -> Result<bool> {
+    pub(crate) async fn raw_lock(&self, name: &str, ttl: Duration) -> Result<bool> {
         let key = self.floor_key(name);
         let px = ttl.as_millis().max(1).to_string();
         let set: Value = self
@@ -72,7 +72,7 @@ impl RedisStore {
     ///
     /// # Cancel safety
     /// Cancel safe.
-    pub async fn client_count(&self) -> Result<usize> {
+    pub(crate) async fn client_count(&self) -> Result<usize> {
         let list: String = self
             .client()
             .custom(
@@ -96,7 +96,7 @@ impl RedisStore {
     ///
     /// # Cancel safety
     /// Dropping the future may leave the channel subscribed until the store closes.
-    pub async fn pubsub_probe(&self, name: &str) -> Result<PubSubProbe> {
+    pub(crate) async fn pubsub_probe(&self, name: &str) -> Result<PubSubProbe> {
         let Some(subscriber) = self.subscriber().cloned() else {
             return Err(Error::InvalidState(
                 "the pub/sub floor needs a store in WaitMode::PubSub".into(),
@@ -129,7 +129,7 @@ impl RedisStore {
 
 /// Publishes on a store's command connection and waits for the message on its subscriber
 /// connection; from [`RedisStore::pubsub_probe`]. Unsubscribes when dropped.
-pub struct PubSubProbe {
+pub(crate) struct PubSubProbe {
     publisher: Client,
     subscriber: SubscriberClient,
     sharded: bool,
@@ -157,7 +157,7 @@ impl PubSubProbe {
     ///
     /// # Cancel safety
     /// Cancel safe; a message that arrives after a cancelled call is skipped by the next.
-    pub async fn round_trip(&mut self, limit: Duration) -> Result<()> {
+    pub(crate) async fn round_trip(&mut self, limit: Duration) -> Result<()> {
         self.sent += 1;
         let payload = format!("floor@@{}", self.sent);
         let receivers: i64 = if self.sharded {

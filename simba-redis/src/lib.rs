@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod connector;
 mod error;
 mod floor;
 #[cfg(any(test, fuzzing))]
@@ -19,7 +20,7 @@ pub use config::{
     DEFAULT_KEY_PREFIX, DEFAULT_REPLICA_ACK_TIMEOUT, MAX_KEY_PREFIX_LEN, RedisConfig, TlsOptions,
     WaitMode, redact_url,
 };
-pub use floor::PubSubProbe;
+pub use connector::{CONNECTOR, RedisConnector};
 pub use keys::MESSAGE_SEPARATOR;
 pub use store::RedisStore;
 pub use tls::TlsFailure;

@@ -510,3 +510,20 @@ async fn observer_is_pushed_and_does_not_spin() {
     eprintln!("observer case: {evalsha} EVALSHA calls on the server in total");
     assert!(evalsha < 60, "{evalsha} scripts run: {info}");
 }
+
+/// The connector gives a generic tool a working backend: the kit's connector check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connector_passes_the_kit_check() {
+    let server = server().await;
+    simba_test_kit::connector::check(
+        &simba_redis::CONNECTOR,
+        server.url(),
+        None,
+        simba_test_kit::connector::Expect {
+            ownership: simba_core::connect::Ownership::Lease,
+            round_trip: "PING",
+            counts_connections: true,
+        },
+    )
+    .await;
+}

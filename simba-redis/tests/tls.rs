@@ -207,3 +207,30 @@ fn bad_tls_settings_are_config_errors() {
     assert_eq!(field(&format!("redis://h:1?tlsCaFile={cert}")), "tls");
     assert_eq!(field("rediss://h:1?tlsFoo=1"), "url");
 }
+
+/// The connector takes the whole TLS setup from the URL: mutual TLS, checked by the kit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connector_does_mutual_tls_from_the_url() {
+    init_tracing();
+    let certs = TestCerts::generate().unwrap();
+    let server = tls_server(&certs, certs.server(), true).await;
+    let client = certs.client();
+    let url = format!(
+        "{}?tlsCaFile={}&tlsCertFile={}&tlsKeyFile={}",
+        server.url(),
+        certs.ca().display(),
+        client.cert.display(),
+        client.key.display()
+    );
+    simba_test_kit::connector::check(
+        &simba_redis::CONNECTOR,
+        &url,
+        None,
+        simba_test_kit::connector::Expect {
+            ownership: simba_core::connect::Ownership::Lease,
+            round_trip: "PING",
+            counts_connections: true,
+        },
+    )
+    .await;
+}

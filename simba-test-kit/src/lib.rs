@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod chaos;
+pub mod connector;
 pub mod history;
 pub mod memory;
 pub mod proxy;
