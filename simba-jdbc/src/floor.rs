@@ -8,7 +8,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+#[cfg(feature = "sqlite")]
+use diesel_async::AsyncConnection;
+use diesel_async::SimpleAsyncConnection;
 use simba_core::{Error, Result};
 
 use crate::config::{Backend, Target};
@@ -130,6 +132,11 @@ impl SqlProbe {
                 #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
                 Conn::Never(never) => match *never {},
             }
+        };
+        #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+        let run = async {
+            run.await;
+            Ok::<(), diesel::result::Error>(())
         };
         let kind = self.kind;
         match tokio::time::timeout(self.timeout, run).await {

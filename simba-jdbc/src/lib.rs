@@ -8,6 +8,8 @@
 )]
 
 mod config;
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
+mod connector;
 pub mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
@@ -26,6 +28,8 @@ pub use config::{
     Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
     MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
+pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};
 #[cfg(feature = "mysql")]
 pub use my::MysqlTlsFailure;
 #[cfg(feature = "postgres")]

@@ -16,7 +16,9 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool as DeadPool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+#[cfg(feature = "sqlite")]
+use diesel_async::AsyncConnection;
+use diesel_async::SimpleAsyncConnection;
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, held_owner_id, hold_millis};
 use simba_core::{Error, MutexOwner, Result, validate_contender_id, validate_mutex_name};
 use tokio::sync::mpsc;

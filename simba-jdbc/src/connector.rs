@@ -1,0 +1,335 @@
+//! The SQL [`Connector`]: `sqlite://PATH`, `mysql://` / `mariadb://` and `postgres://` /
+//! `postgresql://` URLs through [`simba_core::connect`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::backend::{BoxFuture, LeaseReply, LeaseStore};
+use simba_core::connect::{
+    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe, unsupported_floor,
+};
+use simba_core::{ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Result};
+
+use crate::config::{Backend, SqlConfig, Target, parse_url, redact_url};
+use crate::floor::SqlProbe;
+use crate::store::SqlStore;
+
+/// The SQL connector, for [`Connectors`](simba_core::connect::Connectors).
+///
+/// It owns the schemes of every SQL database, whether its feature is on or not (a URL of
+/// a database compiled out is refused with the feature to enable). It connects with
+/// [`SqlConfig::new`]'s defaults, creates the table if needed ([`SqlStore::migrate`]), and
+/// takes [`ConnectOptions`]'s lease timing. Where nothing pushes owner changes to observers
+/// (SQLite, MySQL), they read every [`OBSERVER_POLL`] unless the lease timing chose a
+/// [`LeaseConfig::waiter_poll`].
+///
+/// An in-memory SQLite database (`sqlite::memory:`) is refused: a URL given to a
+/// connector names a database that other processes share, and an in-memory one lives in
+/// one process. Use [`crate::factory`] for it.
+///
+/// ```no_run
+/// use simba_core::connect::{ConnectOptions, Connectors};
+/// # async fn run() -> simba_core::Result<()> {
+/// let connectors = Connectors::new(vec![&simba_jdbc::CONNECTOR]);
+/// let backend = connectors
+///     .connect("sqlite:///var/lib/app/simba.db", &ConnectOptions::default())
+///     .await?;
+/// let locker = simba_core::Locker::new(backend.factory(), "nightly-report")?;
+/// # let _ = locker; Ok(()) }
+/// ```
+pub static CONNECTOR: SqlConnector = SqlConnector;
+
+/// How often an observer reads the owner on SQLite and MySQL, where nothing pushes
+/// changes to it (unless [`LeaseConfig::waiter_poll`] says otherwise). Waiters are woken by
+/// the database's lock queue and use this pace only while they cannot wait in it.
+pub const OBSERVER_POLL: Duration = Duration::from_millis(200);
+
+/// See [`CONNECTOR`].
+#[derive(Debug, Clone, Copy)]
+pub struct SqlConnector;
+
+/// A SQL store's factory, from [`SqlConnector`].
+#[derive(Debug)]
+struct SqlConnection {
+    factory: Arc<LeaseServiceFactory<SqlStore>>,
+}
+
+impl Connector for SqlConnector {
+    fn name(&self) -> &'static str {
+        "SQL"
+    }
+
+    fn schemes(&self) -> Vec<&'static str> {
+        vec!["sqlite", "mysql", "mariadb", "postgres", "postgresql"]
+    }
+
+    fn forms(&self) -> Vec<&'static str> {
+        let mut forms = Vec::new();
+        if Backend::Sqlite.is_enabled() {
+            forms.push("sqlite://PATH");
+        }
+        if Backend::Mysql.is_enabled() {
+            forms.push("mysql://USER:PASSWORD@HOST[:PORT]/DB");
+        }
+        if Backend::Postgres.is_enabled() {
+            forms.push("postgres://USER:PASSWORD@HOST[:PORT]/DB");
+        }
+        forms
+    }
+
+    fn redact(&self, url: &str) -> String {
+        redact_url(url)
+    }
+
+    fn validate(&self, url: &str) -> Result<()> {
+        SqlConfig::new(url).validate()?;
+        match parse_url(url)? {
+            Target::Sqlite { memory: true, .. } => Err(Error::config(
+                "url",
+                "an in-memory SQLite database lives in one process, so it cannot exclude \
+                 other processes: name a file, sqlite://PATH",
+            )),
+            Target::Sqlite { path, .. } => check_sqlite_path(Path::new(&path)),
+            Target::Mysql(_) | Target::Postgres(_) => Ok(()),
+        }
+    }
+
+    fn connect<'a>(
+        &'a self,
+        url: &'a str,
+        options: &'a ConnectOptions,
+    ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
+        Box::pin(async move {
+            self.validate(url)?;
+            let target = parse_url(url)?;
+            let mut lease = options.lease_or_default();
+            if target.backend() != Backend::Postgres {
+                lease = LeaseConfig {
+                    waiter_poll: lease.waiter_poll.or(Some(OBSERVER_POLL)),
+                    ..lease
+                };
+            }
+            lease.validate()?;
+            // `SqlStore::connect` retries the WAL switch that races when processes open a
+            // new SQLite file together.
+            let connected = async {
+                let store = SqlStore::connect(SqlConfig::new(url)).await?;
+                store.migrate().await?;
+                Ok::<_, Error>(store)
+            }
+            .await;
+            let store = match (connected, &target) {
+                (Ok(store), _) => store,
+                (Err(e), Target::Sqlite { path, .. }) => {
+                    return Err(with_sqlite_hint(e, Path::new(path)));
+                }
+                (Err(e), _) => return Err(e),
+            };
+            let factory = Arc::new(LeaseServiceFactory::new(store, lease)?);
+            Ok(Box::new(SqlConnection { factory }) as Box<dyn Connection>)
+        })
+    }
+}
+
+impl Connection for SqlConnection {
+    fn factory(&self) -> Arc<dyn ContendServiceFactory> {
+        self.factory.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Waiters wait in the database's own lock queue; only PostgreSQL's NOTIFY tells
+        // observers.
+        let notifies = self.factory.store().kind() == Backend::Postgres;
+        Capabilities::new(Ownership::Lease, true, notifies)
+    }
+
+    fn read_owner<'a>(&'a self, mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>> {
+        Some(Box::pin(self.factory.store().owner(mutex)))
+    }
+
+    fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+        Box::pin(async move {
+            let probe = self.factory.store().probe().await?;
+            Ok(Box::new(SqlFloors {
+                probe,
+                kind: self.factory.store().kind(),
+            }) as Box<dyn Probe>)
+        })
+    }
+
+    fn connections(&self) -> String {
+        let store = self.factory.store();
+        let listen = if store.kind() == Backend::Postgres {
+            " + 1 LISTEN"
+        } else {
+            ""
+        };
+        format!("pool of at most {}{listen}", store.config().pool_size())
+    }
+}
+
+/// A SQL database's floor: `SELECT 1` on a connection of the pool's kind.
+struct SqlFloors {
+    probe: SqlProbe,
+    kind: Backend,
+}
+
+impl Probe for SqlFloors {
+    fn round_trip_name(&self) -> &'static str {
+        "SELECT 1"
+    }
+
+    fn floors(&self) -> Vec<Floor> {
+        vec![Floor::RoundTrip]
+    }
+
+    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if floor != Floor::RoundTrip {
+                return Err(unsupported_floor(self.kind.name(), floor));
+            }
+            let kind = self.kind.name();
+            tokio::time::timeout(limit, self.probe.select_one())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::backend(
+                        kind,
+                        format!("SELECT 1: no answer within {limit:?}"),
+                    ))
+                })
+        })
+    }
+}
+
+/// A SQLite file's directory must exist, and the path, if it exists, must be a regular
+/// file: SQLite's own errors ("unable to open database file", "disk I/O error", or a
+/// "database is locked" that lasts until the timeout for `/dev/null`) do not say so.
+///
+/// The error's field is `path`: a local path the backend needs is unusable.
+fn check_sqlite_path(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Ok(meta) = std::fs::metadata(path)
+        && !meta.is_file()
+    {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a device, socket or pipe)"
+        };
+        return Err(Error::config(
+            "path",
+            format!(
+                "the SQLite path {} is {kind}; SQLite needs a regular file, and writes \
+                 `-wal` and `-shm` files beside it: choose a file in a writable directory, \
+                 e.g. sqlite:///var/tmp/simba.db",
+                path.display()
+            ),
+        ));
+    }
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(Error::config(
+            "path",
+            format!(
+                "the directory {} of the SQLite file {} does not exist; create it or choose \
+                 another path",
+                dir.display(),
+                path.display()
+            ),
+        ))
+    }
+}
+
+/// `e` with what to check added when SQLite gave one of its terse file errors ("disk I/O
+/// error", "unable to open database file") for `path`.
+fn with_sqlite_hint(e: Error, path: &Path) -> Error {
+    let terse = ["disk I/O error", "unable to open database file"];
+    let said = chain(&e);
+    if !terse.iter().any(|t| said.contains(t)) {
+        return e;
+    }
+    let hint = format!(
+        "SQLite cannot read or write {} or create its -wal / -shm files beside it: check \
+         that the file and its directory are writable and on a local file system",
+        path.display()
+    );
+    match e {
+        // The source's text is in the message now, in the order it was said.
+        Error::Backend {
+            backend, retryable, ..
+        } => Error::Backend {
+            backend,
+            message: format!(
+                "{}. {hint}",
+                said.trim_start_matches(&format!("{backend} backend: "))
+            ),
+            retryable,
+            source: None,
+        },
+        other => other,
+    }
+}
+
+/// `e`'s message and those of its sources, joined by `: `.
+fn chain(e: &Error) -> String {
+    let mut text = e.to_string();
+    let mut next = std::error::Error::source(e);
+    while let Some(source) = next {
+        let said = source.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = source.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terse_sqlite_file_errors_get_a_hint() {
+        let path = Path::new("/srv/x.db");
+        let hinted =
+            with_sqlite_hint(Error::backend("sqlite", "connect: disk I/O error"), path).to_string();
+        assert_eq!(
+            hinted,
+            "sqlite backend: connect: disk I/O error. SQLite cannot read or write /srv/x.db \
+             or create its -wal / -shm files beside it: check that the file and its \
+             directory are writable and on a local file system"
+        );
+        let plain = with_sqlite_hint(Error::backend("sqlite", "no answer within 5s"), path);
+        assert_eq!(plain.to_string(), "sqlite backend: no answer within 5s");
+    }
+
+    #[test]
+    fn paths_that_are_no_file_are_refused_before_connecting() {
+        let field = |p: &str| match check_sqlite_path(Path::new(p)) {
+            Err(Error::InvalidConfig { field, reason }) => format!("{field}: {reason}"),
+            other => format!("{other:?}"),
+        };
+        assert!(
+            field("/dev/null").starts_with("path: ") && field("/dev/null").contains("regular file")
+        );
+        assert!(field("/").contains("a directory"));
+        assert!(field("/no/such/dir/x.db").contains("does not exist"));
+        assert!(check_sqlite_path(Path::new("/tmp/x-simba-connector.db")).is_ok());
+    }
+
+    #[test]
+    fn in_memory_sqlite_is_refused() {
+        if Backend::Sqlite.is_enabled() {
+            let e = CONNECTOR
+                .validate("sqlite://:memory:")
+                .map_err(|e| e.to_string());
+            assert!(e.is_err_and(|e| e.contains("one process")));
+        }
+    }
+}
