@@ -12,13 +12,13 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::result::QueryResult;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType, Nullable, Text};
+#[cfg(feature = "sqlite")]
+use diesel_async::AsyncConnection;
+use diesel_async::SimpleAsyncConnection;
 use diesel_async::pooled_connection::deadpool::{Object, Pool as DeadPool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-#[cfg(feature = "sqlite")]
-use diesel_async::AsyncConnection;
-use diesel_async::SimpleAsyncConnection;
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, held_owner_id, hold_millis};
 use simba_core::{Error, MutexOwner, Result, validate_contender_id, validate_mutex_name};
 use tokio::sync::mpsc;

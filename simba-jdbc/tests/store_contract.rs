@@ -144,3 +144,51 @@ async fn postgres_pushes_acquired_and_released() {
     }
     assert!(seen.iter().all(|e| *e == StoreEvent::Resync), "{seen:?}");
 }
+
+/// The connector gives a generic tool a working backend on each database: the kit's
+/// connector check, on the harness's URL (default table, as `simba` uses it).
+async fn connector(h: &SqlHarness, notifies: bool) {
+    // The password of the URL, if it has one, must not show in its redaction.
+    let secret = h
+        .url()
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password.to_owned())
+        .filter(|p| !p.is_empty());
+    simba_test_kit::connector::check(
+        &simba_jdbc::CONNECTOR,
+        h.url(),
+        secret.as_deref(),
+        simba_test_kit::connector::Expect {
+            ownership: simba_core::connect::Ownership::Lease,
+            round_trip: "SELECT 1",
+            counts_connections: false,
+        },
+    )
+    .await;
+    let conn = simba_core::connect::Connectors::new(vec![&simba_jdbc::CONNECTOR])
+        .connect(h.url(), &simba_core::connect::ConnectOptions::new())
+        .await
+        .expect("connects");
+    assert_eq!(conn.capabilities().pushes_to_observers, notifies);
+    assert!(conn.capabilities().pushes_to_waiters);
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_connector() {
+    connector(&SqlHarness::sqlite(), false).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_connector() {
+    connector(&SqlHarness::mysql().await, false).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connector() {
+    connector(&SqlHarness::postgres().await, true).await;
+}
