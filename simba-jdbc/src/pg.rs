@@ -10,7 +10,7 @@ use std::sync::Mutex as StdMutex;
 use simba_core::{Error, Result};
 use tokio_postgres::{CancelToken, Client, Connection, Socket};
 
-use crate::config::redact_url;
+use crate::config::{redact_url, take_query_options};
 
 /// The URL options this crate reads itself (tokio-postgres refuses all but `sslmode`,
 /// and knows no `verify-*` modes): removed from what tokio-postgres sees.
@@ -80,77 +80,20 @@ impl TlsOptions {
     }
 }
 
-/// `%XX` escapes decoded (the URL form of a path with special characters).
-fn percent_decode(value: &str) -> Option<String> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = value.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// Splits a `postgres://` URL into the URL tokio-postgres is given (without this crate's
 /// TLS options) and those options, checked.
 pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
-    let (base, fragment) = match url.split_once('#') {
-        Some((b, f)) => (b, Some(f)),
-        None => (url, None),
-    };
-    let Some((path, query)) = base.split_once('?') else {
-        return Ok((url.to_owned(), TlsOptions::default()));
-    };
     let mut options = TlsOptions::default();
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let Some(&name) = TLS_OPTIONS.iter().find(|o| **o == key) else {
-            kept.push(pair);
-            continue;
-        };
-        let value = percent_decode(value).ok_or_else(|| {
-            Error::config(
-                name,
-                format!(
-                    "the value of {name} in `{}` has a bad %-escape",
-                    redact_url(url)
-                ),
-            )
-        })?;
-        if value.is_empty() {
-            return Err(Error::config(
-                name,
-                format!("{name} is empty in `{}`: give a value", redact_url(url)),
-            ));
-        }
+    let stripped = take_query_options(url, &TLS_OPTIONS, |name, value| {
         match name {
             "sslmode" => options.mode = Some(SslMode::parse(&value)?),
             "sslrootcert" => options.root_cert = Some(PathBuf::from(value)),
             "sslcert" => options.cert = Some(PathBuf::from(value)),
             _ => options.key = Some(PathBuf::from(value)),
         }
-    }
+        Ok(())
+    })?;
     check(&options)?;
-    let mut stripped = path.to_owned();
-    if !kept.is_empty() {
-        stripped.push('?');
-        stripped.push_str(&kept.join("&"));
-    }
-    if let Some(f) = fragment {
-        stripped.push('#');
-        stripped.push_str(f);
-    }
     Ok((stripped, options))
 }
 
