@@ -338,58 +338,41 @@ pub async fn acquire_is_atomic<S: StoreSource>(src: &S) -> CaseResult {
             let (m, id) = (m.clone(), format!("r{round}-{i}"));
             racers.spawn(async move {
                 let reply = s.acquire(&m, &id, LEASE).await;
-                (id, reply)
+                (id, s, reply)
             });
         }
+        // Each racer's id, the store it raced on, and the owner its reply named.
         let mut replies = Vec::new();
         while let Some(joined) = racers.join_next().await {
-            let (id, reply) = joined.map_err(|e| CaseError(format!("a racer panicked: {e}")))?;
-            replies.push((id, reply?.owner));
+            let (id, s, reply) = joined.map_err(|e| CaseError(format!("a racer panicked: {e}")))?;
+            replies.push((id, s, reply?.owner));
         }
-        let winners: Vec<&str> = replies
-            .iter()
-            .filter(|(id, o)| o.is_owner(id))
-            .map(|(id, _)| id.as_str())
-            .collect();
+        let winners: Vec<_> = replies.iter().filter(|(id, _, o)| o.is_owner(id)).collect();
         check(winners.len() == 1, || {
-            format!("round {round}: {} winners: {winners:?}", winners.len())
+            let ids: Vec<&str> = winners.iter().map(|(id, _, _)| id.as_str()).collect();
+            format!("round {round}: {} winners: {ids:?}", winners.len())
         })?;
-        let winner = winners[0].to_owned();
+        let (winner, winner_store, _) = winners[0];
         // A store with a wait queue may answer a loser with an unnamed holder instead.
         check(
             replies
                 .iter()
-                .all(|(_, o)| o.is_owner(&winner) || o.owner_id.is_empty()),
-            || format!("round {round}: replies name other owners than {winner}: {replies:?}"),
+                .all(|(_, _, o)| o.is_owner(winner) || o.owner_id.is_empty()),
+            || {
+                let replies: Vec<_> = replies.iter().map(|(id, _, o)| (id, o)).collect();
+                format!("round {round}: replies name other owners than {winner}: {replies:?}")
+            },
         )?;
         // The losers stop waiting (a store with a wait queue would hand them the mutex
         // next), then the winner releases.
-        for (id, _) in replies.iter().filter(|(id, _)| *id != winner) {
-            let s = if racer_index(id).is_multiple_of(2) {
-                &a
-            } else {
-                &b
-            };
+        for (id, s, _) in replies.iter().filter(|(id, _, _)| id != winner) {
             s.leave(&m, id).await?;
         }
-        let s = if racer_index(&winner).is_multiple_of(2) {
-            &a
-        } else {
-            &b
-        };
-        check(s.release(&m, &winner).await?, || {
+        check(winner_store.release(&m, winner).await?, || {
             format!("round {round}: the winner's release failed")
         })?;
     }
     Ok(())
-}
-
-/// The racer number in an id `r{round}-{i}`.
-fn racer_index(id: &str) -> usize {
-    id.rsplit('-')
-        .next()
-        .and_then(|i| i.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A waiter that subscribed and was refused is woken when the owner releases — well
