@@ -15,6 +15,10 @@ use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
 use simba_test_kit::support::unique_name;
 
+/// The shared parts of the TLS test files.
+#[cfg(feature = "tls")]
+pub mod tls;
+
 /// The statement timeout of test stores: below the engine's 2 s request timeout, so a
 /// hung call ends in the store (which closes its connection) rather than being dropped.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_millis(1500);
