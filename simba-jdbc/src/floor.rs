@@ -17,7 +17,7 @@ use crate::config::{Backend, Target};
 use crate::store::SqlStore;
 
 /// One dedicated connection for floor measurements; from [`SqlStore::probe`].
-pub struct SqlProbe {
+pub(crate) struct SqlProbe {
     conn: Conn,
     kind: Backend,
     timeout: Duration,
@@ -52,7 +52,7 @@ impl SqlStore {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
-    pub async fn probe(&self) -> Result<SqlProbe> {
+    pub(crate) async fn probe(&self) -> Result<SqlProbe> {
         let target = self.config().target()?;
         let kind = target.backend();
         let timeout = self.config().statement_timeout();
@@ -120,7 +120,7 @@ impl SqlProbe {
     /// # Cancel safety
     /// Dropping the future halfway leaves the connection in an unknown state: drop the probe
     /// too.
-    pub async fn select_one(&mut self) -> Result<()> {
+    pub(crate) async fn select_one(&mut self) -> Result<()> {
         let run = async {
             match &mut self.conn {
                 #[cfg(feature = "mysql")]

@@ -10,7 +10,7 @@
 mod config;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 mod connector;
-pub mod floor;
+mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;

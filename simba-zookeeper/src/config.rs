@@ -26,6 +26,9 @@ pub const DEFAULT_ROOT: &str = "/simba";
 /// The port used when a host in the connect string names none.
 pub const DEFAULT_PORT: u16 = 2181;
 
+/// The TLS spellings of a ZooKeeper URL, each refused with [`TLS_UNAVAILABLE`].
+pub(crate) const TLS_SCHEMES: &[&str] = &["zks", "zookeeper+tls", "zookeeper+ssl", "zookeepers"];
+
 /// Why a TLS URL (`zks://`, `?tls=…`) is refused.
 const TLS_UNAVAILABLE: &str = "TLS to ZooKeeper is not available: zookeeper-async, the client \
      this crate uses, speaks plain TCP only. To reach a TLS-only ZooKeeper (secureClientPort), \
@@ -177,10 +180,7 @@ impl ZkConfig {
     pub fn from_url(url: &str) -> Result<Self> {
         let url = url.trim();
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        if matches!(
-            scheme.as_deref(),
-            Some("zks" | "zookeeper+tls" | "zookeeper+ssl" | "zookeepers")
-        ) {
+        if scheme.as_deref().is_some_and(|s| TLS_SCHEMES.contains(&s)) {
             return Err(Error::config("url", TLS_UNAVAILABLE));
         }
         let rest = ["zk://", "zookeeper://"]

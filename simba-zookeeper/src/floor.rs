@@ -17,7 +17,7 @@ use crate::session::BACKEND;
 
 /// A dedicated ZooKeeper session for floor measurements. The session is closed when the
 /// probe is dropped (in the background) or by [`ZkProbe::close`].
-pub struct ZkProbe {
+pub(crate) struct ZkProbe {
     zk: Arc<ZooKeeper>,
     servers: String,
     closed: bool,
@@ -42,7 +42,7 @@ impl ZkProbe {
     /// # Cancel safety
     /// Dropping the future may leave a half-open client that the server expires after the
     /// session timeout.
-    pub async fn connect(config: &ZkConfig) -> Result<ZkProbe> {
+    pub(crate) async fn connect(config: &ZkConfig) -> Result<ZkProbe> {
         let resolved = config.resolve()?;
         let servers = resolved
             .hosts
@@ -100,7 +100,7 @@ impl ZkProbe {
     ///
     /// # Cancel safety
     /// Cancel safe (a read).
-    pub async fn exists(&self, limit: Duration) -> Result<()> {
+    pub(crate) async fn exists(&self, limit: Duration) -> Result<()> {
         match tokio::time::timeout(limit, self.zk.exists("/", false)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(Error::backend_source(BACKEND, "probe: exists(/)", true, e)),
@@ -115,7 +115,7 @@ impl ZkProbe {
     ///
     /// # Cancel safety
     /// Dropping the future leaves the session to expire on its own.
-    pub async fn close(mut self) -> Result<()> {
+    pub(crate) async fn close(mut self) -> Result<()> {
         self.closed = true;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.zk.close()).await;
         Ok(())

@@ -3,9 +3,10 @@
 
 mod common;
 mod config;
+mod connector;
 mod contend;
 mod factory;
-pub mod floor;
+mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -16,6 +17,7 @@ pub use config::{
     DEFAULT_PORT, DEFAULT_ROOT, DigestAuth, MAX_CONNECT_TIMEOUT, MAX_SESSION_TIMEOUT,
     MIN_SESSION_TIMEOUT, ZkConfig, redact_url,
 };
+pub use connector::{CONNECTOR, ZkConnector};
 pub use contend::ZkContendService;
 pub use factory::ZkFactory;
 pub use retrieve::ZkRetrievalService;

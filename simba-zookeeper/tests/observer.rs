@@ -59,3 +59,22 @@ async fn an_idle_observer_does_not_poll_and_sees_a_release_at_once() {
     eprintln!("idle ZooKeeper observer: {idle} packets received by the server in 3 s");
     r.stop().await.expect("stop");
 }
+
+/// The connector gives a generic tool a working backend: the kit's connector check (a
+/// session backend: no owner read, no hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connector_passes_the_kit_check() {
+    let server = common::server().await;
+    let url = format!("zk://{}{}", server.url(), random_root());
+    simba_test_kit::connector::check(
+        &simba_zookeeper::CONNECTOR,
+        &url,
+        None,
+        simba_test_kit::connector::Expect {
+            ownership: simba_core::connect::Ownership::Session,
+            round_trip: "exists",
+            counts_connections: false,
+        },
+    )
+    .await;
+}

@@ -168,18 +168,28 @@ pub async fn connect(url: &str) -> Connected {
         .map_err(|e| (e, t0.elapsed()))
 }
 
-/// Connects to `url`, and so does the floor probe (its own connection, with the same
-/// options); both run `SELECT 1`.
+/// Connects to `url`, and so does the connector's floor probe (its own connection, with
+/// the same options); both run `SELECT 1`.
 pub async fn select_one(url: &str) {
-    let store = connect(url)
+    connect(url)
         .await
         .unwrap_or_else(|(e, _)| panic!("{url}: {e}"));
-    let mut probe = store
-        .probe()
+    let connection = simba_core::connect::Connector::connect(
+        &simba_jdbc::CONNECTOR,
+        url,
+        &simba_core::connect::ConnectOptions::new(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{url}: connector: {e}"));
+    let mut probe = connection
+        .probe("tls")
         .await
         .unwrap_or_else(|e| panic!("{url}: probe: {e}"));
     probe
-        .select_one()
+        .measure(
+            simba_core::connect::Floor::RoundTrip,
+            Duration::from_secs(5),
+        )
         .await
         .unwrap_or_else(|e| panic!("{url}: probe: {e}"));
 }

@@ -1,0 +1,194 @@
+//! The ZooKeeper [`Connector`]: `zk://` and `zookeeper://` URLs through
+//! [`simba_core::connect`] (and the TLS spellings, refused with what to do instead).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::backend::{BoxFuture, LeaseReply};
+use simba_core::connect::{
+    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe, unsupported_floor,
+};
+use simba_core::{ContendServiceFactory, Result};
+
+use crate::config::{TLS_SCHEMES, ZkConfig, redact_url};
+use crate::factory::ZkFactory;
+use crate::floor::ZkProbe;
+use crate::session::BACKEND;
+
+/// The ZooKeeper connector, for [`Connectors`](simba_core::connect::Connectors).
+///
+/// It connects a URL with [`ZkConfig::from_url`]. ZooKeeper keeps an ownership as long as
+/// the owner's session, not by leases: when [`ConnectOptions::with_lease`] chose a lease,
+/// `ttl + transition` becomes the session timeout (how long a silent owner keeps the
+/// mutex); otherwise the URL's or [`ZkConfig`]'s default applies.
+///
+/// ```no_run
+/// use simba_core::connect::{ConnectOptions, Connectors};
+/// # async fn run() -> simba_core::Result<()> {
+/// let connectors = Connectors::new(vec![&simba_zookeeper::CONNECTOR]);
+/// let backend = connectors
+///     .connect("zk://127.0.0.1:2181/apps", &ConnectOptions::default())
+///     .await?;
+/// let locker = simba_core::Locker::new(backend.factory(), "nightly-report")?;
+/// # let _ = locker; Ok(()) }
+/// ```
+pub static CONNECTOR: ZkConnector = ZkConnector;
+
+/// See [`CONNECTOR`].
+#[derive(Debug, Clone, Copy)]
+pub struct ZkConnector;
+
+/// A ZooKeeper session's factory, from [`ZkConnector`].
+#[derive(Debug)]
+struct ZkConnection {
+    factory: ZkFactory,
+}
+
+impl ZkConnector {
+    fn config(url: &str, options: &ConnectOptions) -> Result<ZkConfig> {
+        let mut config = ZkConfig::from_url(url)?;
+        if let Some(lease) = options.lease() {
+            config = config.with_session_timeout(lease.ttl + lease.transition);
+        }
+        if let Some(timeout) = options.connect_timeout() {
+            config = config.with_connect_timeout(timeout);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl Connector for ZkConnector {
+    fn name(&self) -> &'static str {
+        "ZooKeeper"
+    }
+
+    fn schemes(&self) -> Vec<&'static str> {
+        let mut schemes = vec!["zk", "zookeeper"];
+        schemes.extend_from_slice(TLS_SCHEMES);
+        schemes
+    }
+
+    fn forms(&self) -> Vec<&'static str> {
+        vec!["zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/CHROOT]"]
+    }
+
+    fn redact(&self, url: &str) -> String {
+        redact_url(url)
+    }
+
+    fn validate(&self, url: &str) -> Result<()> {
+        ZkConfig::from_url(url)?.validate()
+    }
+
+    fn connect<'a>(
+        &'a self,
+        url: &'a str,
+        options: &'a ConnectOptions,
+    ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
+        Box::pin(async move {
+            let factory = ZkFactory::connect(Self::config(url, options)?).await?;
+            Ok(Box::new(ZkConnection { factory }) as Box<dyn Connection>)
+        })
+    }
+}
+
+impl Connection for ZkConnection {
+    fn factory(&self) -> Arc<dyn ContendServiceFactory> {
+        Arc::new(self.factory.clone())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Watches wake waiters and tell observers.
+        Capabilities::new(Ownership::Session, true, true)
+    }
+
+    fn read_owner<'a>(&'a self, _mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>> {
+        None
+    }
+
+    fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+        Box::pin(async move {
+            let probe = ZkProbe::connect(self.factory.config()).await?;
+            Ok(Box::new(ZkFloors(Some(probe))) as Box<dyn Probe>)
+        })
+    }
+
+    fn connections(&self) -> String {
+        "1 session (one TCP connection)".to_owned()
+    }
+}
+
+/// ZooKeeper's floor: `exists("/")` on a session of its own.
+struct ZkFloors(Option<ZkProbe>);
+
+impl Probe for ZkFloors {
+    fn round_trip_name(&self) -> &'static str {
+        "exists"
+    }
+
+    fn floors(&self) -> Vec<Floor> {
+        vec![Floor::RoundTrip]
+    }
+
+    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            match (&self.0, floor) {
+                (Some(probe), Floor::RoundTrip) => probe.exists(limit).await,
+                (None, _) => Err(simba_core::Error::InvalidState(
+                    "the ZooKeeper probe is closed".into(),
+                )),
+                (Some(_), other) => Err(unsupported_floor(BACKEND, other)),
+            }
+        })
+    }
+
+    fn close(mut self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        let probe = self.0.take();
+        Box::pin(async move {
+            match probe {
+                Some(p) => p.close().await,
+                None => Ok(()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use simba_core::connect::Connectors;
+
+    #[test]
+    fn tls_spellings_are_owned_and_refused_with_the_way_round() {
+        let c = Connectors::new(vec![&CONNECTOR]);
+        for url in ["zks://h:2281", "ZooKeeper+TLS://h:2281/a", "zookeepers://h"] {
+            match c.validate(url) {
+                Err(simba_core::Error::InvalidConfig { reason, .. }) => {
+                    assert!(reason.contains("tunnel"), "{url}: {reason}");
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert!(c.validate("zk://h:2181,h2:2181/apps").is_ok());
+        assert!(c.validate("zk:///apps").is_err());
+        assert_eq!(c.redact("zk://u:secret@h:2181/a"), "zk://u:***@h:2181/a");
+    }
+
+    #[test]
+    fn a_chosen_lease_becomes_the_session_timeout() {
+        let lease =
+            simba_core::LeaseConfig::with_lease(Duration::from_secs(8), Duration::from_secs(2));
+        let options = ConnectOptions::new()
+            .with_lease(lease)
+            .with_connect_timeout(Duration::from_secs(3));
+        let config = ZkConnector::config("zk://h:2181/a", &options).expect("config");
+        assert_eq!(config.session_timeout, Duration::from_secs(10));
+        assert_eq!(config.connect_timeout, Duration::from_secs(3));
+        let default = ZkConnector::config("zk://h:2181/a", &ConnectOptions::new()).expect("config");
+        assert_eq!(
+            default.session_timeout,
+            ZkConfig::new("h:2181").session_timeout
+        );
+    }
+}
