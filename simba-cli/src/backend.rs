@@ -1,4 +1,6 @@
-//! From a backend URL to a contend-service factory (`Arc<dyn ContendServiceFactory>`).
+//! From a backend URL to a connected backend, through the connector of the backend crate
+//! that owns the URL's scheme (`simba_core::connect`): `simba` itself knows only which
+//! backends are compiled in, and which cargo feature brings which scheme.
 //!
 //! | URL | backend | cargo feature |
 //! |---|---|---|
@@ -13,185 +15,141 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::backend::{BoxFuture, LeaseReply};
+use simba_core::connect::{
+    ConnectOptions, Connection, Connector, Connectors, Ownership, scheme_of,
+};
 use simba_core::{ContendServiceFactory, LeaseConfig};
 
 use crate::status::{Failure, Status};
 
-/// How often a waiter (or an observer) looks again on SQLite and MySQL where nothing
-/// pushes to it, unless the caller chose (`LeaseConfig::waiter_poll`; core jitters it in
-/// its second half). Waiters are pushed by the database's lock queue and use it only while
-/// a subscription fails; observers there read at this pace.
-const WAITER_POLL: Duration = Duration::from_millis(200);
+/// How long `simba` tries to reach a backend before it gives up (ZooKeeper's library
+/// default is 10 s; Redis's is this).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long `simba` tries to reach ZooKeeper before it gives up (the library's default is
-/// 10 s); the same as the Redis backend's connect timeout.
-#[allow(dead_code)] // unused without the zookeeper feature
-const ZK_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `lease` with [`WAITER_POLL`] unless a poll was already chosen.
-#[allow(dead_code)] // unused without the sqlite and mysql features
-fn polling(lease: LeaseConfig) -> LeaseConfig {
-    LeaseConfig {
-        waiter_poll: lease.waiter_poll.or(Some(WAITER_POLL)),
-        ..lease
-    }
+/// The backends compiled into this binary: the only per-backend list in `simba`. Each
+/// backend crate's connector owns its URL schemes, checks, redacts and connects them.
+fn compiled_in() -> Vec<&'static dyn Connector> {
+    vec![
+        #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+        &simba_jdbc::CONNECTOR,
+        #[cfg(feature = "redis")]
+        &simba_redis::CONNECTOR,
+        #[cfg(feature = "zookeeper")]
+        &simba_zookeeper::CONNECTOR,
+    ]
 }
 
-/// Every scheme `simba` knows, with the feature that compiles it in.
-const SCHEMES: &[(&str, &str, bool)] = &[
-    ("sqlite://PATH", "sqlite", cfg!(feature = "sqlite")),
-    ("redis://", "redis", cfg!(feature = "redis")),
-    ("rediss://", "tls", cfg!(feature = "tls")),
-    ("mysql://", "mysql", cfg!(feature = "mysql")),
-    ("postgres://", "postgres", cfg!(feature = "postgres")),
+/// This binary's cargo features and the URL schemes each brings, to name the feature to
+/// rebuild with when a URL needs one that is off.
+const FEATURES: &[(&str, &[&str], bool)] = &[
+    ("sqlite", &["sqlite"], cfg!(feature = "sqlite")),
+    ("mysql", &["mysql", "mariadb"], cfg!(feature = "mysql")),
     (
-        "zk://host:port[,host:port]/chroot",
+        "postgres",
+        &["postgres", "postgresql"],
+        cfg!(feature = "postgres"),
+    ),
+    (
+        "redis",
+        &[
+            "redis",
+            "valkey",
+            "redis-cluster",
+            "valkey-cluster",
+            "redis-sentinel",
+            "valkey-sentinel",
+        ],
+        cfg!(feature = "redis"),
+    ),
+    (
+        "tls",
+        &[
+            "rediss",
+            "valkeys",
+            "rediss-cluster",
+            "valkeys-cluster",
+            "rediss-sentinel",
+            "valkeys-sentinel",
+        ],
+        cfg!(feature = "tls"),
+    ),
+    (
         "zookeeper",
+        &[
+            "zk",
+            "zookeeper",
+            "zks",
+            "zookeeper+tls",
+            "zookeeper+ssl",
+            "zookeepers",
+        ],
         cfg!(feature = "zookeeper"),
     ),
 ];
 
-/// The schemes compiled into this binary, for messages.
+/// The connectors of this binary.
+pub(crate) fn connectors() -> Connectors {
+    Connectors::new(compiled_in())
+}
+
+/// The URL forms this binary understands, for messages.
 pub(crate) fn supported() -> String {
-    let on: Vec<&str> = SCHEMES
-        .iter()
-        .filter(|(_, _, on)| *on)
-        .map(|(s, _, _)| *s)
-        .collect();
-    if on.is_empty() {
+    let forms = connectors().forms();
+    if compiled_in().is_empty() {
         "none (this simba was built without any backend feature)".to_owned()
     } else {
-        on.join(", ")
+        forms
     }
 }
 
-/// Where to connect, parsed from a URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
-    /// A SQLite file.
-    Sqlite(PathBuf),
-    /// A Redis URL (`redis://`, `rediss://`, `redis-cluster://`, `redis-sentinel://`, `valkey…`).
-    Redis(String),
-    /// A MySQL / MariaDB URL.
-    Mysql(String),
-    /// A PostgreSQL URL.
-    Postgres(String),
-    /// A ZooKeeper URL (`zk://[user:password@]hosts[/chroot]`).
-    Zookeeper(String),
-}
-
-impl Target {
-    /// Parses `url`; a bad or unsupported URL is a usage error that lists what works.
-    pub(crate) fn parse(url: &str) -> Result<Target, Failure> {
-        let url = url.trim();
-        let shown = redact(url);
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(Failure::usage(format!(
-                "backend `{shown}` is not a URL; use one of: {}",
-                supported()
-            )));
-        };
-        let scheme = scheme.to_ascii_lowercase();
-        let (target, feature) = match scheme.as_str() {
-            "sqlite" => {
-                if rest.is_empty() || rest == ":memory:" {
-                    return Err(Failure::usage(format!(
-                        "backend `{shown}` names no file: write sqlite://PATH, e.g. \
-                         sqlite:///var/lib/app/simba.db (an in-memory database cannot be \
-                         shared by processes)"
-                    )));
-                }
-                (Target::Sqlite(PathBuf::from(rest)), "sqlite")
-            }
-            "redis" | "valkey" | "redis-cluster" | "valkey-cluster" | "redis-sentinel"
-            | "valkey-sentinel" => (Target::Redis(url.to_owned()), "redis"),
-            "rediss" | "valkeys" | "rediss-cluster" | "valkeys-cluster" | "rediss-sentinel"
-            | "valkeys-sentinel" => (Target::Redis(url.to_owned()), "tls"),
-            "mysql" | "mariadb" => (Target::Mysql(url.to_owned()), "mysql"),
-            "postgres" | "postgresql" => (Target::Postgres(url.to_owned()), "postgres"),
-            // TLS schemes too, so that simba-zookeeper says why they cannot work.
-            "zk" | "zookeeper" | "zks" | "zookeeper+tls" | "zookeeper+ssl" | "zookeepers" => {
-                if rest.is_empty() || rest.starts_with('/') {
-                    return Err(Failure::usage(format!(
-                        "backend `{shown}` names no server: write zk://HOST:PORT[,HOST:PORT]/CHROOT"
-                    )));
-                }
-                (Target::Zookeeper(url.to_owned()), "zookeeper")
-            }
-            other => {
-                return Err(Failure::usage(format!(
-                    "backend `{shown}`: unknown scheme `{other}://`; use one of: {}",
-                    supported()
-                )));
-            }
-        };
-        let compiled = SCHEMES.iter().any(|(_, f, on)| *f == feature && *on);
-        if !compiled {
-            return Err(Failure::usage(format!(
-                "backend `{shown}` needs the cargo feature `{feature}`, which this simba was \
-                 built without; rebuild with `cargo install simba-cli --features {feature}` \
-                 (compiled in: {})",
-                supported()
-            )));
-        }
-        Ok(target)
+/// Checks `url` without connecting: a scheme of a feature this binary lacks names the
+/// feature; anything else is its connector's to judge. Every refusal is a usage error that
+/// says what works.
+pub(crate) fn check(url: &str) -> Result<&'static dyn Connector, Failure> {
+    if let Some(scheme) = scheme_of(url)
+        && let Some((feature, ..)) = FEATURES
+            .iter()
+            .find(|(_, schemes, on)| !on && schemes.contains(&scheme.as_str()))
+    {
+        return Err(Failure::usage(format!(
+            "backend `{}` needs the cargo feature `{feature}`, which this simba was built \
+             without; rebuild with `cargo install simba-cli --features {feature}` (compiled \
+             in: {})",
+            redact(url),
+            supported()
+        )));
     }
-}
-
-/// Reads a mutex's owner with one backend call (lease backends).
-pub(crate) trait OwnerReader: Send + Sync {
-    /// The owner of `mutex` and the backend's clock.
-    fn read<'a>(&'a self, mutex: &'a str) -> BoxFuture<'a, simba_core::Result<LeaseReply>>;
-}
-
-#[allow(dead_code)] // unused when no lease backend is compiled in
-struct StoreReader<S>(Arc<S>);
-
-impl<S: simba_core::backend::LeaseStore> OwnerReader for StoreReader<S> {
-    fn read<'a>(&'a self, mutex: &'a str) -> BoxFuture<'a, simba_core::Result<LeaseReply>> {
-        Box::pin(self.0.owner(mutex))
-    }
-}
-
-/// The concrete store (or session) under a backend, for what the contend-service traits
-/// do not offer (`simba bench`'s floor probes).
-#[derive(Clone)]
-#[allow(dead_code)] // some variants are unused, depending on the features
-pub(crate) enum Native {
-    /// A Redis store.
-    #[cfg(feature = "redis")]
-    Redis(simba_redis::RedisStore),
-    /// A SQL store (SQLite, MySQL, PostgreSQL).
-    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-    Sql(simba_jdbc::SqlStore),
-    /// A ZooKeeper session.
-    #[cfg(feature = "zookeeper")]
-    Zookeeper(simba_zookeeper::ZkFactory),
+    let bad = |e: simba_core::Error| Failure::simba(e, "bad backend URL");
+    let connector = connectors().find(url).map_err(bad)?;
+    connector.validate(url.trim()).map_err(bad)?;
+    Ok(connector)
 }
 
 /// A connected backend.
 pub(crate) struct Backend {
-    /// The URL, password redacted.
+    /// The URL, secrets redacted.
     pub(crate) shown: String,
+    /// The connection its connector made.
+    pub(crate) conn: Arc<dyn Connection>,
     /// The factory of contend and retrieval services.
     pub(crate) factory: Arc<dyn ContendServiceFactory>,
-    /// A one-call owner read, where the backend has one (lease backends); ZooKeeper is
-    /// observed through a retrieval service instead.
-    pub(crate) reader: Option<Arc<dyn OwnerReader>>,
-    /// Whether the backend cannot push a release to waiters, so that they poll (see
-    /// [`WAITER_POLL`]); no backend today.
+    /// Whether waiters cannot be woken by the backend, so that they poll (no backend
+    /// today).
     pub(crate) polls: bool,
-    /// The concrete store or session.
-    #[allow(dead_code)] // read by `bench` only
-    pub(crate) native: Native,
+}
+
+impl Backend {
+    /// Whether the backend has leases (and so one-call owner reads).
+    pub(crate) fn has_leases(&self) -> bool {
+        self.conn.capabilities().ownership == Ownership::Lease
+    }
 }
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Backend")
             .field("url", &self.shown)
-            .field("factory", &self.factory)
+            .field("connection", &self.conn)
             .finish_non_exhaustive()
     }
 }
@@ -211,20 +169,26 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    fn lease(self) -> LeaseConfig {
-        let d = LeaseConfig::default();
-        let mut lease = LeaseConfig {
-            waiter_poll: self.waiter_poll,
-            ..LeaseConfig::with_lease(
+    /// The connect options of this timing: a chosen ttl or transition sets the lease (and
+    /// a session backend's session timeout); a poll alone leaves the rest to the backend.
+    fn options(self) -> ConnectOptions {
+        let mut options = ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
+        if self.ttl.is_some() || self.transition.is_some() || self.jitter.is_some() {
+            let d = LeaseConfig::default();
+            let mut lease = LeaseConfig::with_lease(
                 self.ttl.unwrap_or(d.ttl),
                 self.transition.unwrap_or(d.transition),
-            )
-        };
-        if let Some((start, end)) = self.jitter {
-            lease.jitter = start..end;
-            lease.jitter_no_transition = start..end;
+            );
+            if let Some((start, end)) = self.jitter {
+                lease.jitter = start..end;
+                lease.jitter_no_transition = start..end;
+            }
+            options = options.with_lease(lease);
         }
-        lease
+        if let Some(poll) = self.waiter_poll {
+            options = options.with_waiter_poll(poll);
+        }
+        options
     }
 }
 
@@ -304,197 +268,31 @@ fn create_private_dir(dir: &Path) -> Result<(), Failure> {
 
 /// Connects to the backend of `url` with `timing`.
 pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failure> {
-    let target = Target::parse(url)?;
+    let connector = check(url)?;
     let shown = redact(url);
-    let lease = timing.lease();
-    lease
+    let options = timing.options();
+    options
+        .lease()
         .validate()
         .map_err(|e| Failure::simba(e, "bad --ttl / --transition"))?;
-    #[allow(unused_variables)] // unused when no backend is compiled in
-    let connect_failed =
-        |e: simba_core::Error| Failure::simba(e, format!("cannot use backend {shown}"));
-    match target {
-        #[cfg(feature = "sqlite")]
-        Target::Sqlite(path) => {
-            check_sqlite_dir(&path)?;
-            let url = format!("sqlite://{}", path.display());
-            // simba-jdbc retries the WAL switch that races when processes open a new file
-            // together.
-            let f = simba_jdbc::factory(&url, polling(lease))
-                .await
-                .map_err(|e| {
-                    let hint = sqlite_hint(&e.to_string(), &path);
-                    let failure = connect_failed(e);
-                    match hint {
-                        // After what SQLite said, so that the message reads in order.
-                        Some(hint) => Failure::new(
-                            failure.status,
-                            format!("{}. {hint}", crate::status::describe(&failure.error)),
-                        ),
-                        None => failure,
-                    }
-                })?;
-            // Waiters are woken by the database's native lock queue (no polling); the
-            // poll period is only the fallback while a subscription cannot be made.
-            let native = Native::Sql((**f.store()).clone());
-            Ok(lease_backend(shown, f, false, native))
-        }
-        #[cfg(feature = "redis")]
-        Target::Redis(url) => {
-            let f = simba_redis::factory(&url, lease)
-                .await
-                .map_err(connect_failed)?;
-            let native = Native::Redis((**f.store()).clone());
-            Ok(lease_backend(shown, f, false, native))
-        }
-        #[cfg(feature = "mysql")]
-        Target::Mysql(url) => {
-            let f = simba_jdbc::factory(&url, polling(lease))
-                .await
-                .map_err(connect_failed)?;
-            // Waiters are woken by the database's native lock queue (no polling); the
-            // poll period is only the fallback while a subscription cannot be made.
-            let native = Native::Sql((**f.store()).clone());
-            Ok(lease_backend(shown, f, false, native))
-        }
-        #[cfg(feature = "postgres")]
-        Target::Postgres(url) => {
-            // Advisory locks wake waiters; LISTEN/NOTIFY tells observers of changes.
-            let f = simba_jdbc::factory(&url, lease)
-                .await
-                .map_err(connect_failed)?;
-            let native = Native::Sql((**f.store()).clone());
-            Ok(lease_backend(shown, f, false, native))
-        }
-        #[cfg(feature = "zookeeper")]
-        Target::Zookeeper(url) => {
-            let mut config = simba_zookeeper::ZkConfig::from_url(&url)
-                .map_err(connect_failed)?
-                .with_connect_timeout(ZK_CONNECT_TIMEOUT);
-            if timing.ttl.is_some() || timing.transition.is_some() {
-                // ZooKeeper has sessions, not leases: the session timeout plays the part
-                // of ttl + transition (how long a silent owner keeps the mutex).
-                config = config.with_session_timeout(lease.ttl + lease.transition);
-            }
-            let f = simba_zookeeper::ZkFactory::connect(config)
-                .await
-                .map_err(connect_failed)?;
-            Ok(Backend {
-                shown,
-                factory: Arc::new(f.clone()),
-                reader: None,
-                polls: false,
-                native: Native::Zookeeper(f),
-            })
-        }
-        #[allow(unreachable_patterns)]
-        other => Err(Failure::new(
-            Status::Internal,
-            format!("backend {other:?} is not compiled in (parse should have said so)"),
-        )),
-    }
-}
-
-#[allow(dead_code)] // unused when no lease backend is compiled in
-fn lease_backend<S: simba_core::backend::LeaseStore>(
-    shown: String,
-    f: simba_core::LeaseServiceFactory<S>,
-    polls: bool,
-    native: Native,
-) -> Backend {
-    let store = f.store().clone();
-    Backend {
+    let conn: Arc<dyn Connection> = connector
+        .connect(url.trim(), &options)
+        .await
+        .map_err(|e| Failure::simba(e, format!("cannot use backend {shown}")))?
+        .into();
+    Ok(Backend {
         shown,
-        factory: Arc::new(f),
-        reader: Some(Arc::new(StoreReader(store))),
-        polls,
-        native,
-    }
-}
-
-/// A SQLite file's directory must exist, and the path, if it exists, must be a regular
-/// file: SQLite's own errors ("unable to open database file", "disk I/O error", or a
-/// "database is locked" that lasts until the timeout for `/dev/null`) do not say so.
-#[allow(dead_code)] // unused without the sqlite feature
-fn check_sqlite_dir(path: &Path) -> Result<(), Failure> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if let Ok(meta) = std::fs::metadata(path)
-        && !meta.is_file()
-    {
-        let kind = if meta.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file (a device, socket or pipe)"
-        };
-        return Err(Failure::new(
-            Status::CantCreate,
-            format!(
-                "the SQLite path {} is {kind}; SQLite needs a regular file, and writes \
-                 `-wal` and `-shm` files beside it: choose a file in a writable directory, \
-                 e.g. sqlite:///var/tmp/simba.db",
-                path.display()
-            ),
-        ));
-    }
-    if dir.is_dir() {
-        Ok(())
-    } else {
-        Err(Failure::new(
-            Status::CantCreate,
-            format!(
-                "the directory {} of the SQLite file {} does not exist; create it or choose \
-                 another path",
-                dir.display(),
-                path.display()
-            ),
-        ))
-    }
-}
-
-/// What to check when SQLite gives one of its terse file errors ("disk I/O error", "unable
-/// to open database file") for `path`, or `None` for other errors.
-#[allow(dead_code)] // unused without the sqlite feature
-fn sqlite_hint(error: &str, path: &Path) -> Option<String> {
-    ["disk I/O error", "unable to open database file"]
-        .iter()
-        .any(|terse| error.contains(terse))
-        .then(|| {
-            format!(
-                "SQLite cannot read or write {} or create its -wal / -shm files beside it: \
-                 check that the file and its directory are writable and on a local file system",
-                path.display()
-            )
-        })
+        factory: conn.factory(),
+        polls: !conn.capabilities().pushes_to_waiters,
+        conn,
+    })
 }
 
 /// `url` with its secrets replaced by `***`, by the rules of the backend crate that parses
 /// it (each knows where its URL forms carry passwords); a URL of no compiled-in backend gets
 /// the common rule of `simba-core`.
 pub(crate) fn redact(url: &str) -> String {
-    let scheme = url
-        .trim()
-        .split_once("://")
-        .map(|(s, _)| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        #[cfg(feature = "redis")]
-        Some(
-            "redis" | "valkey" | "redis-cluster" | "valkey-cluster" | "redis-sentinel"
-            | "valkey-sentinel" | "rediss" | "valkeys" | "rediss-cluster" | "valkeys-cluster"
-            | "rediss-sentinel" | "valkeys-sentinel",
-        ) => simba_redis::redact_url(url),
-        #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-        Some("sqlite" | "mysql" | "mariadb" | "postgres" | "postgresql") => {
-            simba_jdbc::redact_url(url)
-        }
-        #[cfg(feature = "zookeeper")]
-        Some("zk" | "zookeeper" | "zks" | "zookeeper+tls" | "zookeeper+ssl" | "zookeepers") => {
-            simba_zookeeper::redact_url(url)
-        }
-        _ => simba_core::redact_url_with(url, simba_core::is_secret_key),
-    }
+    connectors().redact(url.trim())
 }
 
 #[cfg(test)]
@@ -502,86 +300,67 @@ mod tests {
     use super::*;
 
     fn usage_message(url: &str) -> String {
-        let e = Target::parse(url).expect_err(url);
+        let e = check(url).map(|c| c.name()).expect_err(url);
         assert_eq!(e.status, Status::Usage, "{url}");
         format!("{:#}", e.error)
     }
 
     #[test]
-    fn parses_each_scheme() {
-        assert_eq!(
-            Target::parse("sqlite:///tmp/x.db").ok(),
-            Some(Target::Sqlite(PathBuf::from("/tmp/x.db")))
-        );
-        assert_eq!(
-            Target::parse("sqlite://rel/x.db").ok(),
-            Some(Target::Sqlite(PathBuf::from("rel/x.db")))
-        );
-        assert!(matches!(
-            Target::parse("redis://127.0.0.1:6379"),
-            Ok(Target::Redis(_))
-        ));
-        assert!(matches!(
-            Target::parse("mysql://root@h/db"),
-            Ok(Target::Mysql(_))
-        ));
-        assert!(matches!(
-            Target::parse("postgres://u@h/db"),
-            Ok(Target::Postgres(_))
-        ));
-        assert_eq!(
-            Target::parse("zk://a:2181,b:2181/apps").ok(),
-            Some(Target::Zookeeper("zk://a:2181,b:2181/apps".into()))
-        );
-        // TLS schemes go to simba-zookeeper, which says why they cannot work.
-        assert_eq!(
-            Target::parse("zks://a:2281").ok(),
-            Some(Target::Zookeeper("zks://a:2281".into()))
-        );
+    fn each_scheme_goes_to_its_connector() {
+        let name = |url: &str| check(url).map(|c| c.name()).ok();
+        if cfg!(feature = "sqlite") {
+            assert_eq!(name("sqlite:///tmp/x.db"), Some("SQL"));
+        }
+        if cfg!(feature = "mysql") {
+            assert_eq!(name("mysql://root@h/db"), Some("SQL"));
+        }
+        if cfg!(feature = "postgres") {
+            assert_eq!(name("postgres://u@h/db"), Some("SQL"));
+        }
+        if cfg!(feature = "redis") {
+            assert_eq!(name("redis://127.0.0.1:6379"), Some("Redis"));
+        }
+        if cfg!(feature = "zookeeper") {
+            assert_eq!(name("zk://a:2181,b:2181/apps"), Some("ZooKeeper"));
+            // TLS spellings go to simba-zookeeper, which says why they cannot work.
+            assert!(usage_message("zks://a:2281").contains("tunnel"));
+        }
     }
 
     #[test]
     fn bad_urls_name_the_supported_schemes() {
         let m = usage_message("ftp://x");
-        assert!(
-            m.contains("unknown scheme `ftp://`") && m.contains("redis://"),
-            "{m}"
-        );
+        assert!(m.contains("unknown scheme `ftp://`"), "{m}");
         let m = usage_message("just-a-name");
-        assert!(
-            m.contains("not a URL") && m.contains("sqlite://PATH"),
-            "{m}"
-        );
-        assert!(usage_message("sqlite://").contains("names no file"));
-        assert!(usage_message("zk:///chroot").contains("names no server"));
-    }
-
-    #[test]
-    fn tls_needs_its_feature() {
-        if !cfg!(feature = "tls") {
-            let m = usage_message("rediss://h:6380");
-            assert!(m.contains("feature `tls`"), "{m}");
+        assert!(m.contains("not a URL"), "{m}");
+        if cfg!(feature = "sqlite") {
+            assert!(m.contains("sqlite://PATH"), "{m}");
+            assert!(usage_message("sqlite://").contains("needs a file"));
+        }
+        if cfg!(feature = "zookeeper") {
+            let m = usage_message("zk:///chroot");
+            assert!(m.contains("zk://"), "{m}");
         }
     }
 
     #[test]
-    fn terse_sqlite_file_errors_get_a_hint() {
-        let path = Path::new("/srv/x.db");
-        let hint = sqlite_hint("connect: … disk I/O error", path).expect("a hint");
-        assert!(
-            hint.contains("/srv/x.db") && hint.contains("writable"),
-            "{hint}"
-        );
-        assert!(sqlite_hint("x: unable to open database file", path).is_some());
-        assert!(sqlite_hint("no answer within 5s", path).is_none());
+    fn a_scheme_of_a_missing_feature_names_it() {
+        for (feature, schemes, on) in FEATURES {
+            if !on {
+                let m = usage_message(&format!("{}://h:1", schemes[0]));
+                assert!(m.contains(&format!("feature `{feature}`")), "{m}");
+            }
+        }
     }
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://app:secret@db:5432/x"),
-            "postgres://app:***@db:5432/x"
-        );
+        if cfg!(feature = "postgres") {
+            assert_eq!(
+                redact("postgres://app:secret@db:5432/x"),
+                "postgres://app:***@db:5432/x"
+            );
+        }
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
         let m = usage_message("bogus://u:secret@h?token=secret");
         assert!(!m.contains("secret"), "{m}");
@@ -592,5 +371,25 @@ mod tests {
         ] {
             assert!(!redact(url).contains("secret"), "{url}");
         }
+    }
+
+    #[test]
+    fn timing_sets_the_lease_only_when_chosen() {
+        let poll = Timing {
+            waiter_poll: Some(Duration::from_millis(50)),
+            ..Timing::default()
+        }
+        .options();
+        assert_eq!(poll.session_timeout(), None);
+        assert_eq!(poll.lease().waiter_poll, Some(Duration::from_millis(50)));
+        let chosen = Timing {
+            ttl: Some(Duration::from_secs(8)),
+            transition: Some(Duration::from_secs(2)),
+            ..Timing::default()
+        }
+        .options();
+        assert_eq!(chosen.session_timeout(), Some(Duration::from_secs(10)));
+        assert_eq!(chosen.lease().ttl, Duration::from_secs(8));
+        assert_eq!(chosen.connect_timeout(), Some(CONNECT_TIMEOUT));
     }
 }

@@ -241,7 +241,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
 
 /// Acquires as the options say. Every backend wakes a waiting command when the owner is
 /// done (SQL: the database's lock queue); on SQLite and MySQL the factory also has a
-/// short `LeaseConfig::waiter_poll` (see `backend::WAITER_POLL`), used only while a
+/// short `LeaseConfig::waiter_poll` (`simba_jdbc::OBSERVER_POLL`), used only while a
 /// subscription cannot be made.
 async fn acquire(locker: &Locker, args: &ExecArgs) -> simba_core::Result<LockGuard> {
     if args.no_wait {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
+use simba_core::connect::Connection;
 use simba_core::{MutexOwner, RetrievalService, SilentRetriever, validate_mutex_name};
 use tokio::sync::watch;
 
@@ -42,12 +43,12 @@ impl Snapshot {
 /// service's state (`simba watch`, and ZooKeeper). The retrieval service is pushed where
 /// the backend pushes and reads at a bounded interval otherwise (`--interval`).
 enum Source {
-    Read(Arc<dyn crate::backend::OwnerReader>),
+    Read(Arc<dyn Connection>),
     Observe {
         service: Arc<dyn RetrievalService>,
         state: watch::Receiver<simba_core::MutexState>,
         /// A one-call read for the first snapshot (lease backends).
-        reader: Option<Arc<dyn crate::backend::OwnerReader>>,
+        reader: Option<Arc<dyn Connection>>,
     },
 }
 
@@ -55,7 +56,8 @@ impl Source {
     /// `observe`: follow changes (watch) rather than read once (owner).
     async fn open(backend: &Backend, mutex: &str, observe: bool) -> Result<Source, Failure> {
         validate_mutex_name(mutex).map_err(|e| Failure::simba(e, "bad mutex name"))?;
-        if let Some(reader) = backend.reader.as_ref().filter(|_| !observe) {
+        let reader = backend.has_leases().then(|| backend.conn.clone());
+        if let Some(reader) = reader.as_ref().filter(|_| !observe) {
             return Ok(Source::Read(reader.clone()));
         }
         let service = backend
@@ -69,7 +71,7 @@ impl Source {
         Ok(Source::Observe {
             service,
             state,
-            reader: backend.reader.clone(),
+            reader,
         })
     }
 
@@ -124,8 +126,14 @@ impl Source {
     }
 }
 
-async fn read(reader: &dyn crate::backend::OwnerReader, mutex: &str) -> Result<Snapshot, Failure> {
-    let reply = match tokio::time::timeout(READ_BOUND, reader.read(mutex)).await {
+async fn read(reader: &dyn Connection, mutex: &str) -> Result<Snapshot, Failure> {
+    let Some(read) = reader.read_owner(mutex) else {
+        return Err(Failure::new(
+            Status::Internal,
+            "this backend has no one-call owner read",
+        ));
+    };
+    let reply = match tokio::time::timeout(READ_BOUND, read).await {
         Ok(r) => r.map_err(|e| Failure::simba(e, "cannot read the owner"))?,
         Err(_) => {
             return Err(Failure::new(
@@ -156,7 +164,7 @@ pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
     let snap = source.first(&args.mutex).await;
     source.close().await;
     let snap = snap?;
-    let leases = backend.reader.is_some();
+    let leases = backend.has_leases();
     let text = if args.json {
         json!({
             "mutex": args.mutex,

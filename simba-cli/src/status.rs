@@ -47,6 +47,8 @@ impl Status {
     pub(crate) fn of(e: &simba_core::Error) -> Status {
         use simba_core::Error as E;
         match e {
+            // A local path the backend needs (the SQLite file) is unusable.
+            E::InvalidConfig { field: "path", .. } => Status::CantCreate,
             E::InvalidName { .. }
             | E::InvalidContenderId { .. }
             | E::InvalidConfig { .. }

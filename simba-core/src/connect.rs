@@ -77,7 +77,8 @@ pub trait Connector: Send + Sync + 'static {
 /// How to connect, beyond the URL.
 #[derive(Debug, Clone, Default)]
 pub struct ConnectOptions {
-    lease: Option<LeaseConfig>,
+    lease: LeaseConfig,
+    session_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
 }
 
@@ -88,12 +89,30 @@ impl ConnectOptions {
         Self::default()
     }
 
-    /// Chooses the lease timing. On a session backend (ZooKeeper), whose ownership lasts as
-    /// long as a session, `ttl + transition` becomes the session timeout: how long a silent
-    /// owner keeps the mutex.
+    /// Chooses the lease timing. It also sets the [session
+    /// timeout](ConnectOptions::with_session_timeout) to `ttl + transition`, so that a
+    /// silent owner keeps the mutex as long on a session backend (ZooKeeper) as on a lease
+    /// backend.
     #[must_use]
     pub fn with_lease(mut self, lease: LeaseConfig) -> Self {
-        self.lease = Some(lease);
+        self.session_timeout = Some(lease.ttl + lease.transition);
+        self.lease = lease;
+        self
+    }
+
+    /// Chooses how often a waiter or an observer looks again where the backend cannot
+    /// push to it ([`LeaseConfig::waiter_poll`]), leaving the rest of the timing alone.
+    #[must_use]
+    pub fn with_waiter_poll(mut self, poll: Duration) -> Self {
+        self.lease.waiter_poll = Some(poll);
+        self
+    }
+
+    /// On session backends, how long a silent owner keeps the mutex (the session
+    /// timeout); lease backends take [`with_lease`](ConnectOptions::with_lease) instead.
+    #[must_use]
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = Some(timeout);
         self
     }
 
@@ -104,14 +123,14 @@ impl ConnectOptions {
         self
     }
 
-    /// The lease timing chosen, if any.
-    pub fn lease(&self) -> Option<&LeaseConfig> {
-        self.lease.as_ref()
+    /// The lease timing (lease backends).
+    pub fn lease(&self) -> &LeaseConfig {
+        &self.lease
     }
 
-    /// The lease timing chosen, or [`LeaseConfig::default`].
-    pub fn lease_or_default(&self) -> LeaseConfig {
-        self.lease.clone().unwrap_or_default()
+    /// The session timeout chosen, if any (session backends).
+    pub fn session_timeout(&self) -> Option<Duration> {
+        self.session_timeout
     }
 
     /// The bound of the first connection, if one was chosen.
@@ -388,7 +407,7 @@ mod tests {
             options: &'a ConnectOptions,
         ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
             Box::pin(async move {
-                let f = LeaseServiceFactory::new(MemoryStore::new(), options.lease_or_default())?;
+                let f = LeaseServiceFactory::new(MemoryStore::new(), options.lease().clone())?;
                 Ok(Box::new(MemConnection(Arc::new(f))) as Box<dyn Connection>)
             })
         }

@@ -103,7 +103,7 @@ impl Connector for SqlConnector {
         Box::pin(async move {
             self.validate(url)?;
             let target = parse_url(url)?;
-            let mut lease = options.lease_or_default();
+            let mut lease = options.lease().clone();
             if target.backend() != Backend::Postgres {
                 lease = LeaseConfig {
                     waiter_poll: lease.waiter_poll.or(Some(OBSERVER_POLL)),

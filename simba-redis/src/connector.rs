@@ -77,7 +77,7 @@ impl Connector for RedisConnector {
         options: &'a ConnectOptions,
     ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
         Box::pin(async move {
-            let lease = options.lease_or_default();
+            let lease = options.lease().clone();
             lease.validate()?;
             let mut config = RedisConfig::new(url);
             if let Some(timeout) = options.connect_timeout() {

@@ -18,9 +18,9 @@ use crate::session::BACKEND;
 /// The ZooKeeper connector, for [`Connectors`](simba_core::connect::Connectors).
 ///
 /// It connects a URL with [`ZkConfig::from_url`]. ZooKeeper keeps an ownership as long as
-/// the owner's session, not by leases: when [`ConnectOptions::with_lease`] chose a lease,
-/// `ttl + transition` becomes the session timeout (how long a silent owner keeps the
-/// mutex); otherwise the URL's or [`ZkConfig`]'s default applies.
+/// the owner's session, not by leases: [`ConnectOptions::session_timeout`] (which
+/// [`ConnectOptions::with_lease`] sets to `ttl + transition`) is how long a silent owner
+/// keeps the mutex; without one, the URL's or [`ZkConfig`]'s default applies.
 ///
 /// ```no_run
 /// use simba_core::connect::{ConnectOptions, Connectors};
@@ -47,8 +47,8 @@ struct ZkConnection {
 impl ZkConnector {
     fn config(url: &str, options: &ConnectOptions) -> Result<ZkConfig> {
         let mut config = ZkConfig::from_url(url)?;
-        if let Some(lease) = options.lease() {
-            config = config.with_session_timeout(lease.ttl + lease.transition);
+        if let Some(timeout) = options.session_timeout() {
+            config = config.with_session_timeout(timeout);
         }
         if let Some(timeout) = options.connect_timeout() {
             config = config.with_connect_timeout(timeout);

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::{Map, Value, json};
+use simba_core::connect::Connection;
 use simba_core::{DEFAULT_JITTER, Locker};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
@@ -174,13 +175,12 @@ fn simba_zookeeper_min_session() -> Duration {
 
 /// When the lease of the mutex's owner (not `me`) ends, by the backend's clock read now
 /// (the middle of the read, plus what the owner had left).
-async fn lease_left(
-    reader: &dyn crate::backend::OwnerReader,
-    mutex: &str,
-    me: &str,
-) -> anyhow::Result<Instant> {
+async fn lease_left(reader: &dyn Connection, mutex: &str, me: &str) -> anyhow::Result<Instant> {
     let sent = Instant::now();
-    let reply = reader.read(mutex).await.context("reading the owner")?;
+    let Some(read) = reader.read_owner(mutex) else {
+        bail!("this backend has no one-call owner read");
+    };
+    let reply = read.await.context("reading the owner")?;
     let answered = Instant::now();
     let owner = &reply.owner;
     if owner.owner_id.is_empty() || owner.owner_id == me {
@@ -191,11 +191,11 @@ async fn lease_left(
 }
 
 /// Whether `me` owns the mutex already.
-async fn taken_by(reader: &dyn crate::backend::OwnerReader, mutex: &str, me: &str) -> bool {
-    reader
-        .read(mutex)
-        .await
-        .is_ok_and(|r| r.owner.owner_id == me)
+async fn taken_by(reader: &dyn Connection, mutex: &str, me: &str) -> bool {
+    match reader.read_owner(mutex) {
+        Some(read) => read.await.is_ok_and(|r| r.owner.owner_id == me),
+        None => false,
+    }
 }
 
 fn random_below(n: Duration) -> Duration {
@@ -253,14 +253,15 @@ async fn once(
     // The owner's lease as read right before the kill: on SQLite the waiter may take
     // over before a read after the kill could see the killed owner (the kernel frees the
     // owner's lock file at once); a renewal after this read only makes the lease end later.
-    let before = match &waiter.reader {
+    let reader = waiter.has_leases().then(|| waiter.conn.clone());
+    let before = match &reader {
         Some(reader) => Some(lease_left(reader.as_ref(), &mutex, &me).await?),
         None => None,
     };
     let killed = Instant::now();
     child.start_kill().context("SIGKILL to the owner process")?;
     kill_group(command_pid);
-    let lease_end = match &waiter.reader {
+    let lease_end = match &reader {
         Some(reader) => match lease_left(reader.as_ref(), &mutex, &me).await {
             Ok(end) => end,
             Err(_) if taken_by(reader.as_ref(), &mutex, &me).await => match before {

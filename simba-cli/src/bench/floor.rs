@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use simba_core::connect::{Connection, Floor, Probe};
 use tokio::time::Instant;
 
 use super::stats::Samples;
-use crate::backend::Native;
 
 /// How long one floor probe may take before the floor is given up.
 const PROBE_LIMIT: Duration = Duration::from_secs(5);
@@ -18,86 +18,49 @@ pub(crate) struct Floors {
     pub(crate) rtt_what: &'static str,
     /// One bare round trip.
     pub(crate) rtt: Samples,
-    /// Redis: `PUBLISH` on the command connection until delivered on the subscriber one.
+    /// Where the backend has pub/sub (Redis): a message published on the command
+    /// connection until delivered on the subscriber one.
     pub(crate) pubsub: Option<Samples>,
-    /// Redis: `SET NX PX` + `DEL`.
+    /// Where the backend has a script-less lock (Redis: `SET NX PX` + `DEL`).
     pub(crate) raw_lock: Option<Samples>,
 }
 
-/// Measures `n` samples of each floor of `native` (after a warm-up).
-pub(crate) async fn measure(native: &Native, n: usize, run: &str) -> anyhow::Result<Floors> {
-    let warm = warm_up(n);
-    #[allow(unreachable_patterns, unused_variables)]
-    match native {
-        #[cfg(feature = "redis")]
-        Native::Redis(store) => {
-            let rtt = sample(n, move || async move { store.ping().await }).await?;
-            let key = format!("{run}-raw-lock");
-            let key = key.as_str();
-            let raw_lock = sample(n, move || async move {
-                store.raw_lock(key, Duration::from_secs(10)).await.map(drop)
-            })
-            .await?;
-            let mut probe = store.pubsub_probe(&format!("{run}-pubsub")).await?;
-            let mut pubsub = Samples::with_capacity(n);
-            for i in 0..warm + n {
-                let t0 = Instant::now();
-                probe.round_trip(PROBE_LIMIT).await?;
-                if i >= warm {
-                    pubsub.push(t0.elapsed());
-                }
+/// Measures `n` samples of each floor the backend's probe offers (after a warm-up).
+pub(crate) async fn measure(conn: &dyn Connection, n: usize, run: &str) -> anyhow::Result<Floors> {
+    let mut probe = conn.probe(run).await?;
+    let mut floors = Floors {
+        rtt_what: probe.round_trip_name(),
+        ..Floors::default()
+    };
+    let offered = probe.floors();
+    let mut measured = Ok(());
+    for floor in offered {
+        let samples = sample(probe.as_mut(), floor, n).await;
+        let samples = match samples {
+            Ok(s) => s,
+            Err(e) => {
+                measured = Err(e);
+                break;
             }
-            Ok(Floors {
-                rtt_what: "PING",
-                rtt,
-                pubsub: Some(pubsub),
-                raw_lock: Some(raw_lock),
-            })
+        };
+        match floor {
+            Floor::RoundTrip => floors.rtt = samples,
+            Floor::PubSub => floors.pubsub = Some(samples),
+            Floor::RawLock => floors.raw_lock = Some(samples),
         }
-        #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-        Native::Sql(store) => {
-            let mut probe = store.probe().await?;
-            let mut rtt = Samples::with_capacity(n);
-            for i in 0..warm + n {
-                let t0 = Instant::now();
-                probe.select_one().await?;
-                if i >= warm {
-                    rtt.push(t0.elapsed());
-                }
-            }
-            Ok(Floors {
-                rtt_what: "SELECT 1",
-                rtt,
-                ..Floors::default()
-            })
-        }
-        #[cfg(feature = "zookeeper")]
-        Native::Zookeeper(factory) => {
-            let probe = simba_zookeeper::floor::ZkProbe::connect(factory.config()).await?;
-            let p = &probe;
-            let rtt = sample(n, move || async move { p.exists(PROBE_LIMIT).await }).await?;
-            probe.close().await?;
-            Ok(Floors {
-                rtt_what: "exists",
-                rtt,
-                ..Floors::default()
-            })
-        }
-        _ => anyhow::bail!("no floor for this backend"),
     }
+    probe.close().await?;
+    measured?;
+    Ok(floors)
 }
 
-/// Times `n` calls of `op` after a warm-up.
-async fn sample<F, Fut>(n: usize, mut op: F) -> anyhow::Result<Samples>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = simba_core::Result<()>>,
-{
+/// Times `n` measurements of `floor` after a warm-up.
+async fn sample(probe: &mut dyn Probe, floor: Floor, n: usize) -> anyhow::Result<Samples> {
     let warm = warm_up(n);
     let mut samples = Samples::with_capacity(n);
     for i in 0..warm + n {
         let t0 = Instant::now();
-        op().await?;
+        probe.measure(floor, PROBE_LIMIT).await?;
         if i >= warm {
             samples.push(t0.elapsed());
         }

@@ -171,7 +171,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
     let mut table: Vec<(&'static str, Result<Section, String>)> = Vec::new();
 
     ctx.progress(format!("{shown} ({}): floors", ctx.kind));
-    let floors = match floor::measure(&main.native, ctx.iterations(), &ctx.run).await {
+    let floors = match floor::measure(main.conn.as_ref(), ctx.iterations(), &ctx.run).await {
         Ok(f) => Some(f),
         Err(e) => {
             table.push(("floor", Err(format!("{e:#}"))));

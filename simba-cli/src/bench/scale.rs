@@ -16,13 +16,14 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use futures_util::future::join_all;
 use serde_json::json;
+use simba_core::connect::Connection;
 use simba_core::{ContendService, Contender, MutexState, SilentContender};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::stats::{self, Samples};
 use super::{Ctx, Floors, Row, Section, ms, num, us};
-use crate::backend::{Backend, Native, Timing};
+use crate::backend::{Backend, Timing};
 use crate::duration::show;
 
 /// Services started at once; the next batch starts when this one is settled.
@@ -53,50 +54,19 @@ fn attempts(services: &[Arc<dyn ContendService>]) -> u64 {
     services.iter().map(|s| s.status().borrow().attempts).sum()
 }
 
-/// Server-side connection count, where the backend can say.
-async fn connections(native: &Native) -> Option<usize> {
-    #[allow(unreachable_patterns, unused_variables)]
-    match native {
-        #[cfg(feature = "redis")]
-        Native::Redis(store) => store.client_count().await.ok(),
-        _ => None,
-    }
-}
-
 /// The connection count once connections closed by earlier scenarios are gone (closing
 /// happens in the background): two reads 100 ms apart that agree, within 3 s.
-async fn settled_connections(native: &Native) -> Option<usize> {
-    let mut last = connections(native).await?;
+async fn settled_connections(conn: &dyn Connection) -> Option<usize> {
+    let mut last = conn.server_connections().await?;
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = connections(native).await?;
+        let now = conn.server_connections().await?;
         if now == last {
             break;
         }
         last = now;
     }
     Some(last)
-}
-
-/// How many connections a factory of this backend may open, by its configuration.
-fn configured_connections(native: &Native) -> String {
-    #[allow(unreachable_patterns, unused_variables)]
-    match native {
-        #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
-        Native::Sql(store) => {
-            let listen = if store.kind() == simba_jdbc::Backend::Postgres {
-                " + 1 LISTEN"
-            } else {
-                ""
-            };
-            format!("pool of at most {}{listen}", store.config().pool_size())
-        }
-        #[cfg(feature = "zookeeper")]
-        Native::Zookeeper(_) => "1 session (one TCP connection)".to_owned(),
-        #[cfg(feature = "redis")]
-        Native::Redis(_) => "1 command + 1 subscriber connection".to_owned(),
-        _ => "-".to_owned(),
-    }
 }
 
 /// Starts `services` in batches, each settled by `settled` before the next starts.
@@ -131,7 +101,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
     let transition = Duration::from_millis((ttl / 2).as_millis() as u64);
     ctx.progress(format!("scale: {n} mutexes held by one process"));
     let rss0 = stats::rss_mib();
-    let conn0 = settled_connections(&main.native).await;
+    let conn0 = settled_connections(main.conn.as_ref()).await;
     let b = ctx
         .connect(Timing {
             ttl: Some(ttl),
@@ -139,7 +109,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
             ..ctx.timing()
         })
         .await?;
-    let conn_connected = connections(&main.native).await;
+    let conn_connected = main.conn.server_connections().await;
     let services: Services = (0..n)
         .map(|i| {
             b.factory.create_contend_service(
@@ -155,7 +125,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
         return Err(e);
     }
     let acquired_in = t0.elapsed();
-    let conn1 = connections(&main.native).await;
+    let conn1 = main.conn.server_connections().await;
     let rss1 = stats::rss_mib();
 
     let window = ttl * 2;
@@ -164,7 +134,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
     tokio::time::sleep(window).await;
     let a1 = attempts(&services);
     let window_s = w0.elapsed().as_secs_f64();
-    let conn_held = max_of(conn1, connections(&main.native).await);
+    let conn_held = max_of(conn1, main.conn.server_connections().await);
     let rss2 = stats::rss_mib();
     let rss = max_of(rss1, rss2);
     let (mut owning, mut suspect, mut lost) = (0usize, 0usize, 0usize);
@@ -200,10 +170,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
         ("connections_before", json!(conn0)),
         ("connections_connected", json!(conn_connected)),
         ("connections_after", json!(conn_held)),
-        (
-            "connections_configured",
-            json!(configured_connections(&b.native)),
-        ),
+        ("connections_configured", json!(b.conn.connections())),
         ("renew_ops_per_s", num(Some(renew_per_s))),
         ("renew_per_mutex_per_ttl", num(Some(per_mutex_per_ttl))),
         ("renew_window_s", num(Some(window_s))),
@@ -224,7 +191,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
         used.map_or_else(|| "-".to_owned(), |u| u.to_string()),
         match (conn0, conn_held) {
             (Some(a), Some(b)) => format!("CLIENT LIST {a} before, {b} with all held"),
-            _ => configured_connections(&b.native),
+            _ => b.conn.connections(),
         },
     ));
     s.rows.push(Row::new(
