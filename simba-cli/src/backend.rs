@@ -339,7 +339,7 @@ mod tests {
         }
         if cfg!(feature = "zookeeper") {
             let m = usage_message("zk:///chroot");
-            assert!(m.contains("zk://"), "{m}");
+            assert!(m.contains("empty host") && m.contains("host:port"), "{m}");
         }
     }
 
