@@ -519,11 +519,7 @@ async fn the_connector_passes_the_kit_check() {
         &simba_redis::CONNECTOR,
         server.url(),
         None,
-        simba_test_kit::connector::Expect {
-            ownership: simba_core::connect::Ownership::Lease,
-            round_trip: "PING",
-            counts_connections: true,
-        },
+        common::CONNECTOR_EXPECT,
     )
     .await;
 }

@@ -226,11 +226,7 @@ async fn the_connector_does_mutual_tls_from_the_url() {
         &simba_redis::CONNECTOR,
         &url,
         None,
-        simba_test_kit::connector::Expect {
-            ownership: simba_core::connect::Ownership::Lease,
-            round_trip: "PING",
-            counts_connections: true,
-        },
+        common::CONNECTOR_EXPECT,
     )
     .await;
 }

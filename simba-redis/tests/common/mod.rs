@@ -14,6 +14,13 @@ use simba_test_kit::store_cases::StoreSource;
 use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
 use simba_test_kit::support::{init_tracing, unique_name};
 
+/// What the kit's connector check expects of Redis, plain or over TLS.
+pub const CONNECTOR_EXPECT: simba_test_kit::connector::Expect = simba_test_kit::connector::Expect {
+    ownership: simba_core::connect::Ownership::Lease,
+    round_trip: "PING",
+    counts_connections: true,
+};
+
 /// The settings tests use for a URL: short timeouts so that faults are noticed quickly.
 ///
 /// The restart quarantine is off: these tests start fresh servers and would wait a lease
