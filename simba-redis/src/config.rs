@@ -90,7 +90,9 @@ pub struct RedisConfig {
     /// [`replica_ack_timeout`](Self::replica_ack_timeout) fails (retryably) instead, so a
     /// failover to a replica cannot lose a live owner's key or fence (see the crate docs,
     /// *Failover*). `None` (the default) means 1 behind Sentinel and 0 otherwise; URL
-    /// option `replicaAcks=N`. Not supported on Redis Cluster yet (must be 0 there).
+    /// option `replicaAcks=N`. On Redis Cluster the `WAIT` goes to the primary of the
+    /// mutex's slot, and the default is 0 there (a cluster may have no replicas): set it
+    /// when every primary has one.
     pub replica_acks: Option<u32>,
     /// How long an acquisition or renewal waits for [`replica_acks`](Self::replica_acks)
     /// replicas; `None` (the default) means the URL option `replicaAckTimeoutMs=N`, else
@@ -297,7 +299,7 @@ impl RedisConfig {
     /// the `tls` feature, TLS options on a URL without TLS, a CA, certificate or key file
     /// that cannot be read or holds no usable PEM item, a bad key prefix, a duration under
     /// 1 ms, over a year or not whole milliseconds, a replica-ack timeout not shorter than
-    /// the command timeout, `hash_tag = false` or replica acks with Cluster.
+    /// the command timeout, `hash_tag = false` with Cluster.
     pub fn validate(&self) -> Result<()> {
         let resolved = self.resolve()?;
         #[cfg(feature = "tls")]
@@ -343,15 +345,6 @@ impl RedisConfig {
             .replica_acks
             .or(options.replica_acks)
             .unwrap_or(u32::from(sentinel));
-        if replica_acks > 0 && clustered {
-            return Err(Error::config(
-                "replica_acks",
-                format!(
-                    "{replica_acks} replica acknowledgements were asked for on Redis Cluster, \
-                     which simba-redis does not support yet; use replicaAcks=0"
-                ),
-            ));
-        }
         let replica_ack_timeout = self
             .replica_ack_timeout
             .or(options.replica_ack_timeout)
@@ -758,6 +751,9 @@ mod tests {
             0
         );
         assert_eq!(acks("redis://h:1?replicaAcks=2"), 2);
+        // Cluster: off by default, allowed when asked for.
+        assert_eq!(acks("redis-cluster://h:1"), 0);
+        assert_eq!(acks("redis-cluster://h:1?replicaAcks=1"), 1);
         let r = RedisConfig::new("redis://h:1?replicaAcks=1&replicaAckTimeoutMs=250")
             .resolve()
             .unwrap();
@@ -780,10 +776,6 @@ mod tests {
 
     #[test]
     fn rejects_bad_replica_settings() {
-        let e = RedisConfig::new("redis-cluster://h:1?replicaAcks=1")
-            .validate()
-            .unwrap_err();
-        assert_eq!(field(e), "replica_acks");
         let e = RedisConfig::new("redis://h:1?replicaAcks=1")
             .with_replica_ack_timeout(Duration::from_secs(2))
             .validate()

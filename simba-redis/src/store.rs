@@ -337,6 +337,11 @@ impl RedisStore {
             return lease_reply(what, reply);
         }
         let client = &self.inner.client;
+        // On Cluster, `WAIT` must reach the primary that took the write: the node of the
+        // mutex's slot (all its keys share one hash tag). A single server ignores it.
+        let slot = keys
+            .first()
+            .map(|key| fred::util::redis_keyslot(key.as_bytes()));
         let connections = client.connection_ids();
         let reply = self.eval_keys(what, script, keys, args).await?;
         let reply = lease_reply(what, reply)?;
@@ -347,7 +352,7 @@ impl RedisStore {
         let watch = self.inner.watchdog.watch(client);
         let acked = client
             .custom::<i64, String>(
-                fred::cmd!("WAIT"),
+                fred::cmd!("WAIT", hash: fred::types::ClusterHash::from(slot)),
                 vec![
                     wanted.to_string(),
                     self.inner.replica_ack_timeout_ms.to_string(),
