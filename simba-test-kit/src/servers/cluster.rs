@@ -19,6 +19,11 @@ const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// fault tests can stop, kill or pause. All nodes are killed when this is dropped.
 pub struct RedisCluster {
     nodes: Vec<TestServer>,
+    /// The port the kit sends its own commands to, per node: the node's port, or for a TLS
+    /// cluster its plain admin port.
+    admin_ports: Vec<u16>,
+    /// Whether clients speak TLS (`rediss://`) to the nodes.
+    tls: bool,
 }
 
 impl fmt::Debug for RedisCluster {
@@ -36,6 +41,30 @@ impl fmt::Debug for RedisCluster {
 /// `cluster-port`); the environment variable [`REDIS_URL_ENV`](super::REDIS_URL_ENV) is
 /// ignored.
 pub async fn redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError> {
+    start_cluster(primaries, None).await
+}
+
+/// As [`redis_cluster`], with every node speaking TLS on its port (`tls`'s certificates,
+/// client certificates required if `tls.require_client_cert`) and the cluster bus on TLS
+/// too (`tls-cluster yes`). [`cluster_url`](RedisCluster::cluster_url) is then a
+/// `rediss-cluster://` URL.
+///
+/// Each node also listens for plain RESP on a second port bound to 127.0.0.1, which only
+/// the kit uses (slot set-up, `CLUSTER MEET`, readiness and health probes: the kit has no
+/// TLS client). Redis 7 announces to each client the port of its own kind — TLS clients
+/// get the TLS ports in `CLUSTER SLOTS` and `MOVED`, plain ones the plain ports — so a
+/// `rediss-cluster://` client never leaves TLS.
+pub async fn redis_cluster_tls(
+    primaries: usize,
+    tls: super::tls::RedisTls,
+) -> Result<RedisCluster, ServerError> {
+    start_cluster(primaries, Some(tls)).await
+}
+
+async fn start_cluster(
+    primaries: usize,
+    tls: Option<super::tls::RedisTls>,
+) -> Result<RedisCluster, ServerError> {
     // Many clusters start at once when tests run in parallel, and a port found free can
     // be taken by another test's node before ours binds it; a node can then be reached by
     // another cluster's `CLUSTER MEET` ("Node config epoch is already non-zero"). Such a
@@ -43,7 +72,7 @@ pub async fn redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match try_redis_cluster(primaries).await {
+        match try_redis_cluster(primaries, tls.clone()).await {
             Err(ServerError::Start { message, .. }) if attempt < 3 => {
                 tracing::debug!(%message, "cluster start failed, starting a new one");
             }
@@ -52,7 +81,10 @@ pub async fn redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError
     }
 }
 
-async fn try_redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError> {
+async fn try_redis_cluster(
+    primaries: usize,
+    tls: Option<super::tls::RedisTls>,
+) -> Result<RedisCluster, ServerError> {
     if primaries == 0 || primaries > SLOTS {
         return Err(ServerError::Start {
             kind: KIND,
@@ -60,23 +92,39 @@ async fn try_redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError
             log_tail: String::new(),
         });
     }
-    let redis = super::redis::Redis::detect().map_err(|e| e.with_advice(true))?;
+    let is_tls = tls.is_some();
+    let mut redis = super::redis::Redis::detect().map_err(|e| e.with_advice(true))?;
+    if let Some(tls) = tls {
+        redis = redis.with_tls(tls);
+    }
     let starts = (0..primaries).map(|_| {
         let redis = redis.clone();
         async move {
             let bus = free_port()
                 .map_err(|e| ServerError::io(KIND, "finding a free cluster bus port", e))?;
-            let local = LocalServer::create(Flavor::Redis(redis.cluster_node(bus))).await?;
-            Ok::<_, ServerError>((TestServer::from_local(local), bus))
+            let mut node = redis.cluster_node(bus);
+            if is_tls {
+                let admin = free_port()
+                    .map_err(|e| ServerError::io(KIND, "finding a free admin port", e))?;
+                node = node.with_admin_port(admin);
+            }
+            let admin = node.admin_port();
+            let local = LocalServer::create(Flavor::Redis(node)).await?;
+            let server = TestServer::from_local(local);
+            let admin = admin.unwrap_or_else(|| server.port());
+            Ok::<_, ServerError>((server, bus, admin))
         }
     });
     let started = try_join_all(starts).await?;
-    let bus_ports: Vec<u16> = started.iter().map(|(_, bus)| *bus).collect();
+    let bus_ports: Vec<u16> = started.iter().map(|(_, bus, _)| *bus).collect();
+    let admin_ports: Vec<u16> = started.iter().map(|(_, _, admin)| *admin).collect();
     let cluster = RedisCluster {
-        nodes: started.into_iter().map(|(node, _)| node).collect(),
+        nodes: started.into_iter().map(|(node, _, _)| node).collect(),
+        admin_ports,
+        tls: is_tls,
     };
-    for (i, node) in cluster.nodes.iter().enumerate() {
-        let addr = node.socket_addr()?;
+    for i in 0..cluster.nodes.len() {
+        let addr = cluster.admin_addr(i);
         let epoch = (i + 1).to_string();
         command(addr, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch]).await?;
         let slots: Vec<String> = (i * SLOTS / primaries..(i + 1) * SLOTS / primaries)
@@ -86,7 +134,7 @@ async fn try_redis_cluster(primaries: usize) -> Result<RedisCluster, ServerError
         args.extend(slots.iter().map(String::as_str));
         command(addr, &args).await?;
     }
-    let first = cluster.nodes[0].socket_addr()?;
+    let first = cluster.admin_addr(0);
     for (node, bus) in cluster.nodes.iter().zip(&bus_ports).skip(1) {
         let port = node.port().to_string();
         let bus = bus.to_string();
@@ -120,7 +168,18 @@ impl RedisCluster {
         &self.nodes
     }
 
-    /// `redis://127.0.0.1:PORT` of every node.
+    /// Whether clients speak TLS to the nodes (started by [`redis_cluster_tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// Where the kit sends its own (plain RESP) commands to node `i`: its port, or for a
+    /// TLS cluster its plain admin port on 127.0.0.1.
+    pub fn admin_addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.admin_ports[i]))
+    }
+
+    /// `redis://127.0.0.1:PORT` (`rediss://` for TLS) of every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url().to_owned()).collect()
     }
@@ -138,9 +197,15 @@ impl RedisCluster {
             .collect()
     }
 
-    /// All nodes in the `redis-cluster://h:p?node=h:p&node=h:p` URL form that fred parses.
+    /// All nodes in the `redis-cluster://h:p?node=h:p&node=h:p` URL form that fred parses
+    /// (`rediss-cluster://` for a TLS cluster; add TLS options with `&`).
     pub fn cluster_url(&self) -> String {
-        let mut url = format!("redis-cluster://127.0.0.1:{}", self.nodes[0].port());
+        let scheme = if self.tls {
+            "rediss-cluster"
+        } else {
+            "redis-cluster"
+        };
+        let mut url = format!("{scheme}://127.0.0.1:{}", self.nodes[0].port());
         for (i, node) in self.nodes.iter().enumerate().skip(1) {
             url.push(if i == 1 { '?' } else { '&' });
             url.push_str(&format!("node=127.0.0.1:{}", node.port()));
@@ -154,8 +219,8 @@ impl RedisCluster {
         let expected = format!("cluster_known_nodes:{}", self.nodes.len());
         loop {
             let mut last = None;
-            for node in &self.nodes {
-                let addr = node.socket_addr()?;
+            for i in 0..self.nodes.len() {
+                let addr = self.admin_addr(i);
                 let info = redis_command(addr, &[b"CLUSTER", b"INFO"])
                     .await
                     .map(|r| r.text().unwrap_or_else(|| format!("{r:?}")));

@@ -68,7 +68,7 @@ mod sentinel;
 mod tls;
 mod zookeeper;
 
-pub use cluster::{RedisCluster, redis_cluster};
+pub use cluster::{RedisCluster, redis_cluster, redis_cluster_tls};
 pub use sentinel::{RedisSentinel, SENTINEL_SERVICE, redis_sentinel};
 pub use tls::{
     CertPair, MysqlTls, PostgresTls, RedisTls, TestCerts, mysql_tls, postgres_tls, redis_tls,

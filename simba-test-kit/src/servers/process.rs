@@ -87,6 +87,14 @@ impl Flavor {
     /// connections (the kit speaks no TLS itself).
     async fn ready(&self, addr: SocketAddr) -> Result<(), String> {
         match self {
+            // A TLS Redis with a plain admin port: PING there once the TLS port accepts.
+            Self::Redis(r) if r.admin_port().is_some() => {
+                tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
+                let admin = SocketAddr::new(addr.ip(), r.admin_port().unwrap_or_default());
+                probe::ready(ServerKind::Redis, admin).await
+            }
             Self::Redis(r) if r.is_tls() => tokio::net::TcpStream::connect(addr)
                 .await
                 .map(drop)

@@ -12,8 +12,11 @@ pub(crate) struct Redis {
     server: PathBuf,
     /// Set for a cluster node: the cluster bus port.
     cluster_bus_port: Option<u16>,
-    /// Set for a server that speaks only TLS.
+    /// Set for a server that speaks TLS on its port.
     tls: Option<super::tls::RedisTls>,
+    /// Set for a TLS server that also speaks plain RESP on this port (127.0.0.1), for the
+    /// kit's own admin commands and probes (the kit has no TLS client).
+    admin_port: Option<u16>,
 }
 
 impl Redis {
@@ -30,6 +33,7 @@ impl Redis {
             server,
             cluster_bus_port: None,
             tls: None,
+            admin_port: None,
         })
     }
 
@@ -39,6 +43,7 @@ impl Redis {
             server: self.server.clone(),
             cluster_bus_port: Some(bus_port),
             tls: self.tls.clone(),
+            admin_port: self.admin_port,
         }
     }
 
@@ -48,9 +53,23 @@ impl Redis {
         self
     }
 
-    /// Whether the server speaks only TLS.
+    /// The same (TLS) server with a plain admin port beside its TLS port. With it, a
+    /// cluster node also runs its bus over TLS (`tls-cluster yes`) and every server
+    /// replicates over TLS (`tls-replication yes`): Redis then announces the TLS port to
+    /// TLS clients and the plain port only to plain ones (the kit's admin connections).
+    pub(crate) fn with_admin_port(mut self, port: u16) -> Self {
+        self.admin_port = Some(port);
+        self
+    }
+
+    /// Whether the server speaks TLS on its port.
     pub(crate) fn is_tls(&self) -> bool {
         self.tls.is_some()
+    }
+
+    /// The plain admin port beside the TLS port, if any.
+    pub(crate) fn admin_port(&self) -> Option<u16> {
+        self.admin_port
     }
 
     /// The server binary (also runs sentinels, with `--sentinel`).
@@ -73,7 +92,9 @@ impl Redis {
                 cmd.arg("--port").arg(port.to_string());
             }
             Some(tls) => {
-                cmd.args(["--port", "0"])
+                let plain = self.admin_port.unwrap_or(0);
+                cmd.arg("--port")
+                    .arg(plain.to_string())
                     .arg("--tls-port")
                     .arg(port.to_string())
                     .arg("--tls-cert-file")
@@ -86,6 +107,12 @@ impl Redis {
                         "--tls-auth-clients",
                         if tls.require_client_cert { "yes" } else { "no" },
                     ]);
+                if self.admin_port.is_some() {
+                    cmd.args(["--tls-replication", "yes"]);
+                    if self.cluster_bus_port.is_some() {
+                        cmd.args(["--tls-cluster", "yes"]);
+                    }
+                }
             }
         }
         cmd.args(["--bind", "127.0.0.1"])
