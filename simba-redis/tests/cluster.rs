@@ -226,3 +226,63 @@ async fn slot_migration_of_a_held_mutex_keeps_safety() {
     assert!(history.len() >= 2, "only {} ownerships", history.len());
     tracing::info!(stalls, ownerships = history.len(), "slot migrations done");
 }
+
+/// The replica check on Cluster: `WAIT` reaches the primary that took the write, so a
+/// stopped replica of *that* primary makes the acquisition fail, while mutexes on other
+/// primaries go on. (Sent by its arguments' slot, as before, `WAIT` went to another
+/// primary, whose running replica "confirmed" a write it never saw.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_check_waits_on_the_primary_of_the_mutex() {
+    init_tracing();
+    let cluster = simba_test_kit::servers::redis_cluster_with_replicas(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "{}&replicaAcks=1&replicaAckTimeoutMs=300",
+        cluster.cluster_url()
+    );
+    let store = RedisStore::connect(test_config(&url, &unique_name("t")))
+        .await
+        .unwrap();
+    let node_of = |key: &str| usize::from(fred::util::redis_keyslot(key.as_bytes())) * 3 / 16_384;
+    let on_node = |prefix: &str, wanted: &dyn Fn(usize) -> bool| {
+        (0..1000)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|m| wanted(node_of(&store.owner_key(m))))
+            .unwrap()
+    };
+    // A mutex away from the node that the old routing (the slot of WAIT's first argument)
+    // picked, so that only the right routing can fail below.
+    let misrouted = node_of("1");
+    let mutex = on_node("r", &|n| n != misrouted);
+    let node = node_of(&store.owner_key(&mutex));
+    let lease_of = Lease {
+        ttl: Duration::from_secs(5),
+        transition: Duration::from_secs(1),
+    };
+
+    let got = store.acquire(&mutex, "a", lease_of).await.unwrap();
+    assert_eq!(got.owner.owner_id, "a");
+    let renewed = store.guard(&mutex, "a", lease_of).await.unwrap();
+    assert_eq!(renewed.owner.fence, got.owner.fence);
+    assert!(store.release(&mutex, "a").await.unwrap());
+
+    cluster.replicas()[node].pause().await.unwrap();
+    let refused = store.acquire(&mutex, "a", lease_of).await;
+    let other = on_node("o", &|n| n != node);
+    let elsewhere = store.acquire(&other, "a", lease_of).await;
+    cluster.replicas()[node].resume().await.unwrap();
+    match refused {
+        Err(e) => assert!(e.to_string().contains("only 0 of the 1 replica"), "{e}"),
+        Ok(r) => panic!("counted without the replica of its primary: {r:?}"),
+    }
+    assert_eq!(
+        elsewhere.unwrap().owner.owner_id,
+        "a",
+        "another primary's mutex"
+    );
+
+    // Back: the same call counts again (the replica catches up with the write).
+    let again = store.acquire(&mutex, "a", lease_of).await.unwrap();
+    assert_eq!(again.owner.owner_id, "a");
+}

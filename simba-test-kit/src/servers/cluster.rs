@@ -24,6 +24,9 @@ pub struct RedisCluster {
     admin_ports: Vec<u16>,
     /// Whether clients speak TLS (`rediss://`) to the nodes.
     tls: bool,
+    /// One replica per primary, in the primaries' order (from
+    /// [`redis_cluster_with_replicas`]); empty otherwise.
+    replicas: Vec<TestServer>,
 }
 
 impl fmt::Debug for RedisCluster {
@@ -122,6 +125,7 @@ async fn try_redis_cluster(
         nodes: started.into_iter().map(|(node, _, _)| node).collect(),
         admin_ports,
         tls: is_tls,
+        replicas: Vec::new(),
     };
     for i in 0..cluster.nodes.len() {
         let addr = cluster.admin_addr(i);
@@ -141,6 +145,77 @@ async fn try_redis_cluster(
         command(first, &["CLUSTER", "MEET", "127.0.0.1", &port, &bus]).await?;
     }
     cluster.wait_ok(CLUSTER_TIMEOUT).await?;
+    Ok(cluster)
+}
+
+/// As [`redis_cluster`], with one replica per primary (`CLUSTER REPLICATE`), each
+/// replicating before this returns: a cluster whose failover can lose writes that the
+/// replica did not have, and whose replica check (`WAIT`) has a replica to count.
+/// [`replicas`](RedisCluster::replicas) are private servers that tests can pause or kill.
+pub async fn redis_cluster_with_replicas(primaries: usize) -> Result<RedisCluster, ServerError> {
+    let mut cluster = redis_cluster(primaries).await?;
+    let redis = super::redis::Redis::detect().map_err(|e| e.with_advice(true))?;
+    let starts = (0..primaries).map(|_| {
+        let redis = redis.clone();
+        async move {
+            let bus = free_port()
+                .map_err(|e| ServerError::io(KIND, "finding a free cluster bus port", e))?;
+            let local = LocalServer::create(Flavor::Redis(redis.cluster_node(bus))).await?;
+            Ok::<_, ServerError>((TestServer::from_local(local), bus))
+        }
+    });
+    let started = try_join_all(starts).await?;
+    let first = cluster.admin_addr(0);
+    for (replica, bus) in &started {
+        let port = replica.port().to_string();
+        let bus = bus.to_string();
+        command(first, &["CLUSTER", "MEET", "127.0.0.1", &port, &bus]).await?;
+    }
+    cluster.replicas = started.into_iter().map(|(node, _)| node).collect();
+    cluster.wait_ok(CLUSTER_TIMEOUT).await?;
+    let deadline = Instant::now() + CLUSTER_TIMEOUT;
+    for i in 0..primaries {
+        let id = command(cluster.admin_addr(i), &["CLUSTER", "MYID"])
+            .await?
+            .text()
+            .unwrap_or_default();
+        let replica = cluster.replicas[i].socket_addr()?;
+        // The replica learns of its primary by gossip after the MEET: until then it
+        // answers "Unknown node".
+        loop {
+            match command(replica, &["CLUSTER", "REPLICATE", &id]).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(%e, "replica not ready to replicate yet");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    for replica in &cluster.replicas {
+        let addr = replica.socket_addr()?;
+        loop {
+            let info = redis_command(addr, &[b"INFO", b"replication"])
+                .await
+                .map(|r| r.text().unwrap_or_default())
+                .unwrap_or_default();
+            if info.contains("master_link_status:up") {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Start {
+                    kind: KIND,
+                    message: format!(
+                        "the replica {addr} does not replicate after {CLUSTER_TIMEOUT:?}: {}",
+                        info.replace("\r\n", " ")
+                    ),
+                    log_tail: replica.log_tail(20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     Ok(cluster)
 }
 
@@ -166,6 +241,12 @@ impl RedisCluster {
     /// The nodes, in slot order (node 0 serves the lowest slots).
     pub fn nodes(&self) -> &[TestServer] {
         &self.nodes
+    }
+
+    /// The replica of each primary, in the primaries' order (empty unless started by
+    /// [`redis_cluster_with_replicas`]).
+    pub fn replicas(&self) -> &[TestServer] {
+        &self.replicas
     }
 
     /// Whether clients speak TLS to the nodes (started by [`redis_cluster_tls`]).
@@ -216,7 +297,10 @@ impl RedisCluster {
     /// Waits until every node reports `cluster_state:ok` and knows all nodes.
     pub async fn wait_ok(&self, timeout: Duration) -> Result<(), ServerError> {
         let deadline = Instant::now() + timeout;
-        let expected = format!("cluster_known_nodes:{}", self.nodes.len());
+        let expected = format!(
+            "cluster_known_nodes:{}",
+            self.nodes.len() + self.replicas.len()
+        );
         loop {
             let mut last = None;
             for i in 0..self.nodes.len() {
