@@ -286,3 +286,82 @@ async fn replica_check_waits_on_the_primary_of_the_mutex() {
     let again = store.acquire(&mutex, "a", lease_of).await.unwrap();
     assert_eq!(again.owner.owner_id, "a");
 }
+
+/// A Cluster failover with the replica check (the Cluster form of the Sentinel test): a
+/// confirmed owner keeps its key and fence on the promoted replica, an acquisition made
+/// while replication was frozen is refused rather than counted, and the next owner's
+/// fence is above every fence handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_with_replica_acks_keeps_the_owner_and_fences() {
+    init_tracing();
+    let cluster = simba_test_kit::servers::redis_cluster_with_replicas(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "{}&replicaAcks=1&replicaAckTimeoutMs=500",
+        cluster.cluster_url()
+    );
+    let prefix = unique_name("t");
+    let config = || test_config(&url, &prefix).with_connect_timeout(Duration::from_secs(15));
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    let node_of = |m: &str| {
+        usize::from(fred::util::redis_keyslot(a_store.owner_key(m).as_bytes())) * 3 / 16_384
+    };
+    // Three mutexes on one primary: the held one, the contended one, and one whose
+    // confirmed acquisition proves the replica has every write before it.
+    let node = node_of("h");
+    let mut same = (0..1000)
+        .map(|i| format!("n{i}"))
+        .filter(|m| node_of(m) == node);
+    let (m, sync) = (same.next().unwrap(), same.next().unwrap());
+    // Longer than the whole scenario (a failover and reconnects within their bounds).
+    let hold = Lease {
+        ttl: Duration::from_secs(600),
+        transition: Duration::from_secs(5),
+    };
+    let short = Lease {
+        ttl: Duration::from_secs(20),
+        transition: Duration::from_secs(5),
+    };
+    let held = common::retry_acquire_for(&a_store, "h", "a", hold).await;
+    let warm = common::retry_acquire_for(&a_store, &m, "warm", short).await;
+    assert!(a_store.release(&m, "warm").await.unwrap());
+    common::retry_acquire_for(&a_store, &sync, "warm", short).await;
+
+    cluster.freeze_replication(node).await.unwrap();
+    let e = a_store
+        .acquire(&m, "a", short)
+        .await
+        .expect_err("an acquisition no replica has must not count");
+    assert!(e.is_retryable() && e.to_string().contains("replica"), "{e}");
+
+    cluster
+        .kill_primary_and_fail_over(node, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let b = common::retry_acquire_for(&b_store, &m, "b", short).await;
+    assert!(
+        b > warm,
+        "fence {b} after {warm}: a fence was handed out twice"
+    );
+    let seen = b_store.acquire("h", "b", short).await.unwrap();
+    assert_eq!(
+        seen.owner.owner_id, "a",
+        "the promoted replica lost a confirmed owner"
+    );
+    assert_eq!(seen.owner.fence, held);
+    // a's own connections find the new primary, and a renews with its fence.
+    let t0 = tokio::time::Instant::now();
+    let renewed = loop {
+        match a_store.guard("h", "a", hold).await {
+            Ok(r) => break r,
+            Err(e) => assert!(t0.elapsed() < Duration::from_secs(30), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (renewed.owner.owner_id.as_str(), renewed.owner.fence),
+        ("a", held)
+    );
+}

@@ -219,7 +219,7 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
         ttl: Duration::from_secs(600),
         transition: Duration::from_secs(5),
     };
-    let held = retry_acquire_for(&a_store, "h", "a", hold).await;
+    let held = common::retry_acquire_for(&a_store, "h", "a", hold).await;
     let held_at = Instant::now();
     let warm = warm_up(&deployment.url(), &prefix, "m").await;
     deployment.freeze_replication().await.unwrap();
@@ -267,25 +267,7 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
 }
 
 async fn retry_acquire(store: &RedisStore, mutex: &str, id: &str) -> u64 {
-    retry_acquire_for(store, mutex, id, long_lease()).await
-}
-
-async fn retry_acquire_for(store: &RedisStore, mutex: &str, id: &str, lease: Lease) -> u64 {
-    // A replica's confirmation can miss the 500 ms WAIT window: right after a failover
-    // the new replica may still be syncing, and on a loaded machine (the cold CI run) a
-    // healthy replica answered late. Neither has an event to await, so retry, bounded.
-    let t0 = Instant::now();
-    loop {
-        match store.acquire(mutex, id, lease).await {
-            Ok(r) if r.owner.owner_id == id => return r.owner.fence,
-            Ok(r) => panic!("{mutex} is owned by {}", r.owner.owner_id),
-            Err(e) => assert!(
-                t0.elapsed() < Duration::from_secs(15),
-                "no confirmed acquisition: {e}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::retry_acquire_for(store, mutex, id, long_lease()).await
 }
 
 /// A store that connects through the sentinels while a failover is under way (the

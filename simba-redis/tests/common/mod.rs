@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use simba_core::backend::BoxFuture;
+use simba_core::backend::{BoxFuture, Lease, LeaseStore};
 use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::{RedisConfig, RedisStore};
 use simba_test_kit::memory::{lease_capabilities, lease_config};
@@ -192,5 +192,25 @@ pub async fn wait_numsub(
             "{channel}: {n} subscribers, wanted {want}, after {bound:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Acquires `mutex` for `id`, retrying while the store refuses (a replica check that
+/// missed its window); panics after 15 s or if another owner holds it. Returns the fence.
+pub async fn retry_acquire_for(store: &RedisStore, mutex: &str, id: &str, lease: Lease) -> u64 {
+    // A replica's confirmation can miss the 500 ms WAIT window: right after a failover
+    // the new replica may still be syncing, and on a loaded machine (the cold CI run) a
+    // healthy replica answered late. Neither has an event to await, so retry, bounded.
+    let t0 = tokio::time::Instant::now();
+    loop {
+        match store.acquire(mutex, id, lease).await {
+            Ok(r) if r.owner.owner_id == id => return r.owner.fence,
+            Ok(r) => panic!("{mutex} is owned by {}", r.owner.owner_id),
+            Err(e) => assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "no confirmed acquisition: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

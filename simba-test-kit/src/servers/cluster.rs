@@ -219,6 +219,16 @@ pub async fn redis_cluster_with_replicas(primaries: usize) -> Result<RedisCluste
     Ok(cluster)
 }
 
+fn no_replica(i: usize) -> ServerError {
+    ServerError::Start {
+        kind: KIND,
+        message: format!(
+            "primary {i} has no replica: start the cluster with redis_cluster_with_replicas"
+        ),
+        log_tail: String::new(),
+    }
+}
+
 async fn command(addr: SocketAddr, args: &[&str]) -> Result<Resp, ServerError> {
     let raw: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
     let shown = args.iter().take(3).copied().collect::<Vec<_>>().join(" ");
@@ -247,6 +257,92 @@ impl RedisCluster {
     /// [`redis_cluster_with_replicas`]).
     pub fn replicas(&self) -> &[TestServer] {
         &self.replicas
+    }
+
+    /// Cuts primary `i` off from its replica: the replica is frozen (SIGSTOP) and the
+    /// primary drops its replication link, so writes from now on reach no replica.
+    pub async fn freeze_replication(&self, i: usize) -> Result<(), ServerError> {
+        let replica = self.replicas.get(i).ok_or_else(|| no_replica(i))?;
+        replica.pause().await?;
+        command(self.admin_addr(i), &["CLIENT", "KILL", "TYPE", "replica"]).await?;
+        Ok(())
+    }
+
+    /// Kills primary `i` (SIGKILL), resumes its replica if frozen, makes the replica take
+    /// over the primary's slots (`CLUSTER FAILOVER TAKEOVER`) and waits, within `timeout`,
+    /// until it is a primary that the other primaries route those slots to; then starts
+    /// the old primary again (with its data) and waits until it replicates the new one.
+    /// Writes the old primary had not replicated are lost, as in a real failover.
+    /// Afterwards [`nodes`](Self::nodes)`[i]` is the replica and
+    /// [`replicas`](Self::replicas)`[i]` the primary.
+    pub async fn kill_primary_and_fail_over(
+        &self,
+        i: usize,
+        timeout: Duration,
+    ) -> Result<(), ServerError> {
+        let replica = self.replicas.get(i).ok_or_else(|| no_replica(i))?;
+        self.nodes[i].kill().await?;
+        let _ = replica.resume().await;
+        let addr = replica.socket_addr()?;
+        command(addr, &["CLUSTER", "FAILOVER", "TAKEOVER"]).await?;
+        let port = replica.port();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let role = command(addr, &["ROLE"]).await;
+            let promoted = matches!(&role, Ok(Resp::Array(Some(items)))
+                if items.first().and_then(Resp::text).as_deref() == Some("master"));
+            // The others must know: their CLUSTER SLOTS names the replica's port.
+            let mut known = promoted;
+            for j in (0..self.nodes.len()).filter(|&j| j != i) {
+                let slots = command(self.admin_addr(j), &["CLUSTER", "NODES"])
+                    .await
+                    .ok()
+                    .and_then(|r| r.text())
+                    .unwrap_or_default();
+                known &= slots
+                    .lines()
+                    .any(|l| l.contains(&format!(":{port}@")) && l.contains("master"));
+            }
+            if known {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Start {
+                    kind: KIND,
+                    message: format!(
+                        "the replica on port {port} did not take over from primary {i} \
+                         within {timeout:?} (ROLE: {role:?})"
+                    ),
+                    log_tail: replica.log_tail(20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The old primary comes back with its data and learns that it was failed over:
+        // it becomes the new primary's replica, so that the new primary has one.
+        let old = &self.nodes[i];
+        old.start().await?;
+        let old_addr = self.admin_addr(i);
+        loop {
+            let info = redis_command(old_addr, &[b"INFO", b"replication"])
+                .await
+                .map(|r| r.text().unwrap_or_default())
+                .unwrap_or_default();
+            if info.contains("role:slave") && info.contains("master_link_status:up") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Start {
+                    kind: KIND,
+                    message: format!(
+                        "the old primary {i} did not become a replica within {timeout:?}: {}",
+                        info.replace("\r\n", " ")
+                    ),
+                    log_tail: old.log_tail(20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Whether clients speak TLS to the nodes (started by [`redis_cluster_tls`]).
