@@ -28,8 +28,19 @@ const FAILOVER_TIMEOUT_MS: u64 = 2000;
 /// One `redis-server --sentinel` process, killed (by process id) when dropped.
 struct SentinelProcess {
     child: Child,
+    /// The plain port, for the kit's own commands (for a TLS deployment, bound beside
+    /// [`tls_port`](Self::tls_port) and used by nobody else).
     port: u16,
+    /// The TLS port clients use, for a TLS deployment.
+    tls_port: Option<u16>,
     dir: TempDir,
+}
+
+impl SentinelProcess {
+    /// The port clients use.
+    fn client_port(&self) -> u16 {
+        self.tls_port.unwrap_or(self.port)
+    }
 }
 
 impl Drop for SentinelProcess {
@@ -45,7 +56,11 @@ impl Drop for SentinelProcess {
 /// Everything is killed when this is dropped.
 pub struct RedisSentinel {
     nodes: Vec<TestServer>,
+    /// The port the kit sends its own commands to, per node: the node's port, or for a TLS
+    /// deployment its plain admin port.
+    admin_ports: Vec<u16>,
     sentinels: Vec<SentinelProcess>,
+    tls: bool,
 }
 
 impl fmt::Debug for RedisSentinel {
@@ -57,7 +72,11 @@ impl fmt::Debug for RedisSentinel {
             )
             .field(
                 "sentinels",
-                &self.sentinels.iter().map(|s| s.port).collect::<Vec<_>>(),
+                &self
+                    .sentinels
+                    .iter()
+                    .map(SentinelProcess::client_port)
+                    .collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -91,25 +110,64 @@ fn loopback(port: u16) -> SocketAddr {
 /// This always uses local `redis-server` binaries; [`REDIS_URL_ENV`](super::REDIS_URL_ENV)
 /// is ignored.
 pub async fn redis_sentinel() -> Result<RedisSentinel, ServerError> {
+    start_deployment(None).await
+}
+
+/// As [`redis_sentinel`], with TLS everywhere: the primary, the replica and the sentinels
+/// speak TLS to clients on their ports (`tls`'s certificates; client certificates required
+/// if `tls.require_client_cert`), the replica replicates over TLS and the sentinels talk to
+/// the nodes and to each other over TLS (`tls-replication yes`, so they also announce
+/// their TLS ports). [`url`](RedisSentinel::url) is then a `rediss-sentinel://` URL naming
+/// the sentinels' TLS ports, and the sentinels name the nodes' TLS ports.
+///
+/// Each process also listens for plain RESP on a second port bound to 127.0.0.1, which
+/// only the kit uses (set-up, health probes, fault injection: the kit has no TLS client).
+pub async fn redis_sentinel_tls(tls: super::tls::RedisTls) -> Result<RedisSentinel, ServerError> {
+    start_deployment(Some(tls)).await
+}
+
+async fn start_deployment(tls: Option<super::tls::RedisTls>) -> Result<RedisSentinel, ServerError> {
     let redis = super::redis::Redis::detect().map_err(|e| e.with_advice(true))?;
-    let flavor = || super::process::Flavor::Redis(redis.clone());
-    let (primary, replica) =
-        tokio::try_join!(LocalServer::create(flavor()), LocalServer::create(flavor()))?;
+    let node = || -> Result<super::redis::Redis, ServerError> {
+        let Some(tls) = &tls else {
+            return Ok(redis.clone());
+        };
+        let admin =
+            free_port().map_err(|e| ServerError::io(KIND, "finding a free admin port", e))?;
+        Ok(redis.clone().with_tls(tls.clone()).with_admin_port(admin))
+    };
+    let (a, b) = (node()?, node()?);
+    let admin_of = |r: &super::redis::Redis| r.admin_port();
+    let (admin_a, admin_b) = (admin_of(&a), admin_of(&b));
+    let flavor = super::process::Flavor::Redis;
+    let (primary, replica) = tokio::try_join!(
+        LocalServer::create(flavor(a)),
+        LocalServer::create(flavor(b))
+    )?;
     let nodes = vec![
         TestServer::from_local(primary),
         TestServer::from_local(replica),
     ];
+    let admin_ports = vec![
+        admin_a.unwrap_or_else(|| nodes[0].port()),
+        admin_b.unwrap_or_else(|| nodes[1].port()),
+    ];
     let primary_port = nodes[0].port().to_string();
     command(
-        nodes[1].socket_addr()?,
+        loopback(admin_ports[1]),
         &["REPLICAOF", "127.0.0.1", &primary_port],
     )
     .await?;
     let mut sentinels = Vec::new();
     for _ in 0..3 {
-        sentinels.push(start_sentinel(&redis, nodes[0].port())?);
+        sentinels.push(start_sentinel(&redis, nodes[0].port(), tls.as_ref())?);
     }
-    let deployment = RedisSentinel { nodes, sentinels };
+    let deployment = RedisSentinel {
+        nodes,
+        admin_ports,
+        sentinels,
+        tls: tls.is_some(),
+    };
     deployment.wait_healthy(Duration::from_secs(30)).await?;
     Ok(deployment)
 }
@@ -117,6 +175,7 @@ pub async fn redis_sentinel() -> Result<RedisSentinel, ServerError> {
 fn start_sentinel(
     redis: &super::redis::Redis,
     primary_port: u16,
+    tls: Option<&super::tls::RedisTls>,
 ) -> Result<SentinelProcess, ServerError> {
     let dir = tempfile::Builder::new()
         .prefix("simba-sentinel-")
@@ -124,12 +183,26 @@ fn start_sentinel(
         .map_err(|e| ServerError::io(KIND, "creating a temporary directory", e))?;
     let port = free_port().map_err(|e| ServerError::io(KIND, "finding a free port", e))?;
     let conf = dir.path().join("sentinel.conf");
+    let mut tls_port = None;
+    let mut tls_text = String::new();
+    if let Some(tls) = tls {
+        let p = free_port().map_err(|e| ServerError::io(KIND, "finding a free TLS port", e))?;
+        tls_port = Some(p);
+        tls_text = format!(
+            "tls-port {p}\ntls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+             tls-auth-clients {auth}\ntls-replication yes\n",
+            cert = tls.server.cert.display(),
+            key = tls.server.key.display(),
+            ca = tls.ca.display(),
+            auth = if tls.require_client_cert { "yes" } else { "no" },
+        );
+    }
     let text = format!(
         "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {log}\n\
          sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary_port} 2\n\
          sentinel down-after-milliseconds {SENTINEL_SERVICE} {DOWN_AFTER_MS}\n\
          sentinel failover-timeout {SENTINEL_SERVICE} {FAILOVER_TIMEOUT_MS}\n\
-         sentinel parallel-syncs {SENTINEL_SERVICE} 1\n",
+         sentinel parallel-syncs {SENTINEL_SERVICE} 1\n{tls_text}",
         dir = dir.path().display(),
         log = dir.path().join("sentinel.log").display(),
     );
@@ -144,7 +217,12 @@ fn start_sentinel(
         .current_dir(dir.path())
         .spawn()
         .map_err(|e| ServerError::io(KIND, "starting redis-server --sentinel", e))?;
-    Ok(SentinelProcess { child, port, dir })
+    Ok(SentinelProcess {
+        child,
+        port,
+        tls_port,
+        dir,
+    })
 }
 
 fn log_of(dir: &Path) -> String {
@@ -157,20 +235,40 @@ impl RedisSentinel {
         &self.nodes
     }
 
-    /// The sentinels' ports.
+    /// The sentinels' ports (the TLS ports for a TLS deployment).
     pub fn sentinel_ports(&self) -> Vec<u16> {
-        self.sentinels.iter().map(|s| s.port).collect()
+        self.sentinels
+            .iter()
+            .map(SentinelProcess::client_port)
+            .collect()
+    }
+
+    /// Whether clients speak TLS (started by [`redis_sentinel_tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// Where the kit sends its own (plain RESP) commands to node `i`: its port, or for a
+    /// TLS deployment its plain admin port on 127.0.0.1.
+    pub fn admin_addr(&self, i: usize) -> SocketAddr {
+        loopback(self.admin_ports[i])
     }
 
     /// `redis-sentinel://127.0.0.1:S1?sentinelServiceName=simba&node=127.0.0.1:S2&node=…`,
-    /// naming all three sentinels.
+    /// naming all three sentinels (`rediss-sentinel://` and their TLS ports for a TLS
+    /// deployment; add TLS options with `&`).
     pub fn url(&self) -> String {
+        let scheme = if self.tls {
+            "rediss-sentinel"
+        } else {
+            "redis-sentinel"
+        };
         let mut url = format!(
-            "redis-sentinel://127.0.0.1:{}?sentinelServiceName={SENTINEL_SERVICE}",
-            self.sentinels[0].port
+            "{scheme}://127.0.0.1:{}?sentinelServiceName={SENTINEL_SERVICE}",
+            self.sentinels[0].client_port()
         );
         for s in &self.sentinels[1..] {
-            url.push_str(&format!("&node=127.0.0.1:{}", s.port));
+            url.push_str(&format!("&node=127.0.0.1:{}", s.client_port()));
         }
         url
     }
@@ -272,6 +370,18 @@ impl RedisSentinel {
                     others.len()
                 ));
             }
+            // Over TLS, also check that the sentinels reach each other (on the TLS ports
+            // they announce), not only that they heard of each other.
+            if self.tls
+                && let Some(bad) = others
+                    .iter()
+                    .find(|o| o.get("flags").is_none_or(|f| f != "sentinel"))
+            {
+                return Err(format!(
+                    "sentinel {} does not reach another sentinel: {bad:?}",
+                    s.port
+                ));
+            }
         }
         named.ok_or_else(|| "no sentinels".to_owned())
     }
@@ -311,7 +421,7 @@ impl RedisSentinel {
         let primary = self.primary().await?;
         self.nodes[1 - primary].pause().await?;
         command(
-            self.nodes[primary].socket_addr()?,
+            self.admin_addr(primary),
             &["CLIENT", "KILL", "TYPE", "replica"],
         )
         .await?;
@@ -349,7 +459,7 @@ impl RedisSentinel {
                     break;
                 }
             }
-            let role = command(self.nodes[new].socket_addr()?, &["ROLE"]).await;
+            let role = command(self.admin_addr(new), &["ROLE"]).await;
             let promoted = matches!(&role, Ok(Resp::Array(Some(items)))
                 if items.first().and_then(Resp::text).as_deref() == Some("master"));
             if all && promoted {
@@ -372,11 +482,7 @@ impl RedisSentinel {
         self.nodes[old].start().await?;
         // What the sentinels would do a few seconds later (`+convert-to-slave`).
         let new_port = self.nodes[new].port().to_string();
-        command(
-            self.nodes[old].socket_addr()?,
-            &["REPLICAOF", "127.0.0.1", &new_port],
-        )
-        .await?;
+        command(self.admin_addr(old), &["REPLICAOF", "127.0.0.1", &new_port]).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         self.wait_healthy(left.max(Duration::from_secs(30))).await?;
         Ok(new)
