@@ -214,14 +214,7 @@ async fn the_connector_does_mutual_tls_from_the_url() {
     init_tracing();
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.server(), true).await;
-    let client = certs.client();
-    let url = format!(
-        "{}?tlsCaFile={}&tlsCertFile={}&tlsKeyFile={}",
-        server.url(),
-        certs.ca().display(),
-        client.cert.display(),
-        client.key.display()
-    );
+    let url = format!("{}?{}", server.url(), common::mutual_tls(&certs).1);
     simba_test_kit::connector::check(
         &simba_redis::CONNECTOR,
         &url,

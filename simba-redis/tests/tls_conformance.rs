@@ -8,24 +8,13 @@
 
 mod common;
 
-use simba_test_kit::servers::{RedisTls, TestCerts, redis_tls};
+use simba_test_kit::servers::{TestCerts, redis_tls};
 
 async fn harness() -> common::RedisHarness {
     let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
-    let server = redis_tls(RedisTls {
-        server: certs.server(),
-        ca: certs.ca(),
-        require_client_cert: true,
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    let client = certs.client();
-    let options = format!(
-        "?tlsCaFile={}&tlsCertFile={}&tlsKeyFile={}",
-        certs.ca().display(),
-        client.cert.display(),
-        client.key.display()
-    );
+    let (tls, options) = common::mutual_tls(&certs);
+    let server = redis_tls(tls).await.unwrap_or_else(|e| panic!("{e}"));
+    let options = format!("?{options}");
     common::RedisHarness::on(server, options, Some(Box::new(certs)))
 }
 
@@ -45,7 +34,7 @@ mod cluster {
     use simba_core::{ContendServiceFactory, LeaseServiceFactory};
     use simba_redis::RedisStore;
     use simba_test_kit::memory::{lease_capabilities, lease_config};
-    use simba_test_kit::servers::{RedisCluster, RedisTls, TestCerts, redis_cluster_tls};
+    use simba_test_kit::servers::{RedisCluster, TestCerts, redis_cluster_tls};
     use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
     use simba_test_kit::support::{init_tracing, unique_name};
 
@@ -62,24 +51,11 @@ mod cluster {
         async fn start() -> Self {
             init_tracing();
             let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
-            let cluster = redis_cluster_tls(
-                3,
-                RedisTls {
-                    server: certs.server(),
-                    ca: certs.ca(),
-                    require_client_cert: true,
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-            let client = certs.client();
-            let url = format!(
-                "{}&tlsCaFile={}&tlsCertFile={}&tlsKeyFile={}",
-                cluster.cluster_url(),
-                certs.ca().display(),
-                client.cert.display(),
-                client.key.display()
-            );
+            let (tls, options) = super::common::mutual_tls(&certs);
+            let cluster = redis_cluster_tls(3, tls)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let url = format!("{}&{options}", cluster.cluster_url());
             assert!(url.starts_with("rediss-cluster://"), "{url}");
             TlsClusterHarness {
                 cluster,
@@ -142,9 +118,8 @@ mod sentinel {
 
     use simba_core::backend::{Lease, LeaseStore};
     use simba_redis::RedisStore;
-    use simba_test_kit::servers::{RedisTls, TestCerts, redis_sentinel_tls};
+    use simba_test_kit::servers::{TestCerts, redis_sentinel_tls};
     use simba_test_kit::support::{init_tracing, unique_name};
-    use tokio::time::Instant;
 
     use super::common::{cmd, raw, test_config};
 
@@ -155,42 +130,19 @@ mod sentinel {
         }
     }
 
-    /// A replica's confirmation can miss the 500 ms WAIT window right after the start or a
-    /// failover (the replica may still be syncing): retry, bounded.
     async fn retry_acquire(store: &RedisStore, mutex: &str, id: &str) -> u64 {
-        let t0 = Instant::now();
-        loop {
-            match store.acquire(mutex, id, lease()).await {
-                Ok(r) if r.owner.owner_id == id => return r.owner.fence,
-                Ok(r) => panic!("{mutex} is owned by {}", r.owner.owner_id),
-                Err(e) => assert!(
-                    t0.elapsed() < Duration::from_secs(15),
-                    "no confirmed acquisition: {e}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        super::common::retry_acquire_for(store, mutex, id, lease()).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sentinel_over_mutual_tls_finds_the_primary_and_the_new_one_after_a_failover() {
         init_tracing();
         let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
-        let deployment = redis_sentinel_tls(RedisTls {
-            server: certs.server(),
-            ca: certs.ca(),
-            require_client_cert: true,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        let client = certs.client();
-        let url = format!(
-            "{}&tlsCaFile={}&tlsCertFile={}&tlsKeyFile={}",
-            deployment.url(),
-            certs.ca().display(),
-            client.cert.display(),
-            client.key.display()
-        );
+        let (tls, options) = super::common::mutual_tls(&certs);
+        let deployment = redis_sentinel_tls(tls)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("{}&{options}", deployment.url());
         assert!(url.starts_with("rediss-sentinel://"), "{url}");
         let prefix = unique_name("t");
         let config = || test_config(&url, &prefix).with_connect_timeout(Duration::from_secs(15));

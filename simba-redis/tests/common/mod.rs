@@ -214,3 +214,24 @@ pub async fn retry_acquire_for(store: &RedisStore, mutex: &str, id: &str, lease:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Mutual TLS with the kit's test certificates: the servers' settings (client
+/// certificates required), and the URL options a client gives (`tlsCaFile`, `tlsCertFile`,
+/// `tlsKeyFile`), without a leading `?` or `&`.
+pub fn mutual_tls(
+    certs: &simba_test_kit::servers::TestCerts,
+) -> (simba_test_kit::servers::RedisTls, String) {
+    let client = certs.client();
+    let options = format!(
+        "tlsCaFile={}&tlsCertFile={}&tlsKeyFile={}",
+        certs.ca().display(),
+        client.cert.display(),
+        client.key.display()
+    );
+    let tls = simba_test_kit::servers::RedisTls {
+        server: certs.server(),
+        ca: certs.ca(),
+        require_client_cert: true,
+    };
+    (tls, options)
+}
