@@ -103,6 +103,12 @@ pub struct RedisConfig {
     /// `tlsCaFile`, `tlsCertFile`, `tlsKeyFile`, `tlsServerName`. Fields set here override
     /// the URL's.
     pub tls: TlsOptions,
+    /// A resolver for every address the store dials (feature `resolver`): the URL's
+    /// hosts, sentinels, the primary they name and the nodes a Cluster announces, IP
+    /// addresses included. `None` (the default): the system's resolver. For tests and
+    /// unusual networks, e.g. to send each Cluster node's traffic through a proxy.
+    #[cfg(feature = "resolver")]
+    pub resolver: Option<std::sync::Arc<dyn fred::types::Resolve>>,
 }
 
 /// TLS settings of a `rediss://` connection (feature `tls`): which certificate
@@ -166,8 +172,8 @@ pub(crate) struct Resolved {
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("url", &redact_url(&self.url))
+        let mut d = f.debug_struct("RedisConfig");
+        d.field("url", &redact_url(&self.url))
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("key_prefix", &self.key_prefix)
@@ -181,8 +187,13 @@ impl fmt::Debug for RedisConfig {
             .field("restart_quarantine", &self.restart_quarantine)
             .field("replica_acks", &self.replica_acks)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
-            .field("tls", &self.tls)
-            .finish()
+            .field("tls", &self.tls);
+        #[cfg(feature = "resolver")]
+        d.field(
+            "resolver",
+            &self.resolver.as_ref().map(|_| "<custom resolver>"),
+        );
+        d.finish()
     }
 }
 
@@ -205,7 +216,17 @@ impl RedisConfig {
             replica_acks: None,
             replica_ack_timeout: None,
             tls: TlsOptions::default(),
+            #[cfg(feature = "resolver")]
+            resolver: None,
         }
+    }
+
+    /// Sets [`resolver`](Self::resolver) (feature `resolver`): every address the store
+    /// dials is resolved by `resolver` instead of the system's resolver.
+    #[cfg(feature = "resolver")]
+    pub fn with_resolver(mut self, resolver: std::sync::Arc<dyn fred::types::Resolve>) -> Self {
+        self.resolver = Some(resolver);
+        self
     }
 
     /// Sets [`replica_acks`](Self::replica_acks): `Some(0)` turns the replica check off.

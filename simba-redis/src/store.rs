@@ -201,8 +201,18 @@ impl RedisStore {
         let client = builder
             .build()
             .map_err(|e| backend("building the Redis client", e))?;
+        #[cfg(feature = "resolver")]
+        if let Some(resolver) = &config.resolver {
+            client.set_resolver(Arc::clone(resolver)).await;
+        }
         let client_guard = QuitOnDrop(Some(client.clone()));
         if let Err(e) = init(&client, &config).await {
+            // The probes below dial the configured host themselves, not where a custom
+            // resolver sends the client: they would diagnose the wrong address.
+            #[cfg(feature = "resolver")]
+            if config.resolver.is_some() {
+                return Err(e);
+            }
             // Say why, where it can be told: a certificate, or TLS on one side only.
             let (host, port) = first_host;
             #[cfg(feature = "tls")]
@@ -236,6 +246,10 @@ impl RedisStore {
                 let subscriber = builder
                     .build_subscriber_client()
                     .map_err(|e| backend("building the Redis subscriber client", e))?;
+                #[cfg(feature = "resolver")]
+                if let Some(resolver) = &config.resolver {
+                    subscriber.set_resolver(Arc::clone(resolver)).await;
+                }
                 let guard = QuitOnDrop(Some(subscriber.clone()));
                 init(&subscriber, &config).await?;
                 guard.defuse();
