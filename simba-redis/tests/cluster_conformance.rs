@@ -1,12 +1,14 @@
 //! The simba conformance suite, and the kit's store-level cases, on a 3-primary Redis
 //! Cluster started by the test kit.
 //!
-//! Not here: the three cases that need a fault point on one factory's connections
-//! (`lost_signal_on_outage`, `failover_after_crash`, `safety_under_partitions`). A cluster
-//! client dials the node addresses the cluster announces, so it cannot be routed through
-//! the kit's TCP proxy; fred can remap those addresses only with its `dns` feature (a
-//! custom resolver), which simba-redis does not enable. They run on standalone Redis
-//! (`conformance.rs`) and over TLS (`tls_conformance.rs`).
+//! The cases that need a fault point on one factory's connections
+//! (`lost_signal_on_outage`, `failover_after_crash`, `safety_under_partitions`) run too. A
+//! cluster client dials the node addresses the cluster announces, so one proxy in front of
+//! the seed is not enough: the faulty factory gets a [`FaultProxy`] in front of every node
+//! and a resolver (simba-redis feature `resolver`, on for the tests) that sends each node's
+//! address to its proxy (`common::NodeProxies`); its fault blackholes all of them at once.
+//!
+//! [`FaultProxy`]: simba_test_kit::proxy::FaultProxy
 
 // Tests fail by panicking; unwrap on a setup step is the clearest report.
 #![allow(clippy::unwrap_used)]
@@ -15,14 +17,14 @@ mod common;
 
 use std::sync::Arc;
 
-use common::test_config;
+use common::{NodeProxies, test_config};
 use simba_core::backend::BoxFuture;
 use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::RedisStore;
 use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::servers::{RedisCluster, redis_cluster};
 use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
+use simba_test_kit::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
 use simba_test_kit::support::{init_tracing, unique_name};
 
 struct ClusterHarness {
@@ -61,9 +63,33 @@ impl Harness for ClusterHarness {
         })
     }
 
-    fn faulty_factory(&self, _timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
-        Box::pin(async {
-            Err("no per-factory fault point on Redis Cluster (see the file's docs)".into())
+    fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
+        Box::pin(async move {
+            let nodes = self
+                .cluster
+                .nodes()
+                .iter()
+                .map(|n| n.socket_addr())
+                .collect::<Result<Vec<_>, _>>()?;
+            let proxies = NodeProxies::start(&nodes).await?;
+            let config = test_config(&self.cluster.cluster_url(), &self.prefix)
+                .with_resolver(proxies.resolver());
+            let store = RedisStore::connect(config).await?;
+            // The store connects to every primary, and only through the proxies.
+            let unused: Vec<_> = proxies
+                .proxies()
+                .iter()
+                .filter(|p| p.connection_count() == 0)
+                .map(|p| p.upstream())
+                .collect();
+            if !unused.is_empty() {
+                return Err(format!("no connection through the proxies of {unused:?}").into());
+            }
+            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok((
+                Arc::new(factory) as Arc<dyn ContendServiceFactory>,
+                Box::new(proxies) as Box<dyn Fault>,
+            ))
         })
     }
 }
@@ -89,8 +115,4 @@ impl StoreSource for ClusterHarness {
 
 simba_test_kit::store_conformance_tests!(ClusterHarness::start().await);
 
-simba_test_kit::conformance_tests!(@cases ClusterHarness::start().await;
-    start, restart, guard_past_ttl, multi_contend, schedule, locker_timeout,
-    try_acquire, guard_drop_releases, fences_increase, handoff_without_poll,
-    in_process_exclusion, reacquire_after_drop, retriever_sees_changes,
-    retriever_sees_release, hold_at_least, bad_input);
+simba_test_kit::conformance_tests!(ClusterHarness::start().await);

@@ -235,3 +235,89 @@ pub fn mutual_tls(
     };
     (tls, options)
 }
+
+/// A fault point for one store's connections to a Redis Cluster: a [`FaultProxy`] in
+/// front of every node, and a resolver ([`NodeProxies::resolver`], for
+/// `RedisConfig::with_resolver`) that sends each node's address — the seeds of the URL
+/// and the addresses the nodes announce alike — to that node's proxy. Addresses it does
+/// not know fail to resolve, so no connection can go around the fault point.
+///
+/// As a [`Fault`] it acts on all proxies at once: `partition` blackholes every node.
+#[derive(Debug)]
+pub struct NodeProxies {
+    proxies: Vec<FaultProxy>,
+}
+
+impl NodeProxies {
+    /// A proxy for each of `nodes`.
+    pub async fn start(nodes: &[std::net::SocketAddr]) -> std::io::Result<Self> {
+        let mut proxies = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            proxies.push(FaultProxy::start(*node).await?);
+        }
+        Ok(NodeProxies { proxies })
+    }
+
+    /// The proxies, in the order of the nodes.
+    pub fn proxies(&self) -> &[FaultProxy] {
+        &self.proxies
+    }
+
+    /// The resolver that maps each node's address to its proxy.
+    pub fn resolver(&self) -> Arc<dyn fred::types::Resolve> {
+        Arc::new(ProxyResolver {
+            routes: self
+                .proxies
+                .iter()
+                .map(|p| (p.upstream(), p.addr()))
+                .collect(),
+        })
+    }
+}
+
+impl Fault for NodeProxies {
+    fn partition(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        for proxy in &self.proxies {
+            proxy.blackhole(true);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn heal(&self) -> BoxFuture<'_, Result<(), SetupError>> {
+        for proxy in &self.proxies {
+            proxy.heal();
+        }
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Resolves a node's `host:port` to the address of its proxy.
+#[derive(Debug)]
+struct ProxyResolver {
+    /// (node address, proxy address).
+    routes: Vec<(std::net::SocketAddr, std::net::SocketAddr)>,
+}
+
+#[async_trait::async_trait]
+impl fred::types::Resolve for ProxyResolver {
+    async fn resolve(
+        &self,
+        host: fred::bytes_utils::Str,
+        port: u16,
+    ) -> Result<Vec<std::net::SocketAddr>, fred::error::Error> {
+        let ip: Option<std::net::IpAddr> = match &*host {
+            "localhost" => Some(std::net::Ipv4Addr::LOCALHOST.into()),
+            other => other.parse().ok(),
+        };
+        self.routes
+            .iter()
+            .find(|(node, _)| Some(node.ip()) == ip && node.port() == port)
+            .map(|(_, proxy)| vec![*proxy])
+            .ok_or_else(|| {
+                fred::error::Error::new(
+                    fred::error::ErrorKind::IO,
+                    format!("no proxy for {host}:{port}"),
+                )
+            })
+    }
+}
