@@ -75,16 +75,7 @@ impl Harness for ClusterHarness {
             let config = test_config(&self.cluster.cluster_url(), &self.prefix)
                 .with_resolver(proxies.resolver());
             let store = RedisStore::connect(config).await?;
-            // The store connects to every primary, and only through the proxies.
-            let unused: Vec<_> = proxies
-                .proxies()
-                .iter()
-                .filter(|p| p.connection_count() == 0)
-                .map(|p| p.upstream())
-                .collect();
-            if !unused.is_empty() {
-                return Err(format!("no connection through the proxies of {unused:?}").into());
-            }
+            proxies.check_used()?;
             let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
             Ok((
                 Arc::new(factory) as Arc<dyn ContendServiceFactory>,

@@ -263,6 +263,23 @@ impl NodeProxies {
         &self.proxies
     }
 
+    /// Fails unless every proxy carries a connection: a store connects to every primary,
+    /// so after `RedisStore::connect` with [`resolver`](Self::resolver) an idle proxy
+    /// means a node that is not behind the fault point.
+    pub fn check_used(&self) -> Result<(), SetupError> {
+        let idle: Vec<_> = self
+            .proxies
+            .iter()
+            .filter(|p| p.connection_count() == 0)
+            .map(FaultProxy::upstream)
+            .collect();
+        if idle.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no connection through the proxies of {idle:?}").into())
+        }
+    }
+
     /// The resolver that maps each node's address to its proxy.
     pub fn resolver(&self) -> Arc<dyn fred::types::Resolve> {
         Arc::new(ProxyResolver {
