@@ -17,14 +17,14 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{NodeProxies, test_config};
+use common::test_config;
 use simba_core::backend::BoxFuture;
 use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::RedisStore;
 use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::servers::{RedisCluster, redis_cluster};
 use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
+use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
 use simba_test_kit::support::{init_tracing, unique_name};
 
 struct ClusterHarness {
@@ -64,23 +64,9 @@ impl Harness for ClusterHarness {
     }
 
     fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
+        let url = self.cluster.cluster_url();
         Box::pin(async move {
-            let nodes = self
-                .cluster
-                .nodes()
-                .iter()
-                .map(|n| n.socket_addr())
-                .collect::<Result<Vec<_>, _>>()?;
-            let proxies = NodeProxies::start(&nodes).await?;
-            let config = test_config(&self.cluster.cluster_url(), &self.prefix)
-                .with_resolver(proxies.resolver());
-            let store = RedisStore::connect(config).await?;
-            proxies.check_used()?;
-            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
-            Ok((
-                Arc::new(factory) as Arc<dyn ContendServiceFactory>,
-                Box::new(proxies) as Box<dyn Fault>,
-            ))
+            common::cluster_faulty_factory(&self.cluster, &url, &self.prefix, timing).await
         })
     }
 }

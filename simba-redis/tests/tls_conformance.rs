@@ -37,10 +37,10 @@ mod cluster {
     use simba_redis::RedisStore;
     use simba_test_kit::memory::{lease_capabilities, lease_config};
     use simba_test_kit::servers::{RedisCluster, TestCerts, redis_cluster_tls};
-    use simba_test_kit::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
+    use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
     use simba_test_kit::support::{init_tracing, unique_name};
 
-    use super::common::{NodeProxies, test_config};
+    use super::common::test_config;
 
     struct TlsClusterHarness {
         cluster: RedisCluster,
@@ -94,21 +94,13 @@ mod cluster {
             timing: Timing,
         ) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
             Box::pin(async move {
-                let nodes = self
-                    .cluster
-                    .nodes()
-                    .iter()
-                    .map(|n| n.socket_addr())
-                    .collect::<Result<Vec<_>, _>>()?;
-                let proxies = NodeProxies::start(&nodes).await?;
-                let config = test_config(&self.url, &self.prefix).with_resolver(proxies.resolver());
-                let store = RedisStore::connect(config).await?;
-                proxies.check_used()?;
-                let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
-                Ok((
-                    Arc::new(factory) as Arc<dyn ContendServiceFactory>,
-                    Box::new(proxies) as Box<dyn Fault>,
-                ))
+                super::common::cluster_faulty_factory(
+                    &self.cluster,
+                    &self.url,
+                    &self.prefix,
+                    timing,
+                )
+                .await
             })
         }
     }

@@ -338,3 +338,28 @@ impl fred::types::Resolve for ProxyResolver {
             })
     }
 }
+
+/// The conformance suite's faulty factory on a Cluster reached by `url`: a store whose
+/// every connection goes through a [`NodeProxies`] in front of `cluster`'s nodes, and the
+/// proxies as its [`Fault`].
+pub async fn cluster_faulty_factory(
+    cluster: &simba_test_kit::servers::RedisCluster,
+    url: &str,
+    prefix: &str,
+    timing: Timing,
+) -> Result<simba_test_kit::suite::FaultyFactory, SetupError> {
+    let nodes = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.socket_addr())
+        .collect::<Result<Vec<_>, _>>()?;
+    let proxies = NodeProxies::start(&nodes).await?;
+    let config = test_config(url, prefix).with_resolver(proxies.resolver());
+    let store = RedisStore::connect(config).await?;
+    proxies.check_used()?;
+    let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
+    Ok((
+        Arc::new(factory) as Arc<dyn ContendServiceFactory>,
+        Box::new(proxies) as Box<dyn Fault>,
+    ))
+}

@@ -194,29 +194,38 @@ pub async fn redis_cluster_with_replicas(primaries: usize) -> Result<RedisCluste
         }
     }
     for replica in &cluster.replicas {
-        let addr = replica.socket_addr()?;
-        loop {
-            let info = redis_command(addr, &[b"INFO", b"replication"])
-                .await
-                .map(|r| r.text().unwrap_or_default())
-                .unwrap_or_default();
-            if info.contains("master_link_status:up") {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Start {
-                    kind: KIND,
-                    message: format!(
-                        "the replica {addr} does not replicate after {CLUSTER_TIMEOUT:?}: {}",
-                        info.replace("\r\n", " ")
-                    ),
-                    log_tail: replica.log_tail(20),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_replicating(replica, replica.socket_addr()?, deadline, "the replica").await?;
     }
     Ok(cluster)
+}
+
+/// Waits until `node` (reached at `addr`) is a replica whose link to its primary is up.
+async fn wait_replicating(
+    node: &TestServer,
+    addr: SocketAddr,
+    deadline: Instant,
+    what: &str,
+) -> Result<(), ServerError> {
+    loop {
+        let info = redis_command(addr, &[b"INFO", b"replication"])
+            .await
+            .map(|r| r.text().unwrap_or_default())
+            .unwrap_or_default();
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ServerError::Start {
+                kind: KIND,
+                message: format!(
+                    "{what} at {addr} does not replicate in time: {}",
+                    info.replace("\r\n", " ")
+                ),
+                log_tail: node.log_tail(20),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn no_replica(i: usize) -> ServerError {
@@ -322,27 +331,7 @@ impl RedisCluster {
         // it becomes the new primary's replica, so that the new primary has one.
         let old = &self.nodes[i];
         old.start().await?;
-        let old_addr = self.admin_addr(i);
-        loop {
-            let info = redis_command(old_addr, &[b"INFO", b"replication"])
-                .await
-                .map(|r| r.text().unwrap_or_default())
-                .unwrap_or_default();
-            if info.contains("role:slave") && info.contains("master_link_status:up") {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(ServerError::Start {
-                    kind: KIND,
-                    message: format!(
-                        "the old primary {i} did not become a replica within {timeout:?}: {}",
-                        info.replace("\r\n", " ")
-                    ),
-                    log_tail: old.log_tail(20),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_replicating(old, self.admin_addr(i), deadline, "the old primary").await
     }
 
     /// Whether clients speak TLS to the nodes (started by [`redis_cluster_tls`]).
