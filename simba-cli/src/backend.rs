@@ -102,9 +102,9 @@ pub(crate) fn supported() -> String {
     }
 }
 
-/// Checks `url` without connecting: a scheme of a feature this binary lacks names the
-/// feature; anything else is its connector's to judge. Every refusal is a usage error that
-/// says what works.
+/// The connector of `url`'s scheme: a scheme of a feature this binary lacks names the
+/// feature, an unknown one lists what works (usage errors). The rest of the URL is the
+/// connector's to judge when it connects.
 pub(crate) fn check(url: &str) -> Result<&'static dyn Connector, Failure> {
     if let Some(scheme) = scheme_of(url)
         && let Some((feature, ..)) = FEATURES
@@ -119,10 +119,9 @@ pub(crate) fn check(url: &str) -> Result<&'static dyn Connector, Failure> {
             supported()
         )));
     }
-    let bad = |e: simba_core::Error| Failure::simba(e, "bad backend URL");
-    let connector = connectors().find(url).map_err(bad)?;
-    connector.validate(url.trim()).map_err(bad)?;
-    Ok(connector)
+    connectors()
+        .find(url)
+        .map_err(|e| Failure::simba(e, "bad backend URL"))
 }
 
 /// A connected backend.
@@ -131,14 +130,20 @@ pub(crate) struct Backend {
     pub(crate) shown: String,
     /// The connection its connector made.
     pub(crate) conn: Arc<dyn Connection>,
-    /// The factory of contend and retrieval services.
-    pub(crate) factory: Arc<dyn ContendServiceFactory>,
-    /// Whether waiters cannot be woken by the backend, so that they poll (no backend
-    /// today).
-    pub(crate) polls: bool,
 }
 
 impl Backend {
+    /// The factory of contend and retrieval services.
+    pub(crate) fn factory(&self) -> Arc<dyn ContendServiceFactory> {
+        self.conn.factory()
+    }
+
+    /// Whether waiters cannot be woken by the backend, so that they poll (no backend
+    /// today).
+    pub(crate) fn polls(&self) -> bool {
+        !self.conn.capabilities().pushes_to_waiters
+    }
+
     /// Whether the backend has leases (and so one-call owner reads).
     pub(crate) fn has_leases(&self) -> bool {
         self.conn.capabilities().ownership == Ownership::Lease
@@ -280,12 +285,7 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
         .await
         .map_err(|e| Failure::simba(e, format!("cannot use backend {shown}")))?
         .into();
-    Ok(Backend {
-        shown,
-        factory: conn.factory(),
-        polls: !conn.capabilities().pushes_to_waiters,
-        conn,
-    })
+    Ok(Backend { shown, conn })
 }
 
 /// `url` with its secrets replaced by `***`, by the rules of the backend crate that parses
@@ -299,8 +299,15 @@ pub(crate) fn redact(url: &str) -> String {
 mod tests {
     use super::*;
 
+    /// What `simba` says of `url` before connecting: its own routing, then the
+    /// connector's check (which `connect` makes first).
     fn usage_message(url: &str) -> String {
-        let e = check(url).map(|c| c.name()).expect_err(url);
+        let e = check(url)
+            .and_then(|c| {
+                c.validate(url)
+                    .map_err(|e| Failure::simba(e, "cannot use backend"))
+            })
+            .expect_err(url);
         assert_eq!(e.status, Status::Usage, "{url}");
         format!("{:#}", e.error)
     }

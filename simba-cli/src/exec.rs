@@ -54,12 +54,12 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
     // has stopped contending.
     let mut signals = Signals::new()?;
     let mutex = args.mutex.as_str();
-    let locker = Locker::new(backend.factory.clone(), mutex)
-        .map_err(|e| Failure::simba(e, "bad mutex name"))?;
+    let locker =
+        Locker::new(backend.factory(), mutex).map_err(|e| Failure::simba(e, "bad mutex name"))?;
     if let Some(hold) = args.hold_at_least {
         // Refused before waiting: a hold the backend cannot keep would be silently lost.
         backend
-            .factory
+            .factory()
             .check_hold()
             .and_then(|()| simba_core::validate_duration("hold-at-least", hold, Duration::ZERO))
             .map_err(|e| Failure::simba(e, "--hold-at-least"))?;

@@ -61,7 +61,7 @@ impl Source {
             return Ok(Source::Read(reader.clone()));
         }
         let service = backend
-            .factory
+            .factory()
             .create_retrieval_service(mutex, Arc::new(SilentRetriever))
             .map_err(|e| Failure::simba(e, "cannot observe the mutex"))?;
         let state = service.state();
@@ -168,7 +168,7 @@ pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
     let text = if args.json {
         json!({
             "mutex": args.mutex,
-            "backend": backend.factory.backend(),
+            "backend": backend.factory().backend(),
             "owner": snap.owner,
             "fence": snap.owner.as_ref().map(|o| o.fence),
             "now": snap.now,

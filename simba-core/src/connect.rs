@@ -59,7 +59,8 @@ pub trait Connector: Send + Sync + 'static {
     fn validate(&self, url: &str) -> Result<()>;
 
     /// Connects to `url` (which must be one of [`schemes`](Connector::schemes)) with
-    /// `options`, and checks that the backend answers.
+    /// `options`, and checks that the backend answers. Checks `url` as
+    /// [`validate`](Connector::validate) does first: callers need not.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a bad URL or options (before any I/O);
@@ -160,19 +161,22 @@ pub struct Capabilities {
     /// Whether observers are told of owner changes by the backend; `false`: they read at
     /// a bounded interval.
     pub pushes_to_observers: bool,
-    /// Whether a released mutex can be kept held for a while (hold-at-least).
-    pub holds: bool,
 }
 
 impl Capabilities {
-    /// A capability set; `holds` follows from `ownership` (only leases can be kept held).
+    /// A capability set.
     pub fn new(ownership: Ownership, pushes_to_waiters: bool, pushes_to_observers: bool) -> Self {
         Capabilities {
             ownership,
             pushes_to_waiters,
             pushes_to_observers,
-            holds: ownership == Ownership::Lease,
         }
+    }
+
+    /// Whether a released mutex can be kept held for a while (hold-at-least): only a
+    /// lease can outlive its owner's release.
+    pub fn holds(&self) -> bool {
+        self.ownership == Ownership::Lease
     }
 }
 
@@ -341,7 +345,7 @@ impl Connectors {
         self.find(url)?.validate(url.trim())
     }
 
-    /// Connects `url` through its connector.
+    /// Connects `url` through its connector (which checks it before any I/O).
     ///
     /// # Errors
     /// As [`find`](Connectors::find) and [`Connector::connect`].
@@ -353,10 +357,7 @@ impl Connectors {
         url: &str,
         options: &ConnectOptions,
     ) -> Result<Box<dyn Connection>> {
-        let connector = self.find(url)?;
-        let url = url.trim();
-        connector.validate(url)?;
-        connector.connect(url, options).await
+        self.find(url)?.connect(url.trim(), options).await
     }
 }
 
@@ -403,10 +404,11 @@ mod tests {
         }
         fn connect<'a>(
             &'a self,
-            _url: &'a str,
+            url: &'a str,
             options: &'a ConnectOptions,
         ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
             Box::pin(async move {
+                self.validate(url)?;
                 let f = LeaseServiceFactory::new(MemoryStore::new(), options.lease().clone())?;
                 Ok(Box::new(MemConnection(Arc::new(f))) as Box<dyn Connection>)
             })
@@ -475,7 +477,7 @@ mod tests {
             .await
             .expect("connects");
         assert_eq!(conn.capabilities().ownership, Ownership::Lease);
-        assert!(conn.capabilities().holds);
+        assert!(conn.capabilities().holds());
         let locker = crate::Locker::new(conn.factory(), "m").expect("locker");
         let _guard = locker
             .acquire_timeout(Duration::from_secs(5))
@@ -486,6 +488,11 @@ mod tests {
         assert!(reply.owner.is_in_lease(reply.now), "{reply:?}");
         assert!(matches!(
             c.connect("nope://x", &ConnectOptions::new()).await,
+            Err(Error::InvalidConfig { .. })
+        ));
+        // The connector checks the URL itself.
+        assert!(matches!(
+            c.connect("mem://", &ConnectOptions::new()).await,
             Err(Error::InvalidConfig { .. })
         ));
     }

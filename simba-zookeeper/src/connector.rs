@@ -41,7 +41,7 @@ pub struct ZkConnector;
 /// A ZooKeeper session's factory, from [`ZkConnector`].
 #[derive(Debug)]
 struct ZkConnection {
-    factory: ZkFactory,
+    factory: Arc<ZkFactory>,
 }
 
 impl ZkConnector {
@@ -87,7 +87,7 @@ impl Connector for ZkConnector {
         options: &'a ConnectOptions,
     ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
         Box::pin(async move {
-            let factory = ZkFactory::connect(Self::config(url, options)?).await?;
+            let factory = Arc::new(ZkFactory::connect(Self::config(url, options)?).await?);
             Ok(Box::new(ZkConnection { factory }) as Box<dyn Connection>)
         })
     }
@@ -95,7 +95,7 @@ impl Connector for ZkConnector {
 
 impl Connection for ZkConnection {
     fn factory(&self) -> Arc<dyn ContendServiceFactory> {
-        Arc::new(self.factory.clone())
+        self.factory.clone()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -110,7 +110,7 @@ impl Connection for ZkConnection {
     fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
         Box::pin(async move {
             let probe = ZkProbe::connect(self.factory.config()).await?;
-            Ok(Box::new(ZkFloors(Some(probe))) as Box<dyn Probe>)
+            Ok(Box::new(ZkFloors(probe)) as Box<dyn Probe>)
         })
     }
 
@@ -120,7 +120,7 @@ impl Connection for ZkConnection {
 }
 
 /// ZooKeeper's floor: `exists("/")` on a session of its own.
-struct ZkFloors(Option<ZkProbe>);
+struct ZkFloors(ZkProbe);
 
 impl Probe for ZkFloors {
     fn round_trip_name(&self) -> &'static str {
@@ -133,24 +133,15 @@ impl Probe for ZkFloors {
 
     fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            match (&self.0, floor) {
-                (Some(probe), Floor::RoundTrip) => probe.exists(limit).await,
-                (None, _) => Err(simba_core::Error::InvalidState(
-                    "the ZooKeeper probe is closed".into(),
-                )),
-                (Some(_), other) => Err(unsupported_floor(BACKEND, other)),
+            match floor {
+                Floor::RoundTrip => self.0.exists(limit).await,
+                other => Err(unsupported_floor(BACKEND, other)),
             }
         })
     }
 
-    fn close(mut self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        let probe = self.0.take();
-        Box::pin(async move {
-            match probe {
-                Some(p) => p.close().await,
-                None => Ok(()),
-            }
-        })
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(self.0.close())
     }
 }
 

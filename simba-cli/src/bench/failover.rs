@@ -104,7 +104,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         m.insert("waiter_wakeup".into(), json!(jitter_text));
         m.insert(
             "waiters_poll_ms".into(),
-            if waiter.polls {
+            if waiter.polls() {
                 json!(ctx.args.poll.as_millis() as u64)
             } else {
                 json!(null)
@@ -131,7 +131,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
                 ctx.args.failover_runs,
                 show(ttl),
                 show(transition),
-                if waiter.polls {
+                if waiter.polls() {
                     format!(", waiters poll every {}", show(ctx.args.poll))
                 } else {
                     String::new()
@@ -244,7 +244,7 @@ async fn once(
 
     // A known id, to tell the waiter's ownership from the killed owner's below.
     let me = simba_core::generate_contender_id();
-    let locker = Locker::with_contender_id(waiter.factory.clone(), &mutex, me.clone())?;
+    let locker = Locker::with_contender_id(waiter.factory(), &mutex, me.clone())?;
     let acquiring =
         tokio::spawn(async move { (locker.acquire_timeout(ACQUIRE_LIMIT).await, Instant::now()) });
     // Kill at a random point of the owner's renewal cycle, once the waiter waits.

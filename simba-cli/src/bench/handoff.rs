@@ -53,8 +53,8 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
     let mut polls = false;
     for _ in 0..contenders {
         let b = ctx.connect(ctx.timing()).await?;
-        polls = b.polls;
-        lockers.push(Locker::new(b.factory.clone(), &mutex)?);
+        polls = b.polls();
+        lockers.push(Locker::new(b.factory(), &mutex)?);
     }
     let records = Arc::new(Mutex::new(Vec::with_capacity(warm + target + contenders)));
     let count = Arc::new(AtomicUsize::new(0));

@@ -160,7 +160,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         status: Status::Unavailable,
         error: e,
     })?;
-    ctx.kind = main.factory.backend();
+    ctx.kind = main.factory().backend();
     let shown = main.shown.clone();
 
     let mut out = Map::new();
@@ -255,7 +255,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
 }
 
 async fn first_acquisition(ctx: &Ctx, main: &Backend) -> anyhow::Result<Duration> {
-    let locker = simba_core::Locker::new(main.factory.clone(), &ctx.mutex("first"))?;
+    let locker = simba_core::Locker::new(main.factory(), &ctx.mutex("first"))?;
     let t0 = std::time::Instant::now();
     let guard = locker.acquire_timeout(Duration::from_secs(60)).await?;
     let took = t0.elapsed();

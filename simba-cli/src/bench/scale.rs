@@ -112,7 +112,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
     let conn_connected = main.conn.server_connections().await;
     let services: Services = (0..n)
         .map(|i| {
-            b.factory.create_contend_service(
+            b.factory().create_contend_service(
                 &ctx.mutex(&format!("scale-{i}")),
                 Arc::new(SilentContender),
             )
@@ -242,7 +242,7 @@ async fn waiters(ctx: &Ctx, floors: &Floors, s: &mut Section) -> anyhow::Result<
         .await?;
     let mutex = ctx.mutex("scale-waiters");
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let owner: Arc<dyn ContendService> = b.factory.create_contend_service(
+    let owner: Arc<dyn ContendService> = b.factory().create_contend_service(
         &mutex,
         Arc::new(Probe {
             index: usize::MAX,
@@ -258,7 +258,7 @@ async fn waiters(ctx: &Ctx, floors: &Floors, s: &mut Section) -> anyhow::Result<
     }
     let waiters: Services = (0..w)
         .map(|index| {
-            b.factory.create_contend_service(
+            b.factory().create_contend_service(
                 &mutex,
                 Arc::new(Probe {
                     index,
@@ -268,16 +268,16 @@ async fn waiters(ctx: &Ctx, floors: &Floors, s: &mut Section) -> anyhow::Result<
         })
         .collect::<simba_core::Result<_>>()?;
     // Background calls are counted over a whole poll period where waiters poll.
-    let idle = if b.polls {
+    let idle = if b.polls() {
         ctx.args.scale_poll + Duration::from_millis(100)
     } else {
         Duration::from_millis(300)
     };
-    let result = handoffs(owner, &waiters, &mut rx, idle, b.polls).await;
+    let result = handoffs(owner, &waiters, &mut rx, idle, b.polls()).await;
     stop_all(&waiters).await;
     let (wakeups, handoff, background) = result?;
 
-    let polls = b.polls;
+    let polls = b.polls();
     for (k, v) in [
         ("waiters", json!(w)),
         ("releases", json!(handoff.len())),

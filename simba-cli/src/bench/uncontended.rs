@@ -18,7 +18,7 @@ const ACQUIRE_LIMIT: Duration = Duration::from_secs(30);
 pub(super) async fn run(ctx: &Ctx, main: &Backend, floors: &Floors) -> anyhow::Result<Section> {
     let n = ctx.iterations();
     let warm = super::floor::warm_up(n);
-    let locker = Locker::new(main.factory.clone(), &ctx.mutex("uncontended"))?;
+    let locker = Locker::new(main.factory(), &ctx.mutex("uncontended"))?;
     let (mut total, mut acquire, mut release) = (
         Samples::with_capacity(n),
         Samples::with_capacity(n),
