@@ -32,26 +32,21 @@ pub(crate) async fn measure(conn: &dyn Connection, n: usize, run: &str) -> anyho
         rtt_what: probe.round_trip_name(),
         ..Floors::default()
     };
-    let offered = probe.floors();
-    let mut measured = Ok(());
-    for floor in offered {
-        let samples = sample(probe.as_mut(), floor, n).await;
-        let samples = match samples {
-            Ok(s) => s,
-            Err(e) => {
-                measured = Err(e);
-                break;
+    // Every floor, then close the probe whatever happened: the first failure is reported.
+    let measured = async {
+        for floor in probe.floors() {
+            let samples = sample(probe.as_mut(), floor, n).await?;
+            match floor {
+                Floor::RoundTrip => floors.rtt = samples,
+                Floor::PubSub => floors.pubsub = Some(samples),
+                Floor::RawLock => floors.raw_lock = Some(samples),
             }
-        };
-        match floor {
-            Floor::RoundTrip => floors.rtt = samples,
-            Floor::PubSub => floors.pubsub = Some(samples),
-            Floor::RawLock => floors.raw_lock = Some(samples),
         }
+        anyhow::Ok(())
     }
+    .await;
     probe.close().await?;
-    measured?;
-    Ok(floors)
+    measured.map(|()| floors)
 }
 
 /// Times `n` measurements of `floor` after a warm-up.
