@@ -11,7 +11,7 @@ use simba_core::connect::{
 };
 use simba_core::{ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Result};
 
-use crate::config::{Backend, SqlConfig, Target, parse_url, redact_url};
+use crate::config::{Backend, SqlConfig, Target, redact_url};
 use crate::floor::SqlProbe;
 use crate::store::SqlStore;
 
@@ -83,16 +83,7 @@ impl Connector for SqlConnector {
     }
 
     fn validate(&self, url: &str) -> Result<()> {
-        SqlConfig::new(url).validate()?;
-        match parse_url(url)? {
-            Target::Sqlite { memory: true, .. } => Err(Error::config(
-                "url",
-                "an in-memory SQLite database lives in one process, so it cannot exclude \
-                 other processes: name a file, sqlite://PATH",
-            )),
-            Target::Sqlite { path, .. } => check_sqlite_path(Path::new(&path)),
-            Target::Mysql(_) | Target::Postgres(_) => Ok(()),
-        }
+        checked_target(url).map(drop)
     }
 
     fn connect<'a>(
@@ -101,8 +92,7 @@ impl Connector for SqlConnector {
         options: &'a ConnectOptions,
     ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
         Box::pin(async move {
-            self.validate(url)?;
-            let target = parse_url(url)?;
+            let target = checked_target(url)?;
             let mut lease = options.lease().clone();
             if target.backend() != Backend::Postgres {
                 lease = LeaseConfig {
@@ -202,6 +192,24 @@ impl Probe for SqlFloors {
     }
 }
 
+/// `url`'s target after every check a connection makes ([`SqlConfig::validate`]) and
+/// the connector's own: no in-memory SQLite database, a SQLite path that can be a file.
+fn checked_target(url: &str) -> Result<Target> {
+    let target = SqlConfig::new(url).target()?;
+    match &target {
+        Target::Sqlite { memory: true, .. } => {
+            return Err(Error::config(
+                "url",
+                "an in-memory SQLite database lives in one process, so it cannot exclude \
+                 other processes: name a file, sqlite://PATH",
+            ));
+        }
+        Target::Sqlite { path, .. } => check_sqlite_path(Path::new(path))?,
+        Target::Mysql(_) | Target::Postgres(_) => {}
+    }
+    Ok(target)
+}
+
 /// A SQLite file's directory must exist, and the path, if it exists, must be a regular
 /// file: SQLite's own errors ("unable to open database file", "disk I/O error", or a
 /// "database is locked" that lasts until the timeout for `/dev/null`) do not say so.
@@ -248,46 +256,44 @@ fn check_sqlite_path(path: &Path) -> Result<()> {
 /// `e` with what to check added when SQLite gave one of its terse file errors ("disk I/O
 /// error", "unable to open database file") for `path`.
 fn with_sqlite_hint(e: Error, path: &Path) -> Error {
+    let Error::Backend {
+        backend,
+        message,
+        retryable,
+        source,
+    } = &e
+    else {
+        return e;
+    };
+    let (backend, retryable) = (*backend, *retryable);
+    // What was said, the sources' words included, in the order it was said.
+    let mut said = message.clone();
+    let mut next = source
+        .as_deref()
+        .map(|s| s as &(dyn std::error::Error + 'static));
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !said.contains(&text) {
+            said.push_str(": ");
+            said.push_str(&text);
+        }
+        next = cause.source();
+    }
     let terse = ["disk I/O error", "unable to open database file"];
-    let said = chain(&e);
     if !terse.iter().any(|t| said.contains(t)) {
         return e;
     }
-    let hint = format!(
-        "SQLite cannot read or write {} or create its -wal / -shm files beside it: check \
-         that the file and its directory are writable and on a local file system",
-        path.display()
-    );
-    match e {
-        // The source's text is in the message now, in the order it was said.
-        Error::Backend {
-            backend, retryable, ..
-        } => Error::Backend {
-            backend,
-            message: format!(
-                "{}. {hint}",
-                said.trim_start_matches(&format!("{backend} backend: "))
-            ),
-            retryable,
-            source: None,
-        },
-        other => other,
+    Error::Backend {
+        backend,
+        message: format!(
+            "{said}. SQLite cannot read or write {} or create its -wal / -shm files beside \
+             it: check that the file and its directory are writable and on a local file \
+             system",
+            path.display()
+        ),
+        retryable,
+        source: None,
     }
-}
-
-/// `e`'s message and those of its sources, joined by `: `.
-fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut next = std::error::Error::source(e);
-    while let Some(source) = next {
-        let said = source.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        next = source.source();
-    }
-    text
 }
 
 #[cfg(test)]
