@@ -15,81 +15,15 @@
 
 mod common;
 
-use std::sync::Arc;
+use common::ClusterHarness;
+use simba_test_kit::servers::redis_cluster;
 
-use common::test_config;
-use simba_core::backend::BoxFuture;
-use simba_core::{ContendServiceFactory, LeaseServiceFactory};
-use simba_redis::RedisStore;
-use simba_test_kit::memory::{lease_capabilities, lease_config};
-use simba_test_kit::servers::{RedisCluster, redis_cluster};
-use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
-use simba_test_kit::support::{init_tracing, unique_name};
-
-struct ClusterHarness {
-    cluster: RedisCluster,
-    prefix: String,
+async fn harness() -> ClusterHarness {
+    let cluster = redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}"));
+    let url = cluster.cluster_url();
+    ClusterHarness::on(cluster, url, None)
 }
 
-impl ClusterHarness {
-    async fn start() -> Self {
-        init_tracing();
-        ClusterHarness {
-            cluster: redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}")),
-            prefix: unique_name("t"),
-        }
-    }
-}
+simba_test_kit::store_conformance_tests!(harness().await);
 
-impl Harness for ClusterHarness {
-    fn name(&self) -> String {
-        "redis-cluster".to_owned()
-    }
-
-    fn capabilities(&self, timing: Timing) -> Capabilities {
-        lease_capabilities(timing, true)
-    }
-
-    fn factory(
-        &self,
-        timing: Timing,
-    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
-        Box::pin(async move {
-            let config = test_config(&self.cluster.cluster_url(), &self.prefix);
-            let store = RedisStore::connect(config).await?;
-            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
-            Ok(Arc::new(factory) as Arc<dyn ContendServiceFactory>)
-        })
-    }
-
-    fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
-        let url = self.cluster.cluster_url();
-        Box::pin(async move {
-            common::cluster_faulty_factory(&self.cluster, &url, &self.prefix, timing).await
-        })
-    }
-}
-
-impl StoreSource for ClusterHarness {
-    type Store = RedisStore;
-
-    fn name(&self) -> String {
-        "redis-cluster".to_owned()
-    }
-
-    fn store(&self) -> BoxFuture<'_, Result<RedisStore, SetupError>> {
-        Box::pin(async move {
-            let config = test_config(&self.cluster.cluster_url(), &self.prefix);
-            Ok(RedisStore::connect(config).await?)
-        })
-    }
-
-    fn pushes_release(&self) -> bool {
-        true
-    }
-}
-
-simba_test_kit::store_conformance_tests!(ClusterHarness::start().await);
-
-simba_test_kit::conformance_tests!(ClusterHarness::start().await);
+simba_test_kit::conformance_tests!(harness().await);

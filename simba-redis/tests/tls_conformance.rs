@@ -30,82 +30,22 @@ simba_test_kit::store_conformance_tests!(harness().await);
 /// faulty factory's connections go through a proxy per node (`common::NodeProxies`), which
 /// forwards the TLS bytes as they are.
 mod cluster {
-    use std::sync::Arc;
+    use simba_test_kit::servers::{TestCerts, redis_cluster_tls};
 
-    use simba_core::backend::BoxFuture;
-    use simba_core::{ContendServiceFactory, LeaseServiceFactory};
-    use simba_redis::RedisStore;
-    use simba_test_kit::memory::{lease_capabilities, lease_config};
-    use simba_test_kit::servers::{RedisCluster, TestCerts, redis_cluster_tls};
-    use simba_test_kit::suite::{Capabilities, FaultyFactory, Harness, SetupError, Timing};
-    use simba_test_kit::support::{init_tracing, unique_name};
+    use super::common::ClusterHarness;
 
-    use super::common::test_config;
-
-    struct TlsClusterHarness {
-        cluster: RedisCluster,
-        prefix: String,
-        url: String,
-        _certs: TestCerts,
+    async fn harness() -> ClusterHarness {
+        let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
+        let (tls, options) = super::common::mutual_tls(&certs);
+        let cluster = redis_cluster_tls(3, tls)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("{}&{options}", cluster.cluster_url());
+        assert!(url.starts_with("rediss-cluster://"), "{url}");
+        ClusterHarness::on(cluster, url, Some(Box::new(certs)))
     }
 
-    impl TlsClusterHarness {
-        async fn start() -> Self {
-            init_tracing();
-            let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
-            let (tls, options) = super::common::mutual_tls(&certs);
-            let cluster = redis_cluster_tls(3, tls)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let url = format!("{}&{options}", cluster.cluster_url());
-            assert!(url.starts_with("rediss-cluster://"), "{url}");
-            TlsClusterHarness {
-                cluster,
-                prefix: unique_name("t"),
-                url,
-                _certs: certs,
-            }
-        }
-    }
-
-    impl Harness for TlsClusterHarness {
-        fn name(&self) -> String {
-            format!("redis-cluster-tls({} nodes)", self.cluster.nodes().len())
-        }
-
-        fn capabilities(&self, timing: Timing) -> Capabilities {
-            lease_capabilities(timing, true)
-        }
-
-        fn factory(
-            &self,
-            timing: Timing,
-        ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
-            Box::pin(async move {
-                let config = test_config(&self.url, &self.prefix);
-                let store = RedisStore::connect(config).await?;
-                let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
-                Ok(Arc::new(factory) as Arc<dyn ContendServiceFactory>)
-            })
-        }
-
-        fn faulty_factory(
-            &self,
-            timing: Timing,
-        ) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
-            Box::pin(async move {
-                super::common::cluster_faulty_factory(
-                    &self.cluster,
-                    &self.url,
-                    &self.prefix,
-                    timing,
-                )
-                .await
-            })
-        }
-    }
-
-    simba_test_kit::conformance_tests!(TlsClusterHarness::start().await);
+    simba_test_kit::conformance_tests!(harness().await);
 }
 
 /// Sentinel over TLS: a primary, a replica and three sentinels that all speak only TLS to

@@ -339,27 +339,93 @@ impl fred::types::Resolve for ProxyResolver {
     }
 }
 
-/// The conformance suite's faulty factory on a Cluster reached by `url`: a store whose
-/// every connection goes through a [`NodeProxies`] in front of `cluster`'s nodes, and the
-/// proxies as its [`Fault`].
-pub async fn cluster_faulty_factory(
-    cluster: &simba_test_kit::servers::RedisCluster,
-    url: &str,
-    prefix: &str,
-    timing: Timing,
-) -> Result<simba_test_kit::suite::FaultyFactory, SetupError> {
-    let nodes = cluster
-        .nodes()
-        .iter()
-        .map(|n| n.socket_addr())
-        .collect::<Result<Vec<_>, _>>()?;
-    let proxies = NodeProxies::start(&nodes).await?;
-    let config = test_config(url, prefix).with_resolver(proxies.resolver());
-    let store = RedisStore::connect(config).await?;
-    proxies.check_used()?;
-    let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
-    Ok((
-        Arc::new(factory) as Arc<dyn ContendServiceFactory>,
-        Box::new(proxies) as Box<dyn Fault>,
-    ))
+/// The conformance harness on a Redis Cluster reached by `url` (plain or TLS): every
+/// factory is a new [`RedisStore`] under one key prefix; the faulty one reaches the nodes
+/// through a [`NodeProxies`], which is its [`Fault`].
+pub struct ClusterHarness {
+    cluster: simba_test_kit::servers::RedisCluster,
+    url: String,
+    prefix: String,
+    /// Whatever must live as long as the harness (certificates).
+    _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl ClusterHarness {
+    /// A harness on `cluster`, whose clients use `url`; `keep` lives as long as it.
+    pub fn on(
+        cluster: simba_test_kit::servers::RedisCluster,
+        url: String,
+        keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        init_tracing();
+        ClusterHarness {
+            cluster,
+            url,
+            prefix: unique_name("t"),
+            _keep: keep,
+        }
+    }
+}
+
+impl Harness for ClusterHarness {
+    fn name(&self) -> String {
+        let kind = if self.cluster.is_tls() { "-tls" } else { "" };
+        format!("redis-cluster{kind}({} nodes)", self.cluster.nodes().len())
+    }
+
+    fn capabilities(&self, timing: Timing) -> Capabilities {
+        lease_capabilities(timing, true)
+    }
+
+    fn factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+        Box::pin(async move {
+            let store = RedisStore::connect(test_config(&self.url, &self.prefix)).await?;
+            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok(Arc::new(factory) as Arc<dyn ContendServiceFactory>)
+        })
+    }
+
+    fn faulty_factory(
+        &self,
+        timing: Timing,
+    ) -> BoxFuture<'_, Result<simba_test_kit::suite::FaultyFactory, SetupError>> {
+        Box::pin(async move {
+            let nodes = self
+                .cluster
+                .nodes()
+                .iter()
+                .map(|n| n.socket_addr())
+                .collect::<Result<Vec<_>, _>>()?;
+            let proxies = NodeProxies::start(&nodes).await?;
+            let config = test_config(&self.url, &self.prefix).with_resolver(proxies.resolver());
+            let store = RedisStore::connect(config).await?;
+            proxies.check_used()?;
+            let factory = LeaseServiceFactory::new(store, lease_config(timing))?;
+            Ok((
+                Arc::new(factory) as Arc<dyn ContendServiceFactory>,
+                Box::new(proxies) as Box<dyn Fault>,
+            ))
+        })
+    }
+}
+
+impl StoreSource for ClusterHarness {
+    type Store = RedisStore;
+
+    fn name(&self) -> String {
+        Harness::name(self)
+    }
+
+    fn store(&self) -> BoxFuture<'_, Result<RedisStore, SetupError>> {
+        Box::pin(
+            async move { Ok(RedisStore::connect(test_config(&self.url, &self.prefix)).await?) },
+        )
+    }
+
+    fn pushes_release(&self) -> bool {
+        true
+    }
 }
