@@ -97,6 +97,14 @@ async fn wait(
     s.clone()
 }
 
+/// Waits until `svc` owns the mutex; its fence.
+async fn held_fence(svc: &Arc<dyn ContendService>) -> Option<u64> {
+    wait(svc, |st| st.held.is_some())
+        .await
+        .held
+        .map(|h| h.fence)
+}
+
 #[tokio::test(start_paused = true)]
 async fn hanging_renewal_is_a_loss_at_the_local_deadline() {
     let s = setup();
@@ -146,10 +154,7 @@ async fn a_hanging_renewal_makes_the_owner_suspect_before_the_deadline() {
     let (svc, events) = contender(&s, "m");
     let t0 = Instant::now();
     svc.start().expect("start");
-    let fence = wait(&svc, |st| st.held.is_some())
-        .await
-        .held
-        .map(|h| h.fence);
+    let fence = held_fence(&svc).await;
     s.store.control().set_all(Behavior::Hang);
     let st = wait(&svc, |st| st.held.is_none_or(|h| h.suspect)).await;
     let suspect_at = Instant::now() - t0;
@@ -195,10 +200,7 @@ async fn a_slow_renewal_is_suspect_until_it_answers() {
     let s = setup();
     let (svc, events) = contender(&s, "m");
     svc.start().expect("start");
-    let fence = wait(&svc, |st| st.held.is_some())
-        .await
-        .held
-        .map(|h| h.fence);
+    let fence = held_fence(&svc).await;
     // Sent at ~934 ms, suspect at ~1245 ms, answered at ~1334 ms, deadline 1400 ms.
     s.store
         .control()
@@ -221,10 +223,7 @@ async fn failing_renewals_make_the_owner_suspect_and_a_success_recovers() {
     let s = setup();
     let (svc, events) = contender(&s, "m");
     svc.start().expect("start");
-    let fence = wait(&svc, |st| st.held.is_some())
-        .await
-        .held
-        .map(|h| h.fence);
+    let fence = held_fence(&svc).await;
     s.store.control().set(Op::Guard, Behavior::Fail);
     wait(&svc, |st| st.held.is_some_and(|h| h.suspect)).await;
     assert!(
