@@ -279,7 +279,7 @@ pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failur
     options
         .lease()
         .validate()
-        .map_err(|e| Failure::simba(e, "bad --ttl / --transition"))?;
+        .map_err(|e| Failure::simba(e, "bad lease timing"))?;
     let conn: Arc<dyn Connection> = connector
         .connect(url.trim(), &options)
         .await
@@ -342,7 +342,7 @@ mod tests {
         assert!(m.contains("not a URL"), "{m}");
         if cfg!(feature = "sqlite") {
             assert!(m.contains("sqlite://PATH"), "{m}");
-            assert!(usage_message("sqlite://").contains("needs a file"));
+            assert!(usage_message("sqlite://").contains("names no SQLite file"));
         }
         if cfg!(feature = "zookeeper") {
             let m = usage_message("zk:///chroot");

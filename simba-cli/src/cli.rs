@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::duration;
+use simba_core::{LeaseConfig, MAX_DURATION};
+
+use crate::duration::{self, show};
 use crate::status::EXIT_STATUS_HELP;
 
 const BACKEND_HELP: &str = "\
@@ -167,7 +169,7 @@ pub(crate) struct BenchArgs {
     /// How often waiters look where the backend cannot push a release (every backend
     /// pushes to waiters today; this is the fallback while a subscription fails), in the
     /// uncontended, handoff and failover scenarios.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10ms")]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive, default_value = "10ms")]
     pub(crate) poll: Duration,
 
     /// Owner processes killed in the failover scenario (each measured twice: with the
@@ -195,7 +197,7 @@ pub(crate) struct BenchArgs {
 
     /// How often the scale scenario's waiters look where the backend cannot push a release
     /// (the fallback while a subscription fails).
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "1s")]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive, default_value = "1s")]
     pub(crate) scale_poll: Duration,
 }
 
@@ -203,13 +205,61 @@ pub(crate) struct BenchArgs {
 pub(crate) struct LeaseArgs {
     /// Lease time to live: the owner renews from here on [default: 10s]. On ZooKeeper,
     /// ttl + transition is the session timeout.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive)]
     pub(crate) ttl: Option<Duration>,
 
     /// Transition period after the ttl in which only the owner may renew [default: 6s].
     /// A silent owner keeps the mutex for ttl + transition.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
     pub(crate) transition: Option<Duration>,
+}
+
+impl LeaseArgs {
+    /// Checks `--ttl` and `--transition` together (each alone is checked as it is parsed):
+    /// the lease they make, ttl + transition, must be longer than twice the margin the
+    /// library keeps off an owner's local deadline for clock drift (so that an owner has
+    /// time to act), and at most one year. The error names the values given and what is
+    /// allowed.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let defaults = LeaseConfig::default();
+        let ttl = self.ttl.unwrap_or(defaults.ttl);
+        let transition = self.transition.unwrap_or(defaults.transition);
+        let lease = ttl.saturating_add(transition);
+        let given = match (self.ttl, self.transition) {
+            (Some(t), Some(tr)) => format!("--ttl {} --transition {}", show(t), show(tr)),
+            (Some(t), None) => format!(
+                "--ttl {} (with the default --transition {})",
+                show(t),
+                show(transition)
+            ),
+            (None, Some(tr)) => format!(
+                "--transition {} (with the default --ttl {})",
+                show(tr),
+                show(ttl)
+            ),
+            (None, None) => "the default --ttl and --transition".to_owned(),
+        };
+        let margin = defaults.drift_margin;
+        let least = margin * 2;
+        if lease <= least {
+            return Err(format!(
+                "{given}: the lease, ttl + transition = {}, must be longer than {} (twice \
+                 the {} that simba keeps off each ownership for clock drift between this \
+                 machine and the backend); lengthen --ttl or --transition (e.g. --ttl 1s)",
+                show(lease),
+                show(least),
+                show(margin)
+            ));
+        }
+        if lease > MAX_DURATION {
+            return Err(format!(
+                "{given}: the lease, ttl + transition = {}, is longer than one year, the \
+                 most allowed; shorten --ttl or --transition",
+                show(lease)
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -230,7 +280,7 @@ pub(crate) struct WatchArgs {
     /// How often the owner is read on backends that cannot push changes (SQLite, MySQL,
     /// Redis in polling mode); an ownership shorter than this may go unseen there. Redis,
     /// PostgreSQL and ZooKeeper push every change as it happens.
-    #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "250ms")]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive, default_value = "250ms")]
     pub(crate) interval: Duration,
 }
 
@@ -302,6 +352,66 @@ mod tests {
         assert_eq!(a.hold, Duration::from_millis(1));
         assert!(Cli::try_parse_from(["simba", "bench", "--scenario", "nope"]).is_err());
         assert!(Cli::try_parse_from(["simba", "bench", "--iterations", "0"]).is_err());
+    }
+
+    fn lease(args: &[&str]) -> LeaseArgs {
+        let mut argv = vec!["simba", "exec", "m"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--", "true"]);
+        let cli = Cli::try_parse_from(argv).expect("parses");
+        let Command::Exec(a) = cli.command else {
+            panic!("not exec");
+        };
+        a.lease
+    }
+
+    #[test]
+    fn a_lease_too_short_for_the_drift_margin_names_the_options() {
+        let e = lease(&["--ttl", "150ms", "--transition", "0s"])
+            .check()
+            .expect_err("150ms lease");
+        assert!(
+            e.starts_with("--ttl 150ms --transition 0s:")
+                && e.contains("ttl + transition = 150ms")
+                && e.contains("longer than 200ms")
+                && !e.contains("drift_margin"),
+            "{e}"
+        );
+        let e = lease(&["--ttl", "100ms"]).check();
+        assert!(e.is_ok(), "100ms + the default 6s transition: {e:?}");
+        assert!(
+            lease(&["--ttl", "150ms", "--transition", "51ms"])
+                .check()
+                .is_ok()
+        );
+        let e = lease(&["--ttl", "200ms", "--transition", "0s"])
+            .check()
+            .expect_err("200ms lease");
+        assert!(e.contains("longer than 200ms"), "{e}");
+        let e = lease(&["--ttl", "8760h", "--transition", "1s"])
+            .check()
+            .expect_err("over a year");
+        assert!(e.contains("longer than one year"), "{e}");
+        assert!(lease(&[]).check().is_ok());
+    }
+
+    #[test]
+    fn a_zero_ttl_or_interval_names_the_option_and_the_least_allowed() {
+        for argv in [
+            &["simba", "exec", "m", "--ttl", "0s", "--", "true"][..],
+            &["simba", "watch", "m", "--interval", "0s"][..],
+        ] {
+            let e = Cli::try_parse_from(argv).expect_err("zero");
+            let text = e.to_string();
+            let option = argv[3];
+            assert!(
+                text.contains(option)
+                    && text.contains("`0s` is zero")
+                    && text.contains("at least 1ms"),
+                "{text}"
+            );
+            assert!(!text.contains("--transition"), "{text}");
+        }
     }
 
     #[test]

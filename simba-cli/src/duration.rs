@@ -50,6 +50,19 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Parses a duration of at least one millisecond: for periods and ttls, where zero means
+/// nothing. The error names the value and says what is accepted.
+pub(crate) fn parse_positive(text: &str) -> Result<Duration, String> {
+    let d = parse(text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "`{}` is zero; this option needs at least 1ms (e.g. 250ms, 1s)",
+            text.trim()
+        ));
+    }
+    Ok(d)
+}
+
 /// `num` (digits, at most one `.`) times `scale_ms`, if the result is whole milliseconds.
 fn scaled(num: &str, scale_ms: u128) -> Option<u128> {
     let (int, frac) = match num.split_once('.') {
@@ -138,6 +151,23 @@ mod tests {
             );
         }
         assert!(parse("10").expect_err("no unit").contains("no unit"));
+    }
+
+    #[test]
+    fn positive_refuses_zero_naming_it_and_the_least_allowed() {
+        for zero in ["0s", "0ms", " 0m "] {
+            let e = parse_positive(zero).expect_err(zero);
+            assert!(
+                e.contains(&format!("`{}`", zero.trim())) && e.contains("at least 1ms"),
+                "{zero}: {e}"
+            );
+        }
+        assert_eq!(parse_positive("1ms"), Ok(Duration::from_millis(1)));
+        assert!(
+            parse_positive("10")
+                .expect_err("no unit")
+                .contains("no unit")
+        );
     }
 
     #[test]

@@ -69,6 +69,7 @@ async fn dispatch(cli: Cli) -> Outcome {
     let url = backend::resolve_url(cli.backend.as_deref())?;
     match cli.command {
         Command::Exec(args) => {
+            args.lease.check().map_err(Failure::usage)?;
             let timing = backend::Timing {
                 ttl: args.lease.ttl,
                 transition: args.lease.transition,

@@ -162,6 +162,15 @@ struct Pending {
 }
 
 impl Pending {
+    /// Stops the contention and waits for it (releasing whatever it may have won), and
+    /// keeps the turn for the next round of the same acquisition. `None` if there was no
+    /// contention. Dropped halfway, it finishes as a drop of `self` does.
+    async fn stop_keeping_turn(&mut self) -> Option<Turn> {
+        let service = self.contention.as_ref()?.0.clone();
+        stop_fully(&service).await;
+        self.contention.take().map(|(_, turn)| turn)
+    }
+
     /// Stops the contention and waits for it (releasing whatever it may have won), then
     /// passes the turn on.
     async fn give_up(mut self) {
@@ -340,9 +349,15 @@ impl Locker {
     /// Waits until this process owns the mutex: first for the tasks of this process that
     /// asked before (in order), then for the backend.
     ///
+    /// The guard it returns holds an ownership that stands when it returns. An ownership
+    /// won but already ended when this call looked at it (the process was paused between
+    /// the backend's grant and this call running on, past the local lease deadline) is
+    /// released and the call goes on waiting, as for any other wait.
+    ///
     /// # Errors
-    /// [`Error::Shutdown`] if the backend's service stopped while waiting; backend errors
-    /// are retried, not returned (bound the wait with [`Locker::acquire_timeout`]).
+    /// [`Error::Shutdown`] if the backend's service stopped while waiting; nothing else:
+    /// backend errors are retried, not returned (bound the wait with
+    /// [`Locker::acquire_timeout`]).
     ///
     /// # Cancel safety
     /// Dropping the future leaves no ownership behind, but only in the background: the
@@ -362,9 +377,15 @@ impl Locker {
     /// timeout) rather than cut off, since it may be winning the mutex on the server; so
     /// the call can return somewhat after `wait`.
     ///
+    /// An ownership won but already ended when the call looked at it (a pause) is
+    /// released and the call goes on waiting until `wait` has passed, as
+    /// [`Locker::acquire`] does.
+    ///
     /// # Errors
-    /// [`Error::Timeout`] when `wait` passes first (an ownership won during the give-up is
-    /// released before this returns); [`Error::Shutdown`] as for `acquire`.
+    /// [`Error::Timeout`] when `wait` has passed without an ownership that stands (an
+    /// ownership won during the give-up is released before this returns), and never
+    /// before; [`Error::Shutdown`] as for `acquire`. Nothing else: backend errors are
+    /// retried until the deadline.
     ///
     /// # Cancel safety
     /// As [`Locker::acquire`].
@@ -386,9 +407,15 @@ impl Locker {
     /// in flight is waited for).
     ///
     /// # Errors
-    /// [`Error::WouldBlock`] when another contender owns it, or another task of this
-    /// process holds or waits for it; the backend's error when the call failed. The
-    /// attempt is stopped, and what it may have taken released, before this returns.
+    /// - [`Error::WouldBlock`] when another contender owns it, or another task of this
+    ///   process holds or waits for it;
+    /// - [`Error::Timeout`] when the attempt won, but the ownership had already ended when
+    ///   the call looked at it (the process was paused past the local lease deadline, or
+    ///   the backend answered after the lease);
+    /// - the backend's error when the call failed;
+    /// - [`Error::Shutdown`] if the backend's service stopped.
+    ///
+    /// The attempt is stopped, and what it may have taken released, before this returns.
     ///
     /// # Cancel safety
     /// As [`Locker::acquire`].
@@ -427,78 +454,121 @@ impl Locker {
                 mutex: self.mutex().to_owned(),
             })?,
         };
-        let contender_id = slot
-            .key
-            .contender_id
-            .clone()
-            .unwrap_or_else(generate_contender_id);
-        let service = match slot
-            .factory
-            .create_contend_service(self.mutex(), Arc::new(IdContender(contender_id.clone())))
-        {
-            Ok(s) => s,
-            Err(e) => {
+        self.contend(turn, wait, started).await
+    }
+
+    /// Contends through a new service per round, holding the local turn, until a round
+    /// wins an ownership that still stands, or gives up as `wait` says.
+    ///
+    /// A round that won an ownership that had already ended when this task looked (the
+    /// process was paused between the backend's grant and this task running, or the answer
+    /// came back after the lease) is stopped, which releases what may be left of it, and
+    /// another round starts: that win was this process's own, not another contender's
+    /// hold, so it is neither a `WouldBlock` nor a reason to give up before the deadline.
+    /// The next round contends under a new service, whose status knows no earlier loss.
+    async fn contend(&self, mut turn: Turn, wait: Wait, started: Instant) -> Result<LockGuard> {
+        let slot = &self.slot;
+        let once = matches!(wait, Wait::Once);
+        loop {
+            let contender_id = slot
+                .key
+                .contender_id
+                .clone()
+                .unwrap_or_else(generate_contender_id);
+            let service = match slot
+                .factory
+                .create_contend_service(self.mutex(), Arc::new(IdContender(contender_id.clone())))
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    slot.end_turn(turn);
+                    return Err(e);
+                }
+            };
+            let mut status = service.status();
+            if let Err(e) = service.start() {
                 slot.end_turn(turn);
                 return Err(e);
             }
-        };
-        let mut status = service.status();
-        if let Err(e) = service.start() {
-            slot.end_turn(turn);
-            return Err(e);
+            let mut pending = Pending {
+                slot: slot.clone(),
+                contention: Some((service, turn)),
+            };
+            // This round won (held now, or held and already lost), stopped, or (once) its
+            // attempt came back.
+            let done = |s: &ContenderStatus| {
+                s.held.is_some() || s.last_loss.is_some() || !s.running || (once && s.attempts > 0)
+            };
+            let timed_out = match wait {
+                Wait::Until(at) => tokio::time::timeout_at(at, status.wait_for(done))
+                    .await
+                    .is_err(),
+                Wait::Forever | Wait::Once => {
+                    let _ = status.wait_for(done).await;
+                    false
+                }
+            };
+            // Won, even if at the very deadline: return it.
+            let snapshot = status.borrow().clone();
+            if let Some(held) = snapshot.held.filter(|h| held_with(&snapshot, h.fence))
+                && let Some((service, turn)) = pending.contention.take()
+            {
+                return Ok(LockGuard::start(
+                    slot.clone(),
+                    service,
+                    turn,
+                    status,
+                    held.fence,
+                    contender_id,
+                ));
+            }
+            let won = snapshot.held.is_some() || snapshot.last_loss.is_some();
+            let deadline_passed = match wait {
+                Wait::Until(at) => timed_out || Instant::now() >= at,
+                Wait::Forever | Wait::Once => false,
+            };
+            if won && snapshot.running && !once && !deadline_passed {
+                tracing::warn!(
+                    mutex = self.mutex(),
+                    contender = %contender_id,
+                    "acquired, but the ownership had ended before the acquirer could use it \
+                     (the process was paused, or the backend answered after the lease): \
+                     releasing it and contending again"
+                );
+                match pending.stop_keeping_turn().await {
+                    Some(t) => {
+                        turn = t;
+                        continue;
+                    }
+                    None => {
+                        return Err(Error::InvalidState(
+                            "locker: the contention vanished while restarting".to_owned(),
+                        ));
+                    }
+                }
+            }
+            // Giving up: whatever the contention takes from here on is released before the
+            // answer goes back.
+            pending.give_up().await;
+            return Err(if deadline_passed || (once && won) {
+                self.timeout(started)
+            } else if !snapshot.running {
+                Error::Shutdown {
+                    mutex: self.mutex().to_owned(),
+                }
+            } else if let Some(message) = snapshot.last_error {
+                Error::Backend {
+                    backend: slot.factory.backend(),
+                    message,
+                    retryable: true,
+                    source: None,
+                }
+            } else {
+                Error::WouldBlock {
+                    mutex: self.mutex().to_owned(),
+                }
+            });
         }
-        let mut pending = Pending {
-            slot: slot.clone(),
-            contention: Some((service, turn)),
-        };
-        let once = matches!(wait, Wait::Once);
-        let done = |s: &ContenderStatus| s.held.is_some() || !s.running || (once && s.attempts > 0);
-        let timed_out = match wait {
-            Wait::Until(at) => tokio::time::timeout_at(at, status.wait_for(done))
-                .await
-                .is_err(),
-            Wait::Forever | Wait::Once => {
-                let _ = status.wait_for(done).await;
-                false
-            }
-        };
-        // Won, even if at the very deadline: return it.
-        let snapshot = status.borrow().clone();
-        if let Some(held) = snapshot
-            .held
-            .filter(|_| snapshot.running && snapshot.owns_now())
-            && let Some((service, turn)) = pending.contention.take()
-        {
-            return Ok(LockGuard::start(
-                slot.clone(),
-                service,
-                turn,
-                status,
-                held.fence,
-                contender_id,
-            ));
-        }
-        // Giving up: whatever the contention takes from here on is released before the
-        // answer goes back.
-        pending.give_up().await;
-        Err(if timed_out {
-            self.timeout(started)
-        } else if !snapshot.running {
-            Error::Shutdown {
-                mutex: self.mutex().to_owned(),
-            }
-        } else if let Some(message) = snapshot.last_error {
-            Error::Backend {
-                backend: slot.factory.backend(),
-                message,
-                retryable: true,
-                source: None,
-            }
-        } else {
-            Error::WouldBlock {
-                mutex: self.mutex().to_owned(),
-            }
-        })
     }
 }
 

@@ -413,3 +413,232 @@ async fn release_of_a_held_guard_frees_the_mutex_before_it_returns() {
     guard.release().await.expect("release");
     assert!(s.is_free().await);
 }
+
+/// A store that tells [`pause_after_grants`] of every acquisition it grants to the caller,
+/// right before the answer goes back.
+///
+/// It grants only when the pausing task is ready to pause: it takes a permit of `ready`
+/// first (a closed `ready`: no more pauses, grant without telling).
+#[derive(Clone)]
+struct TellsGrants {
+    inner: MemoryStore,
+    ready: Arc<tokio::sync::Semaphore>,
+    granted: mpsc::UnboundedSender<()>,
+}
+
+impl LeaseStore for TellsGrants {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn acquire(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> simba_core::Result<LeaseReply> {
+        let tell = match self.ready.acquire().await {
+            Ok(permit) => {
+                permit.forget();
+                true
+            }
+            Err(_) => false,
+        };
+        let reply = self.inner.acquire(mutex, contender_id, lease).await?;
+        if tell && reply.owner.is_owned_by_at(contender_id, reply.now) {
+            let _ = self.granted.send(());
+        } else if tell {
+            // Not granted: the pause is still to come.
+            self.ready.add_permits(1);
+        }
+        Ok(reply)
+    }
+
+    async fn guard(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> simba_core::Result<LeaseReply> {
+        self.inner.guard(mutex, contender_id, lease).await
+    }
+
+    async fn release(&self, mutex: &str, contender_id: &str) -> simba_core::Result<bool> {
+        self.inner.release(mutex, contender_id).await
+    }
+
+    async fn release_after(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+        hold: Duration,
+    ) -> simba_core::Result<bool> {
+        self.inner.release_after(mutex, contender_id, hold).await
+    }
+
+    async fn owner(&self, mutex: &str) -> simba_core::Result<LeaseReply> {
+        self.inner.owner(mutex).await
+    }
+
+    async fn subscribe(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> simba_core::Result<Option<mpsc::Receiver<StoreEvent>>> {
+        self.inner.subscribe(mutex, contender_id).await
+    }
+}
+
+/// A factory over `memory` whose process "pauses" for `pause` right after the backend
+/// granted an acquisition, for the first `pauses` grants: the engine has published the
+/// ownership, and the clock jumps before anything else runs, as when a SIGSTOP or a long
+/// stall hits the process between the grant and the acquire call returning.
+///
+/// How: the store waits until the pausing task is ready, then signals the grant (which
+/// wakes the pausing task) before it answers; the
+/// engine then publishes the ownership (which wakes the acquiring task) and waits on its
+/// timers. Tokio's current-thread scheduler runs woken tasks in order, so the pausing task
+/// moves the clock (`tokio::time::advance`) before the acquiring task looks, and before
+/// the engine's timers are processed: the acquiring task finds its ownership held and its
+/// local deadline passed, as a process waking from a pause does.
+fn pause_after_grants(
+    memory: &MemoryStore,
+    pause: Duration,
+    pauses: usize,
+) -> Arc<dyn ContendServiceFactory> {
+    let (granted, mut grants) = mpsc::unbounded_channel();
+    let ready = Arc::new(tokio::sync::Semaphore::new(0));
+    let pauser = ready.clone();
+    tokio::spawn(async move {
+        for _ in 0..pauses {
+            pauser.add_permits(1);
+            if grants.recv().await.is_none() {
+                break;
+            }
+            tokio::time::advance(pause).await;
+        }
+        pauser.close();
+    });
+    factory_over(TellsGrants {
+        inner: memory.clone(),
+        ready,
+        granted,
+    })
+}
+
+/// Longer than the local lease deadline (`ttl + transition - drift_margin` = 1.4 s after
+/// the request was sent) and than the backend's lease (1.5 s).
+const PAST_THE_LEASE: Duration = Duration::from_secs(2);
+
+/// Asserts that `guard` holds the mutex on `memory` under its own contender id and fence.
+async fn assert_owns(memory: &MemoryStore, guard: &simba_core::LockGuard) {
+    assert!(guard.is_held(), "the returned guard is not held: {guard:?}");
+    let owner = memory.owner("m").await.expect("owner").owner;
+    assert_eq!(owner.owner_id, guard.contender_id(), "the backend's owner");
+    assert_eq!(owner.fence, guard.fence(), "the backend's fence");
+}
+
+/// The process pauses between the backend granting `acquire()` and the call returning,
+/// past the lease: its own expired win is no other contender's hold. `acquire()` has no
+/// deadline, so it goes on waiting and returns a guard that holds the mutex.
+#[tokio::test(start_paused = true)]
+async fn acquire_paused_after_winning_goes_on_waiting() {
+    let memory = MemoryStore::new();
+    let locker = Locker::new(pause_after_grants(&memory, PAST_THE_LEASE, 1), "m").expect("locker");
+    let t0 = Instant::now();
+    let acquiring = tokio::spawn(async move { locker.acquire().await });
+    let r = tokio::time::timeout(Duration::from_secs(60), acquiring)
+        .await
+        .expect("acquire() hangs after a paused win")
+        .expect("task");
+    let guard = r.unwrap_or_else(|e| {
+        panic!(
+            "acquire() failed {:?} in, after its win expired during a pause: {e:?}",
+            Instant::now() - t0
+        )
+    });
+    assert_owns(&memory, &guard).await;
+    guard.release().await.expect("release");
+}
+
+/// A pause after the grant that ends before the local deadline: the win still stands, and
+/// `acquire()` returns it.
+#[tokio::test(start_paused = true)]
+async fn acquire_paused_briefly_after_winning_returns_that_win() {
+    let memory = MemoryStore::new();
+    let factory = pause_after_grants(&memory, Duration::from_millis(1000), 1);
+    let locker = Locker::new(factory, "m").expect("locker");
+    let guard = tokio::spawn(async move { locker.acquire().await })
+        .await
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(guard.fence(), 1, "the first win is the one returned");
+    assert_owns(&memory, &guard).await;
+    guard.release().await.expect("release");
+}
+
+/// As `acquire_paused_after_winning_goes_on_waiting`, with a deadline far off:
+/// `acquire_timeout` goes on waiting too, and neither says another contender holds it
+/// nor gives up before its deadline.
+#[tokio::test(start_paused = true)]
+async fn acquire_timeout_paused_after_winning_goes_on_waiting() {
+    let memory = MemoryStore::new();
+    let locker = Locker::new(pause_after_grants(&memory, PAST_THE_LEASE, 1), "m").expect("locker");
+    let t0 = Instant::now();
+    let r = tokio::spawn(async move { locker.acquire_timeout(Duration::from_secs(30)).await })
+        .await
+        .expect("task");
+    let guard = r.unwrap_or_else(|e| {
+        panic!(
+            "acquire_timeout(30s) failed {:?} in, after its win expired during a pause: {e:?}",
+            Instant::now() - t0
+        )
+    });
+    assert_owns(&memory, &guard).await;
+    guard.release().await.expect("release");
+}
+
+/// Every win comes back expired: `acquire_timeout` says `Timeout`, and only once its
+/// deadline has passed; nothing stays owned.
+#[tokio::test(start_paused = true)]
+async fn acquire_timeout_whose_wins_all_expire_times_out_at_its_deadline() {
+    let memory = MemoryStore::new();
+    let factory = pause_after_grants(&memory, PAST_THE_LEASE, usize::MAX);
+    let locker = Locker::new(factory, "m").expect("locker");
+    let wait = Duration::from_secs(5);
+    let t0 = Instant::now();
+    let r = tokio::spawn(async move { locker.acquire_timeout(wait).await })
+        .await
+        .expect("task");
+    let waited = Instant::now() - t0;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "expected Timeout after {wait:?}, got {r:?} after {waited:?}"
+    );
+    assert!(waited >= wait, "gave up after {waited:?}, before {wait:?}");
+    let owner = memory.owner("m").await.expect("owner").owner;
+    assert!(
+        !owner.has_owner(),
+        "the timed-out acquire left the mutex owned by {:?}",
+        owner.owner_id
+    );
+}
+
+/// `try_acquire` whose one attempt won, paused past the lease before it looked: it gives
+/// up (it tries once), but says it did not acquire in time, not that another contender
+/// holds the mutex; nothing stays owned.
+#[tokio::test(start_paused = true)]
+async fn try_acquire_paused_after_winning_blames_no_other_contender() {
+    let memory = MemoryStore::new();
+    let locker = Locker::new(pause_after_grants(&memory, PAST_THE_LEASE, 1), "m").expect("locker");
+    let r = tokio::spawn(async move { locker.try_acquire().await })
+        .await
+        .expect("task");
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    let owner = memory.owner("m").await.expect("owner").owner;
+    assert!(
+        !owner.has_owner(),
+        "the failed try left the mutex owned by {:?}",
+        owner.owner_id
+    );
+}

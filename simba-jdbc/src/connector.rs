@@ -195,6 +195,18 @@ impl Probe for SqlFloors {
 /// `url`'s target after every check a connection makes ([`SqlConfig::validate`]) and
 /// the connector's own: no in-memory SQLite database, a SQLite path that can be a file.
 fn checked_target(url: &str) -> Result<Target> {
+    if let Some(given) = sqlite_without_path(url) {
+        // The library's own parse also offers `sqlite::memory:`, which a connector refuses.
+        return Err(Error::config(
+            "url",
+            format!(
+                "`{given}` names no SQLite file: write sqlite://PATH, e.g. \
+                 sqlite:///var/lib/app/simba.db (an absolute path) or sqlite://simba.db \
+                 (relative to the working directory); every process that shares the mutex \
+                 must name the same file"
+            ),
+        ));
+    }
     let target = SqlConfig::new(url).target()?;
     match &target {
         Target::Sqlite { memory: true, .. } => {
@@ -208,6 +220,14 @@ fn checked_target(url: &str) -> Result<Target> {
         Target::Mysql(_) | Target::Postgres(_) => {}
     }
     Ok(target)
+}
+
+/// `url`, trimmed, when it is a SQLite URL with an empty path (`sqlite://`, `sqlite:`).
+fn sqlite_without_path(url: &str) -> Option<&str> {
+    let url = url.trim();
+    let (scheme, rest) = url.split_once(':')?;
+    (scheme.eq_ignore_ascii_case("sqlite") && rest.strip_prefix("//").unwrap_or(rest).is_empty())
+        .then_some(url)
 }
 
 /// A SQLite file's directory must exist, and the path, if it exists, must be a regular
@@ -327,6 +347,24 @@ mod tests {
         assert!(field("/").contains("a directory"));
         assert!(field("/no/such/dir/x.db").contains("does not exist"));
         assert!(check_sqlite_path(Path::new("/tmp/x-simba-connector.db")).is_ok());
+    }
+
+    #[test]
+    fn a_sqlite_url_without_a_path_asks_for_a_file_only() {
+        if Backend::Sqlite.is_enabled() {
+            for url in ["sqlite://", " sqlite:", "SQLITE://"] {
+                let e = CONNECTOR.validate(url).map_err(|e| e.to_string());
+                let Err(e) = e else {
+                    panic!("{url:?} accepted");
+                };
+                assert!(
+                    e.contains(&format!("`{}` names no SQLite file", url.trim()))
+                        && e.contains("sqlite://PATH")
+                        && !e.contains("memory"),
+                    "{url:?}: {e}"
+                );
+            }
+        }
     }
 
     #[test]

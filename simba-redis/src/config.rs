@@ -616,6 +616,7 @@ fn parse_url(url: &str, original: &str) -> Result<FredConfig> {
     } else {
         url.to_owned()
     };
+    check_database(rest, &shown)?;
     let config = FredConfig::from_url(&url).map_err(|e| {
         Error::config(
             "url",
@@ -630,6 +631,45 @@ fn parse_url(url: &str, original: &str) -> Result<FredConfig> {
         ));
     }
     Ok(config)
+}
+
+/// The database of a URL's path (`rest` is what follows `scheme://`): none, or one number
+/// from 0 to 255 (the client's range; the server's `databases` setting bounds it further,
+/// to 0–15 by default). fred's own error for a bad one is "Invalid integer string".
+fn check_database(rest: &str, shown: &str) -> Result<()> {
+    let before_query = rest.split(['?', '#']).next().unwrap_or("");
+    // After the userinfo, so that a password never shows in the message (even one with
+    // an unescaped `/`).
+    let host_and_path = before_query
+        .rsplit_once('@')
+        .map_or(before_query, |(_, after)| after);
+    let Some((_, path)) = host_and_path.split_once('/') else {
+        return Ok(());
+    };
+    let db = path.trim();
+    if db.is_empty() {
+        return Ok(());
+    }
+    if db.contains('/') {
+        return Err(Error::config(
+            "url",
+            format!(
+                "{shown:?}: the path `/{path}` is not a database number; the path holds at \
+                 most one, from 0 to 255 (e.g. redis://HOST:PORT/2)"
+            ),
+        ));
+    }
+    match db.parse::<u8>() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::config(
+            "url",
+            format!(
+                "{shown:?}: database `{db}` is not a database number from 0 to 255 (the \
+                 server's `databases` setting may allow fewer: 16 by default, 0 to 15); \
+                 write redis://HOST:PORT/DB, or leave the path out for database 0"
+            ),
+        )),
+    }
 }
 
 /// `url` with every secret replaced by `***`, for errors and logs: the userinfo password
@@ -692,6 +732,40 @@ mod tests {
         ] {
             let e = RedisConfig::new(url).validate().expect_err(url);
             assert_eq!(field(e), "url", "{url}");
+        }
+    }
+
+    #[test]
+    fn a_bad_database_number_names_it_and_the_range() {
+        for (url, db) in [
+            ("redis://127.0.0.1:6379/99999", "`99999`"),
+            ("redis://:secret@localhost/256", "`256`"),
+            ("redis://localhost:6379/abc?replicaAcks=0", "`abc`"),
+            ("redis://u:pa/ss@localhost:6379/x", "`x`"),
+            ("redis://localhost:6379/-1", "`-1`"),
+            ("redis://localhost:6379/1/2", "`/1/2`"),
+        ] {
+            let e = RedisConfig::new(url).validate().expect_err(url);
+            let text = e.to_string();
+            assert!(
+                text.contains(db) && text.contains("0 to 255") && !text.contains("Invalid integer"),
+                "{url}: {text}"
+            );
+            assert!(
+                !text.contains("secret") && !text.contains("pa/ss"),
+                "{text}"
+            );
+            assert_eq!(field(e), "url", "{url}");
+        }
+        for url in [
+            "redis://localhost:6379/255",
+            "redis://localhost:6379/0",
+            "redis://localhost:6379/",
+            "redis://[::1]:6379/3",
+        ] {
+            RedisConfig::new(url)
+                .validate()
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
         }
     }
 
