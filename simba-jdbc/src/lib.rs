@@ -30,10 +30,8 @@ pub use config::{
 };
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};
-#[cfg(feature = "mysql")]
-pub use my::MysqlTlsFailure;
-#[cfg(feature = "postgres")]
-pub use pg::PgTlsFailure;
+/// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
+pub use simba_core::tls::{TlsFailure, TlsProblem};
 pub use sql::{create_table_sql, lease_clock_sql};
 pub use store::SqlStore;
 

@@ -3,9 +3,9 @@
 //! `mysql_async` options every connection of a store is opened with (pool, `GET_LOCK`
 //! session and its `KILL QUERY` connection, floor probe).
 
-use std::fmt;
 use std::path::PathBuf;
 
+use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 
 use crate::config::{redact_url, take_query_options};
@@ -221,79 +221,48 @@ fn with_tls(builder: mysql_async::OptsBuilder, _tls: &TlsOptions) -> mysql_async
     builder
 }
 
-/// Why a MySQL / MariaDB connection failed over TLS, or for want of TLS (the `source` of
-/// the [`Error::Backend`] a failed connection gives, when the store could tell). Every case
-/// is permanent: fix the setting named in the message. Read from the driver's message
-/// (mysql_async keeps no typed cause through the pool).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MysqlTlsFailure {
-    /// The server's certificate chain does not end at a trusted CA.
-    UntrustedCertificate,
-    /// The server's certificate has expired (or is not valid yet).
-    CertificateExpired,
-    /// The server's certificate does not name the host connected to.
-    NameMismatch {
-        /// The host name that was checked.
-        name: String,
-    },
-    /// The URL asks for TLS, but the server does not offer it.
-    NotOffered,
-    /// The server accepts only encrypted connections (MySQL's `require_secure_transport`
-    /// error 3159), and the URL asks for none. MariaDB answers "Access denied" instead,
-    /// which cannot be told from a wrong password: not classified.
-    Required,
-}
-
-impl fmt::Display for MysqlTlsFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MysqlTlsFailure::UntrustedCertificate => f.write_str(
-                "the server's TLS certificate is not signed by a trusted CA: give the CA that \
-                 signed it with ssl-ca=/path/ca.pem",
-            ),
-            MysqlTlsFailure::CertificateExpired => f.write_str(
-                "the server's TLS certificate has expired or is not valid yet: renew the \
-                 server's certificate (ssl-cert), or check this machine's clock",
-            ),
-            MysqlTlsFailure::NameMismatch { name } => write!(
-                f,
-                "the server's TLS certificate is not valid for the host {name:?}: connect with \
-                 a host name the certificate carries"
-            ),
-            MysqlTlsFailure::NotOffered => f.write_str(
-                "the URL asks for TLS (ssl-mode=REQUIRED or stricter) but the server does not \
-                 offer it: give the server ssl-cert and ssl-key, or use ssl-mode=DISABLED",
-            ),
-            MysqlTlsFailure::Required => f.write_str(
-                "the server accepts only encrypted connections: use ssl-mode=VERIFY_IDENTITY \
-                 with ssl-ca=/path/ca.pem (or ssl-mode=REQUIRED)",
-            ),
+/// What to change, in the MySQL client's terms (its URL options).
+fn advice(problem: &TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "give the CA that signed it with ssl-ca=/path/ca.pem",
+        TlsProblem::CertificateExpired => {
+            "renew the server's certificate (ssl-cert), or check this machine's clock"
         }
+        TlsProblem::NameMismatch { .. } => "connect with a host name the certificate carries",
+        TlsProblem::NotOffered => {
+            "ssl-mode=REQUIRED or stricter asks for TLS: give the server ssl-cert and \
+             ssl-key, or use ssl-mode=DISABLED"
+        }
+        // MySQL's `require_secure_transport` (error 3159). MariaDB answers "Access denied"
+        // instead, which cannot be told from a wrong password: not classified.
+        TlsProblem::Required => {
+            "use ssl-mode=VERIFY_IDENTITY with ssl-ca=/path/ca.pem (or ssl-mode=REQUIRED)"
+        }
+        _ => "",
     }
 }
 
-impl std::error::Error for MysqlTlsFailure {}
-
-/// What a failed connection's message means, if it is about TLS.
-pub(crate) fn classify(message: &str) -> Option<MysqlTlsFailure> {
-    if message.contains("certificate expired") || message.contains("certificate not valid yet") {
-        return Some(MysqlTlsFailure::CertificateExpired);
-    }
-    if let Some((_, rest)) = message.split_once("certificate not valid for name \"") {
-        let name = rest.split('"').next().unwrap_or_default().to_owned();
-        return Some(MysqlTlsFailure::NameMismatch { name });
-    }
-    if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
-        return Some(MysqlTlsFailure::UntrustedCertificate);
-    }
-    if message.contains("server does not have this capability") {
-        return Some(MysqlTlsFailure::NotOffered);
-    }
-    if message.contains("insecure transport") {
-        return Some(MysqlTlsFailure::Required);
-    }
-    None
+/// What a failed connection's message means, if it is about TLS (mysql_async keeps no
+/// typed cause through the pool: read from the driver's message).
+pub(crate) fn classify(message: &str) -> Option<TlsFailure> {
+    let problem = if message.contains("certificate expired")
+        || message.contains("certificate not valid yet")
+    {
+        TlsProblem::CertificateExpired
+    } else if let Some((_, rest)) = message.split_once("certificate not valid for name \"") {
+        TlsProblem::NameMismatch {
+            name: rest.split('"').next().unwrap_or_default().to_owned(),
+        }
+    } else if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
+        TlsProblem::UntrustedCertificate
+    } else if message.contains("server does not have this capability") {
+        TlsProblem::NotOffered
+    } else if message.contains("insecure transport") {
+        TlsProblem::Required
+    } else {
+        return None;
+    };
+    Some(TlsFailure::new(problem, advice))
 }
 
 /// A diesel connection opened with [`opts`] (the setup queries of diesel-async's
@@ -325,28 +294,28 @@ mod tests {
 
     #[test]
     fn driver_messages_are_classified() {
-        let c = |m: &str| classify(m);
+        let c = |m: &str| classify(m).map(|f| f.problem().clone());
         assert_eq!(
             c(
                 "Input/output error: invalid peer certificate: certificate expired: verification time 1"
             ),
-            Some(MysqlTlsFailure::CertificateExpired)
+            Some(TlsProblem::CertificateExpired)
         );
         assert_eq!(
             c(
                 "invalid peer certificate: certificate not valid for name \"127.0.0.1\"; certificate is only valid for DnsName(\"x\")"
             ),
-            Some(MysqlTlsFailure::NameMismatch {
+            Some(TlsProblem::NameMismatch {
                 name: "127.0.0.1".to_owned()
             })
         );
         assert_eq!(
             c("invalid peer certificate: UnknownIssuer"),
-            Some(MysqlTlsFailure::UntrustedCertificate)
+            Some(TlsProblem::UntrustedCertificate)
         );
         assert_eq!(
             c("Client asked for SSL but server does not have this capability"),
-            Some(MysqlTlsFailure::NotOffered)
+            Some(TlsProblem::NotOffered)
         );
         assert_eq!(c("Access denied for user 'root'@'127.0.0.1'"), None);
     }
