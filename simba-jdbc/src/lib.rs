@@ -23,6 +23,8 @@ mod my;
 mod pg;
 mod sql;
 mod store;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod url_tls;
 
 pub use config::{
     Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,

@@ -3,16 +3,20 @@
 //! `mysql_async` options every connection of a store is opened with (pool, `GET_LOCK`
 //! session and its `KILL QUERY` connection, floor probe).
 
-use std::path::PathBuf;
-
 use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 
-use crate::config::{redact_url, take_query_options};
+use crate::config::redact_url;
+use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
 /// The URL options this crate reads itself (mysql_async refuses them): removed from what
 /// mysql_async sees.
-const TLS_OPTIONS: [&str; 4] = ["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key"];
+const TLS_OPTIONS: TlsOptionNames = TlsOptionNames {
+    mode: "ssl-mode",
+    ca: "ssl-ca",
+    cert: "ssl-cert",
+    key: "ssl-key",
+};
 
 /// `ssl-mode`, as the MySQL client reads it (upper or lower case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,17 +63,7 @@ impl SslMode {
 }
 
 /// The TLS options of a MySQL URL.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct TlsOptions {
-    /// `ssl-mode`; `None`: not given (no TLS).
-    pub(crate) mode: Option<SslMode>,
-    /// `ssl-ca`: a PEM file of CA certificates.
-    pub(crate) ca: Option<PathBuf>,
-    /// `ssl-cert`: the client certificate (PEM).
-    pub(crate) cert: Option<PathBuf>,
-    /// `ssl-key`: the client certificate's key (PEM).
-    pub(crate) key: Option<PathBuf>,
-}
+pub(crate) type TlsOptions = UrlTls<SslMode>;
 
 impl TlsOptions {
     /// The mode in effect: no TLS unless asked for.
@@ -81,16 +75,7 @@ impl TlsOptions {
 /// Splits a `mysql://` URL into the URL mysql_async is given (without this crate's TLS
 /// options) and those options, checked.
 pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
-    let mut options = TlsOptions::default();
-    let stripped = take_query_options(url, &TLS_OPTIONS, |name, value| {
-        match name {
-            "ssl-mode" => options.mode = Some(SslMode::parse(&value)?),
-            "ssl-ca" => options.ca = Some(PathBuf::from(value)),
-            "ssl-cert" => options.cert = Some(PathBuf::from(value)),
-            _ => options.key = Some(PathBuf::from(value)),
-        }
-        Ok(())
-    })?;
+    let (stripped, options) = split_tls_options(url, TLS_OPTIONS, SslMode::parse)?;
     check(&options)?;
     Ok((stripped, options))
 }
@@ -98,23 +83,6 @@ pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
 /// Checks the options against each other, against this build's features and that the
 /// files named can be read.
 fn check(options: &TlsOptions) -> Result<()> {
-    match (&options.cert, &options.key) {
-        (Some(_), None) => {
-            return Err(Error::config(
-                "ssl-key",
-                "ssl-cert is given without ssl-key: give the client certificate's private key \
-                 with ssl-key=/path/client-key.pem",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::config(
-                "ssl-cert",
-                "ssl-key is given without ssl-cert: give the client certificate with \
-                 ssl-cert=/path/client.pem",
-            ));
-        }
-        _ => {}
-    }
     let mode = options.mode();
     if mode == SslMode::Disabled && (options.ca.is_some() || options.cert.is_some()) {
         return Err(Error::config(
@@ -330,7 +298,7 @@ mod tests {
                     .unwrap();
             assert_eq!(url, "mysql://u:p@h/db?pool_min=1");
             assert_eq!(o.mode, Some(SslMode::VerifyIdentity));
-            assert_eq!(o.ca, Some(PathBuf::from("/dev/null")));
+            assert_eq!(o.ca, Some(std::path::PathBuf::from("/dev/null")));
         }
         let (url, o) = split_url("mysql://u@h/db").unwrap();
         assert_eq!(url, "mysql://u@h/db");

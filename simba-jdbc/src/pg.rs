@@ -4,18 +4,23 @@
 //! floor probe).
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 
 use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 use tokio_postgres::{CancelToken, Client, Connection, Socket};
 
-use crate::config::{redact_url, take_query_options};
+use crate::config::redact_url;
+use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
 /// The URL options this crate reads itself (tokio-postgres refuses all but `sslmode`,
 /// and knows no `verify-*` modes): removed from what tokio-postgres sees.
-const TLS_OPTIONS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+const TLS_OPTIONS: TlsOptionNames = TlsOptionNames {
+    mode: "sslmode",
+    ca: "sslrootcert",
+    cert: "sslcert",
+    key: "sslkey",
+};
 
 /// `sslmode`, as libpq reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,18 +66,8 @@ impl SslMode {
     }
 }
 
-/// The TLS options of a PostgreSQL URL.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct TlsOptions {
-    /// `sslmode`; `None`: not given (libpq's default, `prefer`).
-    pub(crate) mode: Option<SslMode>,
-    /// `sslrootcert`: a PEM file of CA certificates.
-    pub(crate) root_cert: Option<PathBuf>,
-    /// `sslcert`: the client certificate (PEM).
-    pub(crate) cert: Option<PathBuf>,
-    /// `sslkey`: the client certificate's key (PEM).
-    pub(crate) key: Option<PathBuf>,
-}
+/// The TLS options of a PostgreSQL URL (`ca`: `sslrootcert`).
+pub(crate) type TlsOptions = UrlTls<SslMode>;
 
 impl TlsOptions {
     /// The mode in effect: libpq's default is `prefer`.
@@ -84,41 +79,15 @@ impl TlsOptions {
 /// Splits a `postgres://` URL into the URL tokio-postgres is given (without this crate's
 /// TLS options) and those options, checked.
 pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
-    let mut options = TlsOptions::default();
-    let stripped = take_query_options(url, &TLS_OPTIONS, |name, value| {
-        match name {
-            "sslmode" => options.mode = Some(SslMode::parse(&value)?),
-            "sslrootcert" => options.root_cert = Some(PathBuf::from(value)),
-            "sslcert" => options.cert = Some(PathBuf::from(value)),
-            _ => options.key = Some(PathBuf::from(value)),
-        }
-        Ok(())
-    })?;
+    let (stripped, options) = split_tls_options(url, TLS_OPTIONS, SslMode::parse)?;
     check(&options)?;
     Ok((stripped, options))
 }
 
 /// Checks the options against each other and against this build's features.
 fn check(options: &TlsOptions) -> Result<()> {
-    match (&options.cert, &options.key) {
-        (Some(_), None) => {
-            return Err(Error::config(
-                "sslkey",
-                "sslcert is given without sslkey: give the client certificate's private key \
-                 with sslkey=/path/client-key.pem",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::config(
-                "sslcert",
-                "sslkey is given without sslcert: give the client certificate with \
-                 sslcert=/path/client.pem",
-            ));
-        }
-        _ => {}
-    }
     let mode = options.mode();
-    if mode == SslMode::Disable && (options.root_cert.is_some() || options.cert.is_some()) {
+    if mode == SslMode::Disable && (options.ca.is_some() || options.cert.is_some()) {
         return Err(Error::config(
             "sslmode",
             "sslmode=disable turns TLS off, but sslrootcert or sslcert is given: remove them, \
@@ -126,7 +95,7 @@ fn check(options: &TlsOptions) -> Result<()> {
         ));
     }
     if !cfg!(feature = "tls")
-        && (mode.needs_tls() || options.root_cert.is_some() || options.cert.is_some())
+        && (mode.needs_tls() || options.ca.is_some() || options.cert.is_some())
     {
         return Err(Error::config(
             "sslmode",
@@ -375,12 +344,12 @@ mod rustls_tls {
             let verify = match options.mode() {
                 SslMode::VerifyFull => Verify::ChainAndName,
                 SslMode::VerifyCa => Verify::Chain,
-                SslMode::Require if options.root_cert.is_some() => Verify::Chain,
+                SslMode::Require if options.ca.is_some() => Verify::Chain,
                 _ => Verify::Nothing,
             };
             let config = rustls_client::client_config(&ClientTls {
                 verify,
-                ca_file: options.root_cert.as_deref(),
+                ca_file: options.ca.as_deref(),
                 client: options.cert.as_deref().zip(options.key.as_deref()),
                 server_name: None,
                 settings: SETTINGS,
@@ -496,7 +465,7 @@ mod tests {
                 "postgres://u:pw@h/db?application_name=x&connect_timeout=3"
             );
             assert_eq!(o.mode, Some(SslMode::VerifyFull));
-            assert_eq!(o.root_cert, Some(PathBuf::from("/a b/ca.pem")));
+            assert_eq!(o.ca, Some(std::path::PathBuf::from("/a b/ca.pem")));
         }
         let (url, o) = split_url("postgres://h/db?sslmode=disable").expect("valid");
         assert_eq!(url, "postgres://h/db");
