@@ -20,6 +20,7 @@ mod redact;
 mod scheduler;
 mod service;
 mod store;
+pub mod tls;
 
 pub use error::{Error, LossReason, Result};
 pub use id::{

@@ -23,6 +23,8 @@ mod my;
 mod pg;
 mod sql;
 mod store;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod url_tls;
 
 pub use config::{
     Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
@@ -30,10 +32,8 @@ pub use config::{
 };
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};
-#[cfg(feature = "mysql")]
-pub use my::MysqlTlsFailure;
-#[cfg(feature = "postgres")]
-pub use pg::PgTlsFailure;
+/// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
+pub use simba_core::tls::{TlsFailure, TlsProblem};
 pub use sql::{create_table_sql, lease_clock_sql};
 pub use store::SqlStore;
 

@@ -3,16 +3,20 @@
 //! `mysql_async` options every connection of a store is opened with (pool, `GET_LOCK`
 //! session and its `KILL QUERY` connection, floor probe).
 
-use std::fmt;
-use std::path::PathBuf;
-
+use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 
-use crate::config::{redact_url, take_query_options};
+use crate::config::redact_url;
+use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
 /// The URL options this crate reads itself (mysql_async refuses them): removed from what
 /// mysql_async sees.
-const TLS_OPTIONS: [&str; 4] = ["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key"];
+const TLS_OPTIONS: TlsOptionNames = TlsOptionNames {
+    mode: "ssl-mode",
+    ca: "ssl-ca",
+    cert: "ssl-cert",
+    key: "ssl-key",
+};
 
 /// `ssl-mode`, as the MySQL client reads it (upper or lower case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,17 +63,7 @@ impl SslMode {
 }
 
 /// The TLS options of a MySQL URL.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct TlsOptions {
-    /// `ssl-mode`; `None`: not given (no TLS).
-    pub(crate) mode: Option<SslMode>,
-    /// `ssl-ca`: a PEM file of CA certificates.
-    pub(crate) ca: Option<PathBuf>,
-    /// `ssl-cert`: the client certificate (PEM).
-    pub(crate) cert: Option<PathBuf>,
-    /// `ssl-key`: the client certificate's key (PEM).
-    pub(crate) key: Option<PathBuf>,
-}
+pub(crate) type TlsOptions = UrlTls<SslMode>;
 
 impl TlsOptions {
     /// The mode in effect: no TLS unless asked for.
@@ -81,16 +75,7 @@ impl TlsOptions {
 /// Splits a `mysql://` URL into the URL mysql_async is given (without this crate's TLS
 /// options) and those options, checked.
 pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
-    let mut options = TlsOptions::default();
-    let stripped = take_query_options(url, &TLS_OPTIONS, |name, value| {
-        match name {
-            "ssl-mode" => options.mode = Some(SslMode::parse(&value)?),
-            "ssl-ca" => options.ca = Some(PathBuf::from(value)),
-            "ssl-cert" => options.cert = Some(PathBuf::from(value)),
-            _ => options.key = Some(PathBuf::from(value)),
-        }
-        Ok(())
-    })?;
+    let (stripped, options) = split_tls_options(url, TLS_OPTIONS, SslMode::parse)?;
     check(&options)?;
     Ok((stripped, options))
 }
@@ -98,23 +83,6 @@ pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
 /// Checks the options against each other, against this build's features and that the
 /// files named can be read.
 fn check(options: &TlsOptions) -> Result<()> {
-    match (&options.cert, &options.key) {
-        (Some(_), None) => {
-            return Err(Error::config(
-                "ssl-key",
-                "ssl-cert is given without ssl-key: give the client certificate's private key \
-                 with ssl-key=/path/client-key.pem",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::config(
-                "ssl-cert",
-                "ssl-key is given without ssl-cert: give the client certificate with \
-                 ssl-cert=/path/client.pem",
-            ));
-        }
-        _ => {}
-    }
     let mode = options.mode();
     if mode == SslMode::Disabled && (options.ca.is_some() || options.cert.is_some()) {
         return Err(Error::config(
@@ -221,79 +189,48 @@ fn with_tls(builder: mysql_async::OptsBuilder, _tls: &TlsOptions) -> mysql_async
     builder
 }
 
-/// Why a MySQL / MariaDB connection failed over TLS, or for want of TLS (the `source` of
-/// the [`Error::Backend`] a failed connection gives, when the store could tell). Every case
-/// is permanent: fix the setting named in the message. Read from the driver's message
-/// (mysql_async keeps no typed cause through the pool).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MysqlTlsFailure {
-    /// The server's certificate chain does not end at a trusted CA.
-    UntrustedCertificate,
-    /// The server's certificate has expired (or is not valid yet).
-    CertificateExpired,
-    /// The server's certificate does not name the host connected to.
-    NameMismatch {
-        /// The host name that was checked.
-        name: String,
-    },
-    /// The URL asks for TLS, but the server does not offer it.
-    NotOffered,
-    /// The server accepts only encrypted connections (MySQL's `require_secure_transport`
-    /// error 3159), and the URL asks for none. MariaDB answers "Access denied" instead,
-    /// which cannot be told from a wrong password: not classified.
-    Required,
-}
-
-impl fmt::Display for MysqlTlsFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MysqlTlsFailure::UntrustedCertificate => f.write_str(
-                "the server's TLS certificate is not signed by a trusted CA: give the CA that \
-                 signed it with ssl-ca=/path/ca.pem",
-            ),
-            MysqlTlsFailure::CertificateExpired => f.write_str(
-                "the server's TLS certificate has expired or is not valid yet: renew the \
-                 server's certificate (ssl-cert), or check this machine's clock",
-            ),
-            MysqlTlsFailure::NameMismatch { name } => write!(
-                f,
-                "the server's TLS certificate is not valid for the host {name:?}: connect with \
-                 a host name the certificate carries"
-            ),
-            MysqlTlsFailure::NotOffered => f.write_str(
-                "the URL asks for TLS (ssl-mode=REQUIRED or stricter) but the server does not \
-                 offer it: give the server ssl-cert and ssl-key, or use ssl-mode=DISABLED",
-            ),
-            MysqlTlsFailure::Required => f.write_str(
-                "the server accepts only encrypted connections: use ssl-mode=VERIFY_IDENTITY \
-                 with ssl-ca=/path/ca.pem (or ssl-mode=REQUIRED)",
-            ),
+/// What to change, in the MySQL client's terms (its URL options).
+fn advice(problem: &TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "give the CA that signed it with ssl-ca=/path/ca.pem",
+        TlsProblem::CertificateExpired => {
+            "renew the server's certificate (ssl-cert), or check this machine's clock"
         }
+        TlsProblem::NameMismatch { .. } => "connect with a host name the certificate carries",
+        TlsProblem::NotOffered => {
+            "ssl-mode=REQUIRED or stricter asks for TLS: give the server ssl-cert and \
+             ssl-key, or use ssl-mode=DISABLED"
+        }
+        // MySQL's `require_secure_transport` (error 3159). MariaDB answers "Access denied"
+        // instead, which cannot be told from a wrong password: not classified.
+        TlsProblem::Required => {
+            "use ssl-mode=VERIFY_IDENTITY with ssl-ca=/path/ca.pem (or ssl-mode=REQUIRED)"
+        }
+        _ => "",
     }
 }
 
-impl std::error::Error for MysqlTlsFailure {}
-
-/// What a failed connection's message means, if it is about TLS.
-pub(crate) fn classify(message: &str) -> Option<MysqlTlsFailure> {
-    if message.contains("certificate expired") || message.contains("certificate not valid yet") {
-        return Some(MysqlTlsFailure::CertificateExpired);
-    }
-    if let Some((_, rest)) = message.split_once("certificate not valid for name \"") {
-        let name = rest.split('"').next().unwrap_or_default().to_owned();
-        return Some(MysqlTlsFailure::NameMismatch { name });
-    }
-    if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
-        return Some(MysqlTlsFailure::UntrustedCertificate);
-    }
-    if message.contains("server does not have this capability") {
-        return Some(MysqlTlsFailure::NotOffered);
-    }
-    if message.contains("insecure transport") {
-        return Some(MysqlTlsFailure::Required);
-    }
-    None
+/// What a failed connection's message means, if it is about TLS (mysql_async keeps no
+/// typed cause through the pool: read from the driver's message).
+pub(crate) fn classify(message: &str) -> Option<TlsFailure> {
+    let problem = if message.contains("certificate expired")
+        || message.contains("certificate not valid yet")
+    {
+        TlsProblem::CertificateExpired
+    } else if let Some((_, rest)) = message.split_once("certificate not valid for name \"") {
+        TlsProblem::NameMismatch {
+            name: rest.split('"').next().unwrap_or_default().to_owned(),
+        }
+    } else if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
+        TlsProblem::UntrustedCertificate
+    } else if message.contains("server does not have this capability") {
+        TlsProblem::NotOffered
+    } else if message.contains("insecure transport") {
+        TlsProblem::Required
+    } else {
+        return None;
+    };
+    Some(TlsFailure::new(problem, advice))
 }
 
 /// A diesel connection opened with [`opts`] (the setup queries of diesel-async's
@@ -325,28 +262,28 @@ mod tests {
 
     #[test]
     fn driver_messages_are_classified() {
-        let c = |m: &str| classify(m);
+        let c = |m: &str| classify(m).map(|f| f.problem().clone());
         assert_eq!(
             c(
                 "Input/output error: invalid peer certificate: certificate expired: verification time 1"
             ),
-            Some(MysqlTlsFailure::CertificateExpired)
+            Some(TlsProblem::CertificateExpired)
         );
         assert_eq!(
             c(
                 "invalid peer certificate: certificate not valid for name \"127.0.0.1\"; certificate is only valid for DnsName(\"x\")"
             ),
-            Some(MysqlTlsFailure::NameMismatch {
+            Some(TlsProblem::NameMismatch {
                 name: "127.0.0.1".to_owned()
             })
         );
         assert_eq!(
             c("invalid peer certificate: UnknownIssuer"),
-            Some(MysqlTlsFailure::UntrustedCertificate)
+            Some(TlsProblem::UntrustedCertificate)
         );
         assert_eq!(
             c("Client asked for SSL but server does not have this capability"),
-            Some(MysqlTlsFailure::NotOffered)
+            Some(TlsProblem::NotOffered)
         );
         assert_eq!(c("Access denied for user 'root'@'127.0.0.1'"), None);
     }
@@ -361,7 +298,7 @@ mod tests {
                     .unwrap();
             assert_eq!(url, "mysql://u:p@h/db?pool_min=1");
             assert_eq!(o.mode, Some(SslMode::VerifyIdentity));
-            assert_eq!(o.ca, Some(PathBuf::from("/dev/null")));
+            assert_eq!(o.ca, Some(std::path::PathBuf::from("/dev/null")));
         }
         let (url, o) = split_url("mysql://u@h/db").unwrap();
         assert_eq!(url, "mysql://u@h/db");

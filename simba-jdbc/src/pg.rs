@@ -4,17 +4,23 @@
 //! floor probe).
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 
+use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 use tokio_postgres::{CancelToken, Client, Connection, Socket};
 
-use crate::config::{redact_url, take_query_options};
+use crate::config::redact_url;
+use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
 /// The URL options this crate reads itself (tokio-postgres refuses all but `sslmode`,
 /// and knows no `verify-*` modes): removed from what tokio-postgres sees.
-const TLS_OPTIONS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+const TLS_OPTIONS: TlsOptionNames = TlsOptionNames {
+    mode: "sslmode",
+    ca: "sslrootcert",
+    cert: "sslcert",
+    key: "sslkey",
+};
 
 /// `sslmode`, as libpq reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,18 +66,8 @@ impl SslMode {
     }
 }
 
-/// The TLS options of a PostgreSQL URL.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct TlsOptions {
-    /// `sslmode`; `None`: not given (libpq's default, `prefer`).
-    pub(crate) mode: Option<SslMode>,
-    /// `sslrootcert`: a PEM file of CA certificates.
-    pub(crate) root_cert: Option<PathBuf>,
-    /// `sslcert`: the client certificate (PEM).
-    pub(crate) cert: Option<PathBuf>,
-    /// `sslkey`: the client certificate's key (PEM).
-    pub(crate) key: Option<PathBuf>,
-}
+/// The TLS options of a PostgreSQL URL (`ca`: `sslrootcert`).
+pub(crate) type TlsOptions = UrlTls<SslMode>;
 
 impl TlsOptions {
     /// The mode in effect: libpq's default is `prefer`.
@@ -83,41 +79,15 @@ impl TlsOptions {
 /// Splits a `postgres://` URL into the URL tokio-postgres is given (without this crate's
 /// TLS options) and those options, checked.
 pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
-    let mut options = TlsOptions::default();
-    let stripped = take_query_options(url, &TLS_OPTIONS, |name, value| {
-        match name {
-            "sslmode" => options.mode = Some(SslMode::parse(&value)?),
-            "sslrootcert" => options.root_cert = Some(PathBuf::from(value)),
-            "sslcert" => options.cert = Some(PathBuf::from(value)),
-            _ => options.key = Some(PathBuf::from(value)),
-        }
-        Ok(())
-    })?;
+    let (stripped, options) = split_tls_options(url, TLS_OPTIONS, SslMode::parse)?;
     check(&options)?;
     Ok((stripped, options))
 }
 
 /// Checks the options against each other and against this build's features.
 fn check(options: &TlsOptions) -> Result<()> {
-    match (&options.cert, &options.key) {
-        (Some(_), None) => {
-            return Err(Error::config(
-                "sslkey",
-                "sslcert is given without sslkey: give the client certificate's private key \
-                 with sslkey=/path/client-key.pem",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::config(
-                "sslcert",
-                "sslkey is given without sslcert: give the client certificate with \
-                 sslcert=/path/client.pem",
-            ));
-        }
-        _ => {}
-    }
     let mode = options.mode();
-    if mode == SslMode::Disable && (options.root_cert.is_some() || options.cert.is_some()) {
+    if mode == SslMode::Disable && (options.ca.is_some() || options.cert.is_some()) {
         return Err(Error::config(
             "sslmode",
             "sslmode=disable turns TLS off, but sslrootcert or sslcert is given: remove them, \
@@ -125,7 +95,7 @@ fn check(options: &TlsOptions) -> Result<()> {
         ));
     }
     if !cfg!(feature = "tls")
-        && (mode.needs_tls() || options.root_cert.is_some() || options.cert.is_some())
+        && (mode.needs_tls() || options.ca.is_some() || options.cert.is_some())
     {
         return Err(Error::config(
             "sslmode",
@@ -137,78 +107,45 @@ fn check(options: &TlsOptions) -> Result<()> {
     Ok(())
 }
 
-/// Why a PostgreSQL connection failed over TLS, or for want of TLS (the `source` of the
-/// [`Error::Backend`] a failed connection gives, when the store could tell). Every case is
-/// permanent: fix the setting named in the message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PgTlsFailure {
-    /// The server's certificate chain does not end at a trusted CA.
-    UntrustedCertificate,
-    /// The server's certificate has expired (or is not valid yet).
-    CertificateExpired,
-    /// The server's certificate does not name the host connected to (`sslmode=verify-full`).
-    NameMismatch {
-        /// The host name that was checked.
-        name: String,
-    },
-    /// The URL asks for TLS (`sslmode=require` or stricter), but the server does not offer
-    /// it.
-    NotOffered,
-    /// The server accepts only TLS connections from this client, and the URL asks for none
-    /// (`sslmode=disable`).
-    Required,
-    /// The server asked for a client certificate and none was given, or it rejected the
-    /// one given.
-    ClientCertificateRejected,
-    /// Another TLS failure; the text is rustls's.
-    Other(String),
-}
-
-impl fmt::Display for PgTlsFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PgTlsFailure::UntrustedCertificate => f.write_str(
-                "the server's TLS certificate is not signed by a trusted CA: give the CA that \
-                 signed it with sslrootcert=/path/ca.pem",
-            ),
-            PgTlsFailure::CertificateExpired => f.write_str(
-                "the server's TLS certificate has expired or is not valid yet: renew the \
-                 server's certificate (ssl_cert_file), or check this machine's clock",
-            ),
-            PgTlsFailure::NameMismatch { name } => write!(
-                f,
-                "the server's TLS certificate is not valid for the host {name:?} \
-                 (sslmode=verify-full): connect with a host name the certificate carries, or \
-                 use sslmode=verify-ca to check the CA only"
-            ),
-            PgTlsFailure::NotOffered => f.write_str(
-                "the URL asks for TLS (sslmode=require or stricter) but the server does not \
-                 offer it: turn on ssl in the server's postgresql.conf, or use sslmode=prefer \
-                 or disable",
-            ),
-            PgTlsFailure::Required => f.write_str(
-                "the server accepts only TLS connections from this client (pg_hba.conf \
-                 hostssl): use sslmode=verify-full with sslrootcert=/path/ca.pem (or \
-                 sslmode=require)",
-            ),
-            PgTlsFailure::ClientCertificateRejected => f.write_str(
-                "the server asks for a client certificate and did not accept what was given: \
-                 give one signed by a CA in its ssl_ca_file with sslcert=/path/client.pem and \
-                 sslkey=/path/client-key.pem",
-            ),
-            PgTlsFailure::Other(text) => write!(f, "TLS failed: {text}"),
+/// What to change, in PostgreSQL's terms (libpq's URL options and the server's settings).
+fn advice(problem: &TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => {
+            "give the CA that signed it with sslrootcert=/path/ca.pem"
         }
+        TlsProblem::CertificateExpired => {
+            "renew the server's certificate (ssl_cert_file), or check this machine's clock"
+        }
+        TlsProblem::NameMismatch { .. } => {
+            "sslmode=verify-full checks the host name: connect with a host name the \
+             certificate carries, or use sslmode=verify-ca to check the CA only"
+        }
+        TlsProblem::NotOffered => {
+            "sslmode=require or stricter asks for TLS: turn on ssl in the server's \
+             postgresql.conf, or use sslmode=prefer or disable"
+        }
+        TlsProblem::Required => {
+            "the server's pg_hba.conf allows this client only on hostssl: use \
+             sslmode=verify-full with sslrootcert=/path/ca.pem (or sslmode=require)"
+        }
+        TlsProblem::ClientCertificateRejected => {
+            "give one signed by a CA in its ssl_ca_file with sslcert=/path/client.pem and \
+             sslkey=/path/client-key.pem"
+        }
+        _ => "",
     }
 }
 
-impl std::error::Error for PgTlsFailure {}
+/// The failure of `problem`, with PostgreSQL's advice.
+fn failure(problem: TlsProblem) -> TlsFailure {
+    TlsFailure::new(problem, advice)
+}
 
 /// A failed connection: tokio-postgres's error, and what it means when the store could
 /// tell.
 #[derive(Debug)]
 pub(crate) struct ConnectError {
-    pub(crate) tls: Option<PgTlsFailure>,
+    pub(crate) tls: Option<TlsFailure>,
     pub(crate) source: tokio_postgres::Error,
 }
 
@@ -231,27 +168,30 @@ impl std::error::Error for ConnectError {
 }
 
 /// What a server's refusal or a failed handshake means, if it is about TLS.
-fn classify(e: &tokio_postgres::Error) -> Option<PgTlsFailure> {
+fn classify(e: &tokio_postgres::Error) -> Option<TlsFailure> {
     if let Some(db) = e.as_db_error()
         && *db.code() == tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
     {
         let message = db.message();
         if message.contains("no encryption") {
-            return Some(PgTlsFailure::Required);
+            return Some(failure(TlsProblem::Required));
         }
         if message.contains("certificate") {
-            return Some(PgTlsFailure::ClientCertificateRejected);
+            return Some(failure(TlsProblem::ClientCertificateRejected));
         }
         return None;
     }
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
         if c.to_string().contains("server does not support TLS") {
-            return Some(PgTlsFailure::NotOffered);
+            return Some(failure(TlsProblem::NotOffered));
         }
         #[cfg(feature = "tls")]
-        if let Some(found) = rustls_tls::classify(c) {
-            return Some(found);
+        if let Some(found) = simba_core::tls::rustls_client::rustls_error(c) {
+            return Some(failure(simba_core::tls::rustls_client::classify(
+                found,
+                "the host in the URL",
+            )));
         }
         cause = c.source();
     }
@@ -273,7 +213,7 @@ pub(crate) struct Connector {
     tls: Tls,
     /// What the last failed connection meant, until one succeeds: the pool's errors lose
     /// their source on the way through diesel.
-    last_failure: StdMutex<Option<PgTlsFailure>>,
+    last_failure: StdMutex<Option<TlsFailure>>,
 }
 
 impl fmt::Debug for Connector {
@@ -354,7 +294,7 @@ impl Connector {
     }
 
     /// What the last connection failure meant, if about TLS and none succeeded since.
-    pub(crate) fn last_failure(&self) -> Option<PgTlsFailure> {
+    pub(crate) fn last_failure(&self) -> Option<TlsFailure> {
         self.last_failure
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -366,76 +306,29 @@ impl Connector {
 mod rustls_tls {
     use std::future::Future;
     use std::io;
-    use std::path::Path;
     use std::pin::Pin;
     use std::sync::Arc;
     use std::task::{Context, Poll};
 
-    use rustls::client::WebPkiServerVerifier;
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::crypto::CryptoProvider;
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-    use rustls::{
-        AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore,
-        SignatureScheme,
-    };
-    use simba_core::{Error, Result};
+    use simba_core::Result;
+    use simba_core::tls::rustls_client::rustls::ClientConfig;
+    use simba_core::tls::rustls_client::rustls::pki_types::ServerName;
+    use simba_core::tls::rustls_client::{self, ClientTls, Settings, Verify};
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
     use tokio_postgres::Socket;
     use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
-    use super::{PgTlsFailure, SslMode, TlsOptions};
+    use super::{SslMode, TlsOptions};
 
-    fn file_error(field: &'static str, path: &Path, what: impl std::fmt::Display) -> Error {
-        Error::config(field, format!("{}: {what}", path.display()))
-    }
-
-    fn certificates(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| file_error(field, path, format_args!("cannot be read: {e}")))?
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| file_error(field, path, format_args!("is not valid PEM: {e}")))?;
-        if certs.is_empty() {
-            return Err(file_error(
-                field,
-                path,
-                "holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-            ));
-        }
-        Ok(certs)
-    }
-
-    fn roots(options: &TlsOptions) -> Result<RootCertStore> {
-        let mut roots = RootCertStore::empty();
-        match &options.root_cert {
-            Some(path) => {
-                for cert in certificates("sslrootcert", path)? {
-                    roots.add(cert).map_err(|e| {
-                        file_error(
-                            "sslrootcert",
-                            path,
-                            format_args!("has a bad CA certificate: {e}"),
-                        )
-                    })?;
-                }
-            }
-            None => {
-                for cert in rustls_native_certs::load_native_certs().certs {
-                    // A system store can hold certificates rustls cannot use; skip them.
-                    let _ = roots.add(cert);
-                }
-                if roots.is_empty() {
-                    return Err(Error::config(
-                        "sslrootcert",
-                        "no CA certificates were found on this system: give the server's CA \
-                         with sslrootcert=/path/ca.pem",
-                    ));
-                }
-            }
-        }
-        Ok(roots)
-    }
+    /// libpq's names for the TLS settings.
+    const SETTINGS: Settings = Settings {
+        ca_file: "sslrootcert",
+        cert_file: "sslcert",
+        key_file: "sslkey",
+        server_name: "host",
+        mode: "sslmode",
+        ca_example: "sslrootcert=/path/ca.pem",
+    };
 
     /// The connector of a store: one rustls configuration, built from the URL's options.
     #[derive(Clone)]
@@ -444,138 +337,26 @@ mod rustls_tls {
     }
 
     impl MakeRustls {
+        /// Checks the server's certificate as the mode asks: not at all (`prefer`,
+        /// `require`), its chain (`verify-ca`, and `require` with `sslrootcert`, as libpq
+        /// does), its chain and name (`verify-full`).
         pub(crate) fn new(options: &TlsOptions) -> Result<MakeRustls> {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let mode = match options.mode() {
-                // libpq: with a root certificate file, require checks as verify-ca does.
-                SslMode::Require if options.root_cert.is_some() => SslMode::VerifyCa,
-                mode => mode,
+            let verify = match options.mode() {
+                SslMode::VerifyFull => Verify::ChainAndName,
+                SslMode::VerifyCa => Verify::Chain,
+                SslMode::Require if options.ca.is_some() => Verify::Chain,
+                _ => Verify::Nothing,
             };
-            let verifier: Arc<dyn ServerCertVerifier> = match mode {
-                SslMode::VerifyCa | SslMode::VerifyFull => {
-                    let webpki = WebPkiServerVerifier::builder_with_provider(
-                        Arc::new(roots(options)?),
-                        provider.clone(),
-                    )
-                    .build()
-                    .map_err(|e| {
-                        Error::config("sslrootcert", format!("unusable CA certificates: {e}"))
-                    })?;
-                    Arc::new(Verifier {
-                        chain: Some(webpki),
-                        check_name: mode == SslMode::VerifyFull,
-                        provider: provider.clone(),
-                    })
-                }
-                _ => Arc::new(Verifier {
-                    chain: None,
-                    check_name: false,
-                    provider: provider.clone(),
-                }),
-            };
-            let builder = ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| Error::config("sslmode", format!("rustls: {e}")))?
-                .dangerous()
-                .with_custom_certificate_verifier(verifier);
-            let config = match (&options.cert, &options.key) {
-                (Some(cert), Some(key)) => {
-                    let chain = certificates("sslcert", cert)?;
-                    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                        file_error(
-                            "sslkey",
-                            key,
-                            format_args!(
-                                "holds no usable PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"
-                            ),
-                        )
-                    })?;
-                    builder.with_client_auth_cert(chain, key).map_err(|e| {
-                        Error::config(
-                            "sslkey",
-                            format!("the client key does not fit the client certificate: {e}"),
-                        )
-                    })?
-                }
-                _ => builder.with_no_client_auth(),
-            };
+            let config = rustls_client::client_config(&ClientTls {
+                verify,
+                ca_file: options.ca.as_deref(),
+                client: options.cert.as_deref().zip(options.key.as_deref()),
+                server_name: None,
+                settings: SETTINGS,
+            })?;
             Ok(MakeRustls {
                 config: Arc::new(config),
             })
-        }
-    }
-
-    /// Checks the server's certificate as the mode asks: not at all (`prefer`, `require`),
-    /// its chain (`verify-ca`), its chain and name (`verify-full`). Handshake signatures
-    /// are always checked.
-    #[derive(Debug)]
-    struct Verifier {
-        chain: Option<Arc<WebPkiServerVerifier>>,
-        check_name: bool,
-        provider: Arc<CryptoProvider>,
-    }
-
-    impl ServerCertVerifier for Verifier {
-        fn verify_server_cert(
-            &self,
-            end_entity: &CertificateDer<'_>,
-            intermediates: &[CertificateDer<'_>],
-            server_name: &ServerName<'_>,
-            ocsp_response: &[u8],
-            now: UnixTime,
-        ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-            let Some(chain) = &self.chain else {
-                return Ok(ServerCertVerified::assertion());
-            };
-            match chain.verify_server_cert(
-                end_entity,
-                intermediates,
-                server_name,
-                ocsp_response,
-                now,
-            ) {
-                // webpki checks the name last, after the chain and its validity: a name
-                // error means everything else was fine.
-                Err(rustls::Error::InvalidCertificate(
-                    CertificateError::NotValidForName
-                    | CertificateError::NotValidForNameContext { .. },
-                )) if !self.check_name => Ok(ServerCertVerified::assertion()),
-                other => other,
-            }
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.provider.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.provider.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.provider
-                .signature_verification_algorithms
-                .supported_schemes()
         }
     }
 
@@ -656,50 +437,6 @@ mod rustls_tls {
             ChannelBinding::none()
         }
     }
-
-    /// What a rustls error (inside an I/O error, as tokio-rustls gives it) means.
-    pub(super) fn classify(e: &(dyn std::error::Error + 'static)) -> Option<PgTlsFailure> {
-        let rustls_error = e.downcast_ref::<rustls::Error>().or_else(|| {
-            e.downcast_ref::<io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        })?;
-        use rustls::Error as E;
-        Some(match rustls_error {
-            E::InvalidCertificate(c) => match c {
-                CertificateError::Expired
-                | CertificateError::ExpiredContext { .. }
-                | CertificateError::NotValidYet
-                | CertificateError::NotValidYetContext { .. } => PgTlsFailure::CertificateExpired,
-                CertificateError::NotValidForName
-                | CertificateError::NotValidForNameContext { .. } => {
-                    PgTlsFailure::NameMismatch { name: name_of(c) }
-                }
-                CertificateError::UnknownIssuer | CertificateError::BadSignature => {
-                    PgTlsFailure::UntrustedCertificate
-                }
-                other => PgTlsFailure::Other(format!("{other:?}")),
-            },
-            E::AlertReceived(
-                AlertDescription::CertificateRequired
-                | AlertDescription::BadCertificate
-                | AlertDescription::UnknownCA
-                | AlertDescription::CertificateUnknown,
-            ) => PgTlsFailure::ClientCertificateRejected,
-            other => PgTlsFailure::Other(other.to_string()),
-        })
-    }
-
-    fn name_of(c: &CertificateError) -> String {
-        match c {
-            CertificateError::NotValidForNameContext { expected, .. } => match expected {
-                ServerName::DnsName(d) => d.as_ref().to_owned(),
-                ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
-                other => format!("{other:?}"),
-            },
-            _ => "the host in the URL".to_owned(),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -728,7 +465,7 @@ mod tests {
                 "postgres://u:pw@h/db?application_name=x&connect_timeout=3"
             );
             assert_eq!(o.mode, Some(SslMode::VerifyFull));
-            assert_eq!(o.root_cert, Some(PathBuf::from("/a b/ca.pem")));
+            assert_eq!(o.ca, Some(std::path::PathBuf::from("/a b/ca.pem")));
         }
         let (url, o) = split_url("postgres://h/db?sslmode=disable").expect("valid");
         assert_eq!(url, "postgres://h/db");

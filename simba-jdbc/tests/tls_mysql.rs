@@ -11,7 +11,7 @@ mod common;
 
 use common::SqlHarness;
 use common::tls::{TlsBackend, config_error, connect, select_one};
-use simba_jdbc::MysqlTlsFailure;
+use simba_jdbc::{TlsFailure, TlsProblem};
 use simba_test_kit::servers::{TestCerts, mysql_private};
 
 const TLS: TlsBackend = TlsBackend::Mysql;
@@ -52,8 +52,8 @@ async fn a_certificate_from_another_ca_is_untrusted() {
     let server = TLS.server(&certs, certs.server(), false).await;
     for mode in ["VERIFY_IDENTITY", "VERIFY_CA", "REQUIRED"] {
         let url = TLS.url(&server, mode, &certs.other_ca());
-        let f: MysqlTlsFailure = TLS.typed(connect(&url).await, "ssl-ca=");
-        assert_eq!(f, MysqlTlsFailure::UntrustedCertificate, "{mode}");
+        let f: TlsFailure = TLS.typed(connect(&url).await, "ssl-ca=");
+        assert_eq!(f.problem(), &TlsProblem::UntrustedCertificate, "{mode}");
     }
 }
 
@@ -62,8 +62,8 @@ async fn an_expired_server_certificate_is_refused() {
     let certs = TestCerts::generate().unwrap();
     let server = TLS.server(&certs, certs.expired(), false).await;
     let url = TLS.url(&server, "VERIFY_IDENTITY", &certs.ca());
-    let f: MysqlTlsFailure = TLS.typed(connect(&url).await, "renew");
-    assert_eq!(f, MysqlTlsFailure::CertificateExpired);
+    let f: TlsFailure = TLS.typed(connect(&url).await, "renew");
+    assert_eq!(f.problem(), &TlsProblem::CertificateExpired);
 }
 
 /// A wrong name fails VERIFY_IDENTITY. It fails VERIFY_CA too: mysql_async 0.36 skips the
@@ -76,9 +76,9 @@ async fn a_wrong_name_fails_verify_identity_and_verify_ca() {
     let server = TLS.server(&certs, certs.wrong_name(), false).await;
     for mode in ["VERIFY_IDENTITY", "VERIFY_CA"] {
         let url = TLS.url(&server, mode, &certs.ca());
-        let f: MysqlTlsFailure = TLS.typed(connect(&url).await, "host name");
+        let f: TlsFailure = TLS.typed(connect(&url).await, "host name");
         assert!(
-            matches!(&f, MysqlTlsFailure::NameMismatch { name } if name == "127.0.0.1"),
+            matches!(f.problem(), TlsProblem::NameMismatch { name } if name == "127.0.0.1"),
             "{mode}: {f:?}"
         );
     }
@@ -89,11 +89,11 @@ async fn a_wrong_name_fails_verify_identity_and_verify_ca() {
 #[tokio::test]
 async fn tls_required_but_not_offered() {
     let server = mysql_private().await.unwrap_or_else(|e| panic!("{e}"));
-    let f: MysqlTlsFailure = TLS.typed(
+    let f: TlsFailure = TLS.typed(
         connect(&format!("{}?ssl-mode=REQUIRED", server.url())).await,
-        "does not offer",
+        "does not speak TLS",
     );
-    assert_eq!(f, MysqlTlsFailure::NotOffered);
+    assert_eq!(f.problem(), &TlsProblem::NotOffered);
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ mod common;
 
 use common::SqlHarness;
 use common::tls::{TlsBackend, config_error, connect, p, select_one};
-use simba_jdbc::PgTlsFailure;
+use simba_jdbc::{TlsFailure, TlsProblem};
 use simba_test_kit::servers::{TestCerts, postgres_private};
 
 const TLS: TlsBackend = TlsBackend::Postgres;
@@ -56,8 +56,8 @@ async fn a_certificate_from_another_ca_is_untrusted() {
     for mode in ["verify-full", "verify-ca", "require"] {
         // require with a root certificate checks the chain, as libpq does.
         let url = TLS.url(&server, mode, &certs.other_ca());
-        let f: PgTlsFailure = TLS.typed(connect(&url).await, "sslrootcert=");
-        assert_eq!(f, PgTlsFailure::UntrustedCertificate, "{mode}");
+        let f: TlsFailure = TLS.typed(connect(&url).await, "sslrootcert=");
+        assert_eq!(f.problem(), &TlsProblem::UntrustedCertificate, "{mode}");
     }
 }
 
@@ -66,8 +66,8 @@ async fn an_expired_server_certificate_is_refused() {
     let certs = TestCerts::generate().unwrap();
     let server = TLS.server(&certs, certs.expired(), false).await;
     let url = TLS.url(&server, "verify-full", &certs.ca());
-    let f: PgTlsFailure = TLS.typed(connect(&url).await, "renew");
-    assert_eq!(f, PgTlsFailure::CertificateExpired);
+    let f: TlsFailure = TLS.typed(connect(&url).await, "renew");
+    assert_eq!(f.problem(), &TlsProblem::CertificateExpired);
 }
 
 #[tokio::test]
@@ -75,9 +75,9 @@ async fn a_wrong_name_fails_verify_full_and_passes_verify_ca() {
     let certs = TestCerts::generate().unwrap();
     let server = TLS.server(&certs, certs.wrong_name(), false).await;
     let url = |mode: &str| TLS.url(&server, mode, &certs.ca());
-    let f: PgTlsFailure = TLS.typed(connect(&url("verify-full")).await, "verify-ca");
+    let f: TlsFailure = TLS.typed(connect(&url("verify-full")).await, "verify-ca");
     assert!(
-        matches!(&f, PgTlsFailure::NameMismatch { name } if name == "127.0.0.1"),
+        matches!(f.problem(), TlsProblem::NameMismatch { name } if name == "127.0.0.1"),
         "{f:?}"
     );
     select_one(&url("verify-ca")).await;
@@ -93,9 +93,9 @@ async fn a_host_name_the_certificate_lacks_fails_verify_full() {
         server.port(),
         p(&certs.ca())
     );
-    let f: PgTlsFailure = TLS.typed(connect(&url).await, "verify-ca");
+    let f: TlsFailure = TLS.typed(connect(&url).await, "verify-ca");
     assert!(
-        matches!(&f, PgTlsFailure::NameMismatch { name } if name == "db.invalid"),
+        matches!(f.problem(), TlsProblem::NameMismatch { name } if name == "db.invalid"),
         "{f:?}"
     );
 }
@@ -103,11 +103,11 @@ async fn a_host_name_the_certificate_lacks_fails_verify_full() {
 #[tokio::test]
 async fn tls_required_but_not_offered() {
     let server = postgres_private().await.unwrap_or_else(|e| panic!("{e}"));
-    let f: PgTlsFailure = TLS.typed(
+    let f: TlsFailure = TLS.typed(
         connect(&format!("{}?sslmode=require", server.url())).await,
-        "does not offer",
+        "does not speak TLS",
     );
-    assert_eq!(f, PgTlsFailure::NotOffered);
+    assert_eq!(f.problem(), &TlsProblem::NotOffered);
     // prefer falls back to plain.
     select_one(&format!("{}?sslmode=prefer", server.url())).await;
 }
@@ -116,11 +116,11 @@ async fn tls_required_but_not_offered() {
 async fn a_plain_connection_to_a_tls_only_server_is_refused() {
     let certs = TestCerts::generate().unwrap();
     let server = TLS.server(&certs, certs.server(), false).await;
-    let f: PgTlsFailure = TLS.typed(
+    let f: TlsFailure = TLS.typed(
         connect(&format!("{}?sslmode=disable", server.url())).await,
         "sslmode=verify-full",
     );
-    assert_eq!(f, PgTlsFailure::Required);
+    assert_eq!(f.problem(), &TlsProblem::Required);
 }
 
 #[tokio::test]
@@ -128,8 +128,8 @@ async fn mutual_tls_without_a_client_certificate_is_refused() {
     let certs = TestCerts::generate().unwrap();
     let server = TLS.server(&certs, certs.server(), true).await;
     let url = TLS.url(&server, "verify-full", &certs.ca());
-    let f: PgTlsFailure = TLS.typed(connect(&url).await, "sslcert=");
-    assert_eq!(f, PgTlsFailure::ClientCertificateRejected);
+    let f: TlsFailure = TLS.typed(connect(&url).await, "sslcert=");
+    assert_eq!(f.problem(), &TlsProblem::ClientCertificateRejected);
 }
 
 #[tokio::test]

@@ -23,7 +23,7 @@ pub use config::{
 pub use connector::{CONNECTOR, RedisConnector};
 pub use keys::MESSAGE_SEPARATOR;
 pub use store::RedisStore;
-pub use tls::TlsFailure;
+pub use tls::{TlsFailure, TlsProblem};
 
 /// Connects to `url` with default settings and returns a contend-service factory with the
 /// lease timing `lease`.

@@ -218,15 +218,18 @@ impl RedisStore {
             #[cfg(feature = "tls")]
             if let Some((rustls, tls)) = tls_config {
                 if crate::tls::speaks_plain(&host, port).await {
-                    return Err(crate::tls::TlsFailure::NotOffered.into_error(&connecting(&config)));
+                    return Err(crate::tls::into_error(
+                        crate::tls::failure(crate::tls::TlsProblem::NotOffered),
+                        &connecting(&config),
+                    ));
                 }
                 if let Some(failure) = crate::tls::tls_probe(rustls, &host, port, &tls).await {
-                    return Err(failure.into_error(&connecting(&config)));
+                    return Err(crate::tls::into_error(failure, &connecting(&config)));
                 }
                 return Err(e);
             }
             if let Some(failure) = crate::tls::plain_probe(&host, port).await {
-                return Err(failure.into_error(&connecting(&config)));
+                return Err(crate::tls::into_error(failure, &connecting(&config)));
             }
             return Err(e);
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::test_config;
 use simba_core::Error;
 use simba_core::backend::{Lease, LeaseStore};
-use simba_redis::{RedisStore, TlsFailure, TlsOptions};
+use simba_redis::{RedisStore, TlsFailure, TlsOptions, TlsProblem};
 use simba_test_kit::servers::{CertPair, RedisTls, TestCerts, redis_private, redis_tls};
 use simba_test_kit::support::{init_tracing, unique_name};
 use tokio::time::Instant;
@@ -112,7 +112,7 @@ async fn wrong_ca_is_an_untrusted_certificate() {
         connect(server.url(), ca(certs.other_ca())).await,
         "tlsCaFile",
     );
-    assert_eq!(f, TlsFailure::UntrustedCertificate);
+    assert_eq!(f.problem(), &TlsProblem::UntrustedCertificate);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +121,7 @@ async fn expired_server_certificate() {
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.expired(), false).await;
     let f = failure(connect(server.url(), ca(certs.ca())).await, "expired");
-    assert_eq!(f, TlsFailure::CertificateExpired);
+    assert_eq!(f.problem(), &TlsProblem::CertificateExpired);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,8 +131,8 @@ async fn host_name_mismatch_and_the_server_name_option() {
     let server = tls_server(&certs, certs.wrong_name(), false).await;
     let f = failure(connect(server.url(), ca(certs.ca())).await, "tlsServerName");
     assert_eq!(
-        f,
-        TlsFailure::NameMismatch {
+        f.problem(),
+        &TlsProblem::NameMismatch {
             name: "127.0.0.1".to_owned()
         }
     );
@@ -155,7 +155,7 @@ async fn tls_asked_for_but_the_server_speaks_plain() {
     let plain = redis_private().await.unwrap();
     let url = plain.url().replace("redis://", "rediss://");
     let f = failure(connect(&url, ca(certs.ca())).await, "redis://");
-    assert_eq!(f, TlsFailure::NotOffered);
+    assert_eq!(f.problem(), &TlsProblem::NotOffered);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,7 +165,7 @@ async fn plain_asked_for_but_the_server_speaks_only_tls() {
     let server = tls_server(&certs, certs.server(), false).await;
     let url = server.url().replace("rediss://", "redis://");
     let f = failure(connect(&url, TlsOptions::default()).await, "rediss://");
-    assert_eq!(f, TlsFailure::Required);
+    assert_eq!(f.problem(), &TlsProblem::Required);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,7 +174,7 @@ async fn mutual_tls_needs_a_client_certificate() {
     let certs = TestCerts::generate().unwrap();
     let server = tls_server(&certs, certs.server(), true).await;
     let f = failure(connect(server.url(), ca(certs.ca())).await, "tlsCertFile");
-    assert_eq!(f, TlsFailure::ClientCertificateRejected);
+    assert_eq!(f.problem(), &TlsProblem::ClientCertificateRejected);
     let client = certs.client();
     let mut tls = ca(certs.ca());
     tls.cert_file = Some(client.cert);

@@ -134,7 +134,7 @@ impl TlsBackend {
         text
     }
 
-    /// The typed failure `F` (`MysqlTlsFailure`, `PgTlsFailure`) behind a connection that
+    /// The typed failure `F` ([`simba_jdbc::TlsFailure`]) behind a connection that
     /// must fail, which must be permanent, bounded, and say what to do (`fix`).
     pub fn typed<F>(self, result: Connected, fix: &str) -> F
     where
