@@ -150,9 +150,9 @@ cargo clippy -p simba-test-kit -p simba-chaos --features simba-test-kit/containe
   --all-targets --quiet -- -D warnings
 
 step "clippy, one backend feature at a time (what a user who picks one builds)"
-# The workspace build unifies features (simba-chaos turns on every TLS feature), which hid
-# a simba-jdbc that did not build without a backend feature and a simba binary that did
-# not build without one.
+# The workspace build unifies features (simba-chaos turns on every TLS feature), so it
+# cannot show that simba-jdbc builds without a backend feature, or the simba binary
+# without one: these builds do.
 for features in "" sqlite mysql postgres; do
   cargo clippy -p simba-jdbc --no-default-features ${features:+--features $features} --quiet -- -D warnings
 done
