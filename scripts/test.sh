@@ -3,8 +3,9 @@
 # installs what is missing (server packages, cargo-nextest, cargo-deny, the crates of every
 # platform), starts one shared Redis, MariaDB, PostgreSQL and ZooKeeper for the tests (fault
 # tests start private ones), then format, lints (also of the kit's `containers` feature),
-# dependency rules, docs, cargo-deny, packaging of every crate, every test (doctests too),
-# and prints how long each step took.
+# dependency rules, docs, cargo-deny, packaging of every crate, every test (doctests too,
+# which include every Rust block of the READMEs and docs/), the examples against the shared
+# servers, and prints how long each step took.
 #
 #   scripts/test.sh            # everything
 #   SIMBA_SKIP_INSTALL=1 ...   # do not apt-get (servers already installed)
@@ -141,6 +142,7 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "clippy"
+# --all-targets: the examples (simba-jdbc/examples, simba-redis/examples) too.
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 step "clippy, the containers features (the kit's, simba-chaos's)"
@@ -148,9 +150,9 @@ cargo clippy -p simba-test-kit -p simba-chaos --features simba-test-kit/containe
   --all-targets --quiet -- -D warnings
 
 step "clippy, one backend feature at a time (what a user who picks one builds)"
-# The workspace build unifies features (simba-chaos turns on every TLS feature), which hid
-# a simba-jdbc that did not build without a backend feature and a simba binary that did
-# not build without one.
+# The workspace build unifies features (simba-chaos turns on every TLS feature), so it
+# cannot show that simba-jdbc builds without a backend feature, or the simba binary
+# without one: these builds do.
 for features in "" sqlite mysql postgres; do
   cargo clippy -p simba-jdbc --no-default-features ${features:+--features $features} --quiet -- -D warnings
 done
@@ -195,7 +197,8 @@ step "cargo package (every published crate, verified)"
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/simba-*
 cargo clean --quiet -p simba-core -p simba-test-kit -p simba-redis -p simba-jdbc \
   -p simba-zookeeper -p simba-cli
-cargo package --workspace --exclude simba-chaos --locked --allow-dirty --quiet
+# simba-chaos and simba-docs (the guides' doctests, docs/) are not published.
+cargo package --workspace --exclude simba-chaos --exclude simba-docs --locked --allow-dirty --quiet
 
 # --- tests ---------------------------------------------------------------------------------
 # The test binaries are built once, with the `containers` features: the local-binary runs
@@ -210,6 +213,48 @@ cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/c
 
 step "doctests"
 cargo test --workspace --doc --quiet
+
+# The examples, as a user runs them, against the shared servers; each must print the
+# outcome it exists to show. Their binaries come from the build step above.
+step "examples"
+examples="${CARGO_TARGET_DIR:-target}/debug/examples"
+examples_tmp=$(mktemp -d)
+cleanup_actions+=('rm -rf "$examples_tmp"')
+expect_output() { # NAME PATTERN OUTPUT
+  if ! grep -q -- "$2" <<<"$3"; then
+    printf '%s\n' "$3" >&2
+    echo "example $1: expected a line matching '$2'" >&2
+    exit 1
+  fi
+}
+job="once-$$"
+out=$("$examples/once_per_period" "$SIMBA_TEST_POSTGRES_URL" "$job")
+expect_output once_per_period "^$job: running with fence" "$out"
+out=$("$examples/once_per_period" "$SIMBA_TEST_POSTGRES_URL" "$job")
+expect_output once_per_period "^$job: skipped" "$out"
+out=$("$examples/fenced_write" "$SIMBA_TEST_POSTGRES_URL")
+expect_output fenced_write 'refused "a late write from the first owner"' "$out"
+for url in "sqlite://$examples_tmp/locks.db" "$SIMBA_TEST_REDIS_URL" "$SIMBA_TEST_MYSQL_URL" \
+  "$SIMBA_TEST_POSTGRES_URL" "zk://$SIMBA_TEST_ZOOKEEPER"; do
+  out=$("$examples/from_url" "$url")
+  expect_output from_url '^released$' "$out"
+done
+# The leader worker: leads, works, and on SIGINT (Ctrl-C) stops, releases and exits 0.
+"$examples/leader_worker" "$SIMBA_TEST_REDIS_URL" "leader-$$" >"$examples_tmp/leader.out" 2>&1 &
+leader_pid=$!
+for _ in $(seq 1 300); do
+  grep -q 'working as leader' "$examples_tmp/leader.out" && break
+  kill -0 "$leader_pid" 2>/dev/null || break
+  sleep 0.1
+done
+kill -INT "$leader_pid" 2>/dev/null || true
+leader_rc=0
+wait "$leader_pid" || leader_rc=$?
+out=$(cat "$examples_tmp/leader.out")
+expect_output leader_worker 'working as leader' "$out"
+expect_output leader_worker 'stopped, mutex released' "$out"
+[ "$leader_rc" = 0 ] || { printf '%s\n' "$out" >&2; echo "leader_worker exited with $leader_rc" >&2; exit 1; }
+echo "examples: once_per_period, fenced_write, from_url (5 backends), leader_worker"
 
 # Each backend's conformance suite once more, against servers in containers of the kit's
 # own images (built from Debian's packages the first time, then reused). Skipped, saying

@@ -1,5 +1,5 @@
 #![no_main]
-//! See `simba-fuzz`'s README: the body lives with the code it tests and is replayed over
+//! See docs/testing.md (*Fuzzing*): the body lives with the code it tests and is replayed over
 //! `corpus/cli_duration` by that crate's tests.
 
 #[path = "../../simba-cli/src/duration.rs"]

@@ -2,7 +2,7 @@
 //! (`simba-chaos contender`) write to a fenced resource while owners are killed and paused, the
 //! server restarts and connections are cut, delayed and partitioned. No two ownerships may
 //! overlap and no stale write may be accepted. Time is the subject here (leases of 1.5 s),
-//! so each run lasts 30 s; the long runs are in the README.
+//! so each run lasts 30 s; the long runs are in docs/safety.md.
 
 use std::time::Duration;
 

@@ -4,9 +4,9 @@
 //! (Docker networks, not the proxy), and the owner killed and paused. No two ownerships may
 //! overlap and no stale write may be accepted, whatever ZooKeeper decides about the owner's
 //! session. Time is the subject (sessions of 2 s), so the round lasts 60 s; the long run is
-//! in the README. The ensemble's containers and networks must be gone afterwards. The
-//! second test makes the follower partition deterministic: it is the case the long run
-//! once caught (an owner on a cut-off follower outliving its session).
+//! in docs/safety.md. The ensemble's containers and networks must be gone afterwards. The
+//! second test makes the follower partition deterministic: an owner on a cut-off follower
+//! must not outlive its session (the case of the failed long run in docs/safety.md).
 //!
 //! Needs a Docker engine on this host and the kit's images (`scripts/containers.sh build`);
 //! `scripts/containers.sh test` runs it.

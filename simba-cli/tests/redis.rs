@@ -100,7 +100,7 @@ async fn watch_is_pushed_on_redis() {
 /// Four `simba exec` waiters that are SIGSTOPped (a GC pause, a frozen VM) ahead of a live
 /// one: their subscriber connections still count as PUBLISH receivers, so the release hands
 /// the mutex to the first paused one. Its short reservation lapses untaken and the live
-/// waiter gets the mutex well within a second (before the fix: 13–14 s, the owner's lease).
+/// waiter gets the mutex well within a second (not after the owner's lease: 13–14 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_waiters_do_not_stall_the_handoff_on_redis() {
     let server = servers::redis().await.expect("a Redis server");

@@ -132,8 +132,7 @@ impl Statements {
         // everything that reads the old owner_id / transition_at is assigned before those
         // columns are.
         //
-        // `waiter_until` (a column of earlier versions, which used it for a waiter's claim)
-        // is the *gated* flag: 1 while the owner took the row holding the native lock, so
+        // `waiter_until` is the *gated* flag: 1 while the owner took the row holding the native lock, so
         // that on SQLite a waiter that gets the lock file may take the row over at once.
         let update = |take: &str| {
             format!(

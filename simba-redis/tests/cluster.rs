@@ -229,8 +229,8 @@ async fn slot_migration_of_a_held_mutex_keeps_safety() {
 
 /// The replica check on Cluster: `WAIT` reaches the primary that took the write, so a
 /// stopped replica of *that* primary makes the acquisition fail, while mutexes on other
-/// primaries go on. (Sent by its arguments' slot, as before, `WAIT` went to another
-/// primary, whose running replica "confirmed" a write it never saw.)
+/// primaries go on. (A `WAIT` routed by its arguments' slot would reach another primary,
+/// whose running replica would "confirm" a write it never saw.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_check_waits_on_the_primary_of_the_mutex() {
     init_tracing();
@@ -251,8 +251,8 @@ async fn replica_check_waits_on_the_primary_of_the_mutex() {
             .find(|m| wanted(node_of(&store.owner_key(m))))
             .unwrap()
     };
-    // A mutex away from the node that the old routing (the slot of WAIT's first argument)
-    // picked, so that only the right routing can fail below.
+    // A mutex away from the node that routing by the slot of WAIT's first argument would
+    // pick, so that only routing by the mutex's own slot can fail below.
     let misrouted = node_of("1");
     let mutex = on_node("r", &|n| n != misrouted);
     let node = node_of(&store.owner_key(&mutex));

@@ -44,7 +44,7 @@ async fn a_live_waiter_behind_four_paused_ones_gets_the_mutex_within_a_second() 
         .unwrap_or_else(|e| panic!("{e}"));
     let url = server.url();
     let prefix = unique_name("t");
-    // A long lease: before the fix the live waiter waited for it (~7 s).
+    // A long lease: a live waiter that had to wait for it (~7 s) would fail the bound below.
     let timing = lease(Duration::from_secs(5), Duration::from_secs(2));
     let (holder, owner_key) = service(url, &prefix, &timing).await;
     holder.start().unwrap();

@@ -96,7 +96,7 @@ impl FaultProxy {
     }
 
     /// Closes every open connection now (both the client and the upstream side). New
-    /// connections are served as before.
+    /// connections are served normally.
     pub fn cut(&self) {
         self.shared.cuts.send_modify(|n| *n += 1);
     }

@@ -61,8 +61,18 @@ macro_rules! __store_cases {
 /// The argument is an expression evaluated inside each (async) test that yields a value
 /// implementing [`StoreSource`]; it may `.await`.
 ///
-/// ```ignore
+/// ```no_run
+/// # mod my_backend {
+/// #     pub struct MySource;
+/// #     impl MySource {
+/// #         pub async fn start() -> simba_test_kit::memory::MemoryHarness {
+/// #             simba_test_kit::memory::MemoryHarness::memory()
+/// #         }
+/// #     }
+/// # }
+/// # use my_backend::MySource;
 /// simba_test_kit::store_conformance_tests!(MySource::start().await);
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! store_conformance_tests {

@@ -1,4 +1,5 @@
-//! `simba bench`: the measurements of DESIGN §6 against any backend URL.
+//! `simba bench`: uncontended, handoff, failover and scale measurements against any backend
+//! URL (the repository's `docs/performance.md` lists the figures it gave).
 //!
 //! Every figure is reported beside the floor it compares to, measured in the same run:
 //! one bare round trip of the backend (`PING`, `SELECT 1`, `exists`), and on Redis the

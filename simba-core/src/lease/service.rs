@@ -39,8 +39,7 @@ pub(super) struct Shared<S> {
 
 /// A contend service driven by the lease engine over a [`LeaseStore`].
 ///
-/// What it guarantees (DESIGN §3), besides the
-/// [`ContendService` contract](crate::ContendService#contract):
+/// What it guarantees, besides the [`ContendService` contract](crate::ContendService#contract):
 /// - it believes it owns the mutex only until the local lease deadline: the instant the
 ///   last successful acquire/renew request was **sent**, plus `ttl + transition`, minus
 ///   `drift_margin`. When no renewal has succeeded by then it reports

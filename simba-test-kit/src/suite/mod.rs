@@ -990,15 +990,35 @@ pub async fn safety_under_partitions(h: &dyn Harness) -> CaseResult {
 /// The argument is an expression evaluated inside each (async) test that yields a value
 /// implementing [`Harness`]; it may `.await`.
 ///
-/// ```ignore
+/// ```no_run
+/// # mod my_backend {
+/// #     pub struct MyHarness;
+/// #     impl MyHarness {
+/// #         pub async fn start() -> simba_test_kit::memory::MemoryHarness {
+/// #             simba_test_kit::memory::MemoryHarness::memory()
+/// #         }
+/// #     }
+/// # }
+/// # use my_backend::MyHarness;
 /// simba_test_kit::conformance_tests!(MyHarness::start().await);
+/// # fn main() {}
 /// ```
 ///
 /// A backend that cannot run some cases names the ones it runs (and says why not the
 /// others):
 ///
-/// ```ignore
+/// ```no_run
+/// # mod my_backend {
+/// #     pub struct MyHarness;
+/// #     impl MyHarness {
+/// #         pub async fn start() -> simba_test_kit::memory::MemoryHarness {
+/// #             simba_test_kit::memory::MemoryHarness::memory()
+/// #         }
+/// #     }
+/// # }
+/// # use my_backend::MyHarness;
 /// simba_test_kit::conformance_tests!(@cases MyHarness::start().await; start, restart);
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {

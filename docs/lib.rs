@@ -1,0 +1,22 @@
+//! The guides of the simba repository as doctests: the root `README.md` and every page of
+//! `docs/`. `cargo test -p simba-docs --doc` compiles every Rust block in them (blocks that
+//! need a server are `no_run`), so no guide shows code that does not build.
+//!
+//! The crate holds nothing else and is not published. The crate READMEs are doctested by
+//! their own crates (`#![doc = include_str!("../README.md")]`).
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct Readme;
+
+#[cfg(doctest)]
+#[doc = include_str!("performance.md")]
+struct Performance;
+
+#[cfg(doctest)]
+#[doc = include_str!("safety.md")]
+struct Safety;
+
+#[cfg(doctest)]
+#[doc = include_str!("testing.md")]
+struct Testing;
