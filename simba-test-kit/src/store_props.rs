@@ -80,11 +80,12 @@ impl PropertyRun {
     }
 
     /// A server backend on the wall clock: a bounded number of short sequences (about
-    /// 15 s in all), leases short enough that advances end them.
+    /// 15 s in all, mostly the advances' sleeps), leases short enough that advances end
+    /// them.
     pub fn backend(wait_queue: bool) -> Self {
         PropertyRun {
-            cases: 12,
-            steps: 24,
+            cases: 10,
+            steps: 20,
             seed: 0x51ba_0002,
             lease: Lease {
                 ttl: Duration::from_millis(300),
