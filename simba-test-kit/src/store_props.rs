@@ -22,17 +22,19 @@ use std::fmt;
 use std::time::Duration;
 
 use simba_core::MutexOwner;
-use simba_core::backend::{Lease, LeaseStore, held_owner_id};
+use simba_core::backend::{BoxFuture, Lease, LeaseStore, held_owner_id};
 
 use crate::store_cases::StoreSource;
 use crate::suite::{CaseError, CaseResult};
 use crate::support::unique_name;
 
 /// How clock advances are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Clock {
-    /// `tokio::time::advance`: for the in-memory store under a paused tokio clock.
-    Tokio,
+    /// By the function given: for the in-memory store under a paused tokio clock,
+    /// `|d| Box::pin(tokio::time::advance(d))` (tokio's `test-util`, which this crate
+    /// leaves to its users' dev-dependencies).
+    Manual(fn(Duration) -> BoxFuture<'static, ()>),
     /// A real sleep: for a backend with its own clock.
     Wall,
 }
@@ -61,8 +63,9 @@ pub struct PropertyRun {
 }
 
 impl PropertyRun {
-    /// The in-memory store under a paused tokio clock: many cases, exact times.
-    pub fn memory() -> Self {
+    /// The in-memory store under a paused tokio clock that `advance` moves (see
+    /// [`Clock::Manual`]): many cases, exact times.
+    pub fn memory(advance: fn(Duration) -> BoxFuture<'static, ()>) -> Self {
         PropertyRun {
             cases: 500,
             steps: 40,
@@ -73,7 +76,7 @@ impl PropertyRun {
             },
             advances: vec![1, 200, 499, 500, 700, 1000, 1499, 1500, 2500],
             holds: vec![0, 1, 300, 2000],
-            clock: Clock::Tokio,
+            clock: Clock::Manual(advance),
             wait_queue: false,
             shrink_runs: 500,
         }
@@ -322,7 +325,7 @@ async fn run_steps<S: LeaseStore>(
         let who = match *step {
             Step::Advance(ms) => {
                 match run.clock {
-                    Clock::Tokio => tokio::time::advance(Duration::from_millis(ms)).await,
+                    Clock::Manual(advance) => advance(Duration::from_millis(ms)).await,
                     Clock::Wall => tokio::time::sleep(Duration::from_millis(ms)).await,
                 }
                 trace.push(format!("#{i} {step}"));

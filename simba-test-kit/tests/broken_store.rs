@@ -352,7 +352,7 @@ async fn store_cases_pass_without_the_flaws() {
 #[tokio::test(start_paused = true)]
 async fn property_test_reports_each_sequential_flaw() {
     use simba_test_kit::store_props::{PropertyRun, check_store_contract};
-    let run = PropertyRun::memory();
+    let run = PropertyRun::memory(|d| Box::pin(tokio::time::advance(d)));
     if let Err(e) = check_store_contract(&Flawed::harness(Flaw::None), &run).await {
         panic!("the property test failed on the store without flaws: {e}");
     }
