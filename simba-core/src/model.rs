@@ -317,9 +317,23 @@ where
 /// old race gave the new acquisition the old fence (a renewal of the ownership whose
 /// release was still in flight), and that release then freed it.
 async fn drop_and_reacquire() {
+    drop_and_reacquire_as(Some("me")).await;
+}
+
+/// As [`drop_and_reacquire`], with a contender id generated for each acquisition (what
+/// `Locker::new` does).
+async fn drop_and_reacquire_generated() {
+    drop_and_reacquire_as(None).await;
+}
+
+async fn drop_and_reacquire_as(id: Option<&str>) {
     let setup = Setup::new(1);
-    let locker =
-        Locker::with_contender_id(setup.factories[0].clone(), MUTEX, "me").expect("valid locker");
+    let factory = setup.factories[0].clone();
+    let locker = match id {
+        Some(id) => Locker::with_contender_id(factory, MUTEX, id),
+        None => Locker::new(factory, MUTEX),
+    }
+    .expect("valid locker");
     let (t1, l1) = (Task::of(&setup), locker.clone());
     let a = shuttle::future::spawn(async move {
         let g = l1.acquire().await.expect("acquired");
@@ -342,6 +356,11 @@ async fn drop_and_reacquire() {
 #[test]
 fn model_drop_and_reacquire() {
     explore(drop_and_reacquire);
+}
+
+#[test]
+fn model_drop_and_reacquire_generated_ids() {
+    explore(drop_and_reacquire_generated);
 }
 
 /// Re-creates the old race (`locker::mutation::EARLY_TURN`: the turn passes on as soon
