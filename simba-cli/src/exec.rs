@@ -167,12 +167,15 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                     debug!(?ended, "command ended");
                     if ended.gone == Gone::Deadline {
                         // simba did not run (stopped, paused) until after its local deadline:
-                        // the guardian killed the group at it.
-                        let reason = guard.lost().await;
-                        narrator.say(format_args!(
-                            "lost (fence {fence}) after holding it {}: {reason}",
-                            show(guard.acquired_at().elapsed())
-                        ));
+                        // the guardian killed the group at it. (`is_held` checks the
+                        // deadline itself, before the engine's task has said so.)
+                        if !guard.is_held() {
+                            narrator.say(format_args!(
+                                "lost (fence {fence}) after holding it {}: the local lease \
+                                 deadline passed",
+                                show(guard.acquired_at().elapsed())
+                            ));
+                        }
                         say!(
                             "simba: the local lease deadline of mutex {mutex:?} (fence {fence}) \
                              passed without a renewal (simba was stopped or paused); the \
