@@ -179,8 +179,8 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                         say!(
                             "simba: the local lease deadline of mutex {mutex:?} (fence {fence}) \
                              passed without a renewal (simba was stopped or paused); the \
-                             command's guardian killed its process group (SIGKILL) at the \
-                             deadline"
+                             command's process group was killed (SIGKILL) at the local lease \
+                             deadline by its guardian"
                         );
                         let _ = release(guard, Some(RELEASE_AFTER_LOSS), None).await;
                         return Ok(Status::Lost.code());
@@ -270,7 +270,18 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         ));
     }
 
+    // At the local deadline another contender may own the mutex from now on: no grace
+    // (the guardian kills the group at that instant by itself, too).
+    let grace = match lost {
+        Some(LossReason::LeaseExpired) => Duration::ZERO,
+        _ => args.grace,
+    };
     match lost {
+        Some(lost @ LossReason::LeaseExpired) => say!(
+            "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; the command's \
+             process group {} is killed (SIGKILL) at the local lease deadline",
+            group.pgid(),
+        ),
         Some(lost) => say!(
             "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; stopping the \
              command (SIGTERM to its process group {}, SIGKILL after {})",
@@ -285,7 +296,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
             show(args.grace)
         ),
     }
-    let ended = group.stop(args.grace).await;
+    let ended = group.stop(grace).await;
     group.restore_terminal();
     if let Some(ended) = ended {
         info!(?ended, "command stopped");

@@ -687,7 +687,10 @@ pub fn group_gone_before_next_owner(
         // Continued after its deadline: it finds the group killed by its guardian.
         Fault::Stop => {
             assert_eq!(first_status.code(), Some(LOST), "{first_err}");
-            assert!(first_err.contains("guardian killed"), "{first_err}");
+            assert!(
+                first_err.contains("killed (SIGKILL) at the local lease deadline"),
+                "{first_err}"
+            );
         }
     }
 
