@@ -493,3 +493,34 @@ async fn sleep_until_opt(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gone_words_read_back() {
+        for g in [
+            Gone::Ended,
+            Gone::Leftovers,
+            Gone::Stopped,
+            Gone::Deadline,
+            Gone::Orphaned,
+        ] {
+            assert_eq!(Gone::parse(g.word()), Some(g));
+        }
+        assert_eq!(Gone::parse("nope"), None);
+    }
+
+    /// A deadline survives the trip through CLOCK_MONOTONIC nanoseconds (to within the
+    /// time the two clock reads take), and one in the past stays in the past.
+    #[test]
+    fn deadlines_travel_as_monotonic_instants() {
+        let at = Instant::now() + Duration::from_secs(5);
+        let back = from_monotonic_ns(to_monotonic_ns(at));
+        let diff = if back > at { back - at } else { at - back };
+        assert!(diff < Duration::from_millis(50), "{diff:?}");
+        let past = Instant::now();
+        assert!(from_monotonic_ns(to_monotonic_ns(past)) <= Instant::now());
+    }
+}
