@@ -624,7 +624,8 @@ pub fn group_gone_before_next_owner(
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the first simba exec");
-    let holder_err = reader(holder.stderr.take().expect("piped stderr"));
+    // Read as lines: a command that outlived simba would hold the pipe open forever.
+    let holder_err = line_channel(holder.stderr.take().expect("piped stderr"));
     eventually(
         Duration::from_secs(60),
         "the first command and its grandchildren run",
@@ -678,7 +679,11 @@ pub fn group_gone_before_next_owner(
         send(holder.id(), Signal::SIGCONT);
     }
     let first_status = wait_for(&mut holder, Duration::from_secs(60), "the first simba exec");
-    let first_err = text(&join_reader(holder_err));
+    let mut first_err = String::new();
+    while let Ok(line) = holder_err.recv_timeout(Duration::from_secs(5)) {
+        first_err.push_str(&line);
+        first_err.push('\n');
+    }
     match fault {
         Fault::Kill => assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&first_status),
