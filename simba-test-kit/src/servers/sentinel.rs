@@ -570,6 +570,18 @@ impl RedisSentinel {
         Ok(())
     }
 
+    /// The replica the sentinels would promote first if all were healthy and equally up
+    /// to date: the lowest non-zero `replica-priority` (the first such node on a tie).
+    /// `None` if no replica can be promoted.
+    pub async fn preferred_replica(&self) -> Result<Option<usize>, ServerError> {
+        let primary = self.primary().await?;
+        Ok(self
+            .replicas_of(primary)
+            .into_iter()
+            .filter(|&i| self.priorities[i] != 0)
+            .min_by_key(|&i| self.priorities[i]))
+    }
+
     /// The number of replicas the primary reports online (`INFO replication`).
     pub async fn online_replicas(&self) -> Result<usize, ServerError> {
         let primary = self.primary().await?;
