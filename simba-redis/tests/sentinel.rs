@@ -422,3 +422,84 @@ async fn a_refused_acquisition_leaves_nothing_and_takes_over_nobody() {
     let b = retry_acquire(&b_store, "m", "b").await;
     assert!(b > a, "{b} after {a}");
 }
+
+/// The failover quarantine: as in the test above, R (preferred) is held back and promoted
+/// without A's key; with the quarantine on (the default), nobody takes the mutex on the
+/// new primary before A's lease has ended, so A and B never both own it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_quarantine_keeps_the_mutex_until_the_lost_owners_lease_ends() {
+    init_tracing();
+    let deployment = redis_sentinel_with_replicas(&[1, 100])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_name("t");
+    let config = || {
+        test_config(&deployment.url(), &prefix)
+            .with_restart_quarantine(true)
+            .with_connect_timeout(Duration::from_secs(15))
+    };
+    let primary = deployment.primary().await.unwrap();
+    let direct = raw(&format!("redis://{}", deployment.admin_addr(primary))).await;
+    // Not a fresh server: the boot marker is there, so only the failover quarantine acts.
+    cmd(&direct, "SET", &[&format!("{prefix}:{{}}:boot"), "1"]).await;
+    {
+        let store = RedisStore::connect(config().with_replica_acks(Some(2)))
+            .await
+            .unwrap();
+        retry_acquire(&store, "m", "warm").await;
+        assert!(store.release("m", "warm").await.unwrap());
+        retry_acquire(&store, "m-replicated", "warm").await;
+    }
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    deployment.hold_back_replica(1).await.unwrap();
+    let t0 = Instant::now();
+    while deployment.online_replicas().await.unwrap() != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "R2 did not stay online"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Longer than the failover (seconds), so that B tries while A's lease runs.
+    let lease_of = Lease {
+        ttl: Duration::from_secs(25),
+        transition: Duration::from_secs(5),
+    };
+    let sent = Instant::now();
+    let a = common::retry_acquire_for(&a_store, "m", "a", lease_of).await;
+    let promoted = deployment
+        .kill_primary_and_fail_over(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(promoted, 1, "the sentinels promoted the other replica");
+    assert!(
+        sent.elapsed() < lease_of.total(),
+        "the failover outlasted a's lease"
+    );
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let mut refused = 0;
+    let b = loop {
+        match b_store.acquire("m", "b", lease_of).await {
+            Ok(r) if r.owner.owner_id == "b" => break r.owner.fence,
+            Ok(r) => {
+                assert_eq!(r.owner.owner_id, "", "a's key came back");
+                refused += 1;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(
+            sent.elapsed() < lease_of.total() * 3,
+            "b never acquired after the quarantine"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    // A believes it owns until its lease ends, counted from before its request was sent.
+    assert!(
+        sent.elapsed() >= lease_of.total(),
+        "b acquired {:?} after a's request, within a's lease of {:?}",
+        sent.elapsed(),
+        lease_of.total()
+    );
+    assert!(refused > 0, "b was never held off");
+    assert!(b > a, "{b} after {a}");
+}
