@@ -11,7 +11,8 @@
 //!
 //! `zookeeper-ensemble` (feature `containers`) starts a three-node ensemble in containers
 //! and has its own faults: `leader-kill,follower-partition,contender-partition,kill,pause`;
-//! `redis-sentinel` starts a primary, a replica and three sentinels, with the faults
+//! `redis-sentinel` starts a primary, two replicas of different `replica-priority` and three
+//! sentinels, with the faults
 //! `failover,kill,pause`.
 //!
 //! ```text

@@ -79,21 +79,23 @@ pub struct RedisConfig {
     pub heartbeat_interval: Duration,
     /// Longest pause between reconnection attempts; attempts never stop (default 1 s).
     pub reconnect_max_delay: Duration,
-    /// Refuse to take a free mutex for one lease after the server's data was found new
-    /// (a missing boot marker: first use, or data lost in a restart), because a lost owner
-    /// key may belong to an owner that still believes it owns (default true). Costs one
-    /// lease once per fresh server; a Redis that kept its data does not pay it. Not
-    /// applied on Redis Cluster.
+    /// Refuse to take a free mutex for one lease after its data may have lost writes,
+    /// because a lost owner key may belong to an owner that still believes it owns
+    /// (default true): after the server's data was found new (a missing boot marker: first
+    /// use, or data lost in a restart; not on Redis Cluster), and after the mutex's data
+    /// came to another primary (a failover, or a restart: the primary's replication id
+    /// changed). Costs one lease once per fresh server, and once per mutex after a
+    /// failover; see the crate docs, *Failover*.
     pub restart_quarantine: bool,
     /// How many replicas must have every acquisition and renewal before it counts
     /// (`WAIT`): an acquisition or renewal that fewer replicas confirmed within
     /// [`replica_ack_timeout`](Self::replica_ack_timeout) fails (retryably) instead, so a
-    /// failover to a replica cannot lose a live owner's key or fence (see the crate docs,
-    /// *Failover*). `None` (the default) means 1 behind Sentinel and 0 otherwise; URL
-    /// option `replicaAcks=N`. On Redis Cluster the `WAIT` goes to the primary of the
-    /// mutex's slot, and the default is 0 there (a cluster may have no replicas): set it
-    /// when every primary has one.
-    pub replica_acks: Option<u32>,
+    /// failover to a replica cannot lose a live owner's key (see the crate docs,
+    /// *Failover*). `None` (the default) means [`ReplicaAcks::AllOnline`] behind Sentinel
+    /// and none otherwise; URL option `replicaAcks=N` or `replicaAcks=all`. On Redis
+    /// Cluster the `WAIT` goes to the primary of the mutex's slot, and the default is none
+    /// there (a cluster may have no replicas): set it when every primary has one.
+    pub replica_acks: Option<ReplicaAcks>,
     /// How long an acquisition or renewal waits for [`replica_acks`](Self::replica_acks)
     /// replicas; `None` (the default) means the URL option `replicaAckTimeoutMs=N`, else
     /// 500 ms. Must be shorter than [`command_timeout`](Self::command_timeout) and
@@ -153,10 +155,31 @@ impl TlsOptions {
     }
 }
 
+/// Which replicas must confirm an acquisition or renewal before it counts (see
+/// [`RedisConfig::replica_acks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplicaAcks {
+    /// Every replica that is online at the primary when the write is made, and at least
+    /// one (`WAIT n`, n counted by the script that writes). `WAIT` does not say which
+    /// replicas confirmed, so replicas with `replica-priority 0`, which are never promoted,
+    /// count too: waiting for fewer could be answered by them instead of a promotable one.
+    AllOnline,
+    /// This many replicas, whichever they are (`WAIT n`); `Count(0)` turns the check off.
+    Count(u32),
+}
+
+impl ReplicaAcks {
+    /// Whether any replica is waited for.
+    pub fn is_on(self) -> bool {
+        self != ReplicaAcks::Count(0)
+    }
+}
+
 /// The settings a URL carries besides what fred parses.
 #[derive(Debug, Default)]
 struct UrlOptions {
-    replica_acks: Option<u32>,
+    replica_acks: Option<ReplicaAcks>,
     replica_ack_timeout: Option<Duration>,
     tls: TlsOptions,
 }
@@ -165,7 +188,7 @@ struct UrlOptions {
 #[derive(Debug)]
 pub(crate) struct Resolved {
     pub(crate) fred: FredConfig,
-    pub(crate) replica_acks: u32,
+    pub(crate) replica_acks: ReplicaAcks,
     pub(crate) replica_ack_timeout: Duration,
     pub(crate) tls: Option<TlsOptions>,
 }
@@ -229,9 +252,16 @@ impl RedisConfig {
         self
     }
 
-    /// Sets [`replica_acks`](Self::replica_acks): `Some(0)` turns the replica check off.
+    /// Sets [`replica_acks`](Self::replica_acks) to a number of replicas: `Some(0)` turns
+    /// the replica check off, `None` leaves it to the URL or the default.
     pub fn with_replica_acks(mut self, acks: Option<u32>) -> Self {
-        self.replica_acks = acks;
+        self.replica_acks = acks.map(ReplicaAcks::Count);
+        self
+    }
+
+    /// Sets [`replica_acks`](Self::replica_acks) to [`ReplicaAcks::AllOnline`].
+    pub fn with_all_replica_acks(mut self) -> Self {
+        self.replica_acks = Some(ReplicaAcks::AllOnline);
         self
     }
 
@@ -365,7 +395,11 @@ impl RedisConfig {
         let replica_acks = self
             .replica_acks
             .or(options.replica_acks)
-            .unwrap_or(u32::from(sentinel));
+            .unwrap_or(if sentinel {
+                ReplicaAcks::AllOnline
+            } else {
+                ReplicaAcks::Count(0)
+            });
         let replica_ack_timeout = self
             .replica_ack_timeout
             .or(options.replica_ack_timeout)
@@ -375,7 +409,7 @@ impl RedisConfig {
             replica_ack_timeout,
             Duration::from_millis(1),
         )?;
-        if replica_acks > 0
+        if replica_acks.is_on()
             && (replica_ack_timeout >= self.command_timeout
                 || replica_ack_timeout >= self.unresponsive_timeout)
         {
@@ -497,8 +531,14 @@ fn split_options(url: &str) -> Result<(String, UrlOptions)> {
         };
         match key {
             "replicaAcks" => match value.parse::<u32>() {
-                Ok(n) => options.replica_acks = Some(n),
-                Err(_) => return bad("is not a number of replicas (0 turns the check off)"),
+                Ok(n) => options.replica_acks = Some(ReplicaAcks::Count(n)),
+                Err(_) if value == "all" => options.replica_acks = Some(ReplicaAcks::AllOnline),
+                Err(_) => {
+                    return bad(
+                        "is neither a number of replicas (0 turns the check off) nor `all` \
+                         (every replica online)",
+                    );
+                }
             },
             "replicaAckTimeoutMs" => match value.parse::<u64>() {
                 Ok(ms) if ms > 0 => options.replica_ack_timeout = Some(Duration::from_millis(ms)),
@@ -839,16 +879,21 @@ mod tests {
     #[test]
     fn replica_acks_defaults_and_options() {
         let acks = |url: &str| RedisConfig::new(url).resolve().unwrap().replica_acks;
-        assert_eq!(acks("redis://h:1"), 0);
-        assert_eq!(acks("redis-sentinel://h:1?sentinelServiceName=m"), 1);
+        use ReplicaAcks::{AllOnline, Count};
+        assert_eq!(acks("redis://h:1"), Count(0));
+        assert_eq!(
+            acks("redis-sentinel://h:1?sentinelServiceName=m"),
+            AllOnline
+        );
         assert_eq!(
             acks("redis-sentinel://h:1?sentinelServiceName=m&replicaAcks=0"),
-            0
+            Count(0)
         );
-        assert_eq!(acks("redis://h:1?replicaAcks=2"), 2);
+        assert_eq!(acks("redis://h:1?replicaAcks=2"), Count(2));
+        assert_eq!(acks("redis://h:1?replicaAcks=all"), AllOnline);
         // Cluster: off by default, allowed when asked for.
-        assert_eq!(acks("redis-cluster://h:1"), 0);
-        assert_eq!(acks("redis-cluster://h:1?replicaAcks=1"), 1);
+        assert_eq!(acks("redis-cluster://h:1"), Count(0));
+        assert_eq!(acks("redis-cluster://h:1?replicaAcks=1"), Count(1));
         let r = RedisConfig::new("redis://h:1?replicaAcks=1&replicaAckTimeoutMs=250")
             .resolve()
             .unwrap();
@@ -858,7 +903,7 @@ mod tests {
             .with_replica_acks(Some(0))
             .resolve()
             .unwrap();
-        assert_eq!(r.replica_acks, 0);
+        assert_eq!(r.replica_acks, ReplicaAcks::Count(0));
         // fred's own options pass through.
         let r =
             RedisConfig::new("redis-sentinel://h:1?sentinelServiceName=m&node=h:2&replicaAcks=1")

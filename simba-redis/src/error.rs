@@ -19,8 +19,9 @@ pub(crate) fn backend(what: &str, e: FredError) -> Error {
         ErrorKind::Config | ErrorKind::Url | ErrorKind::InvalidArgument => (false, ""),
         _ if details.starts_with("NOPERM") => (
             false,
-            " (the ACL user lacks a permission: it needs EVALSHA, SCRIPT LOAD, PUBLISH and \
-             SUBSCRIBE, and access to the key prefix)",
+            " (the ACL user lacks a permission: it needs EVALSHA, SCRIPT LOAD, PUBLISH, \
+             SUBSCRIBE, INFO (the scripts read the replication section) and WAIT, and access \
+             to the key prefix)",
         ),
         _ if details.starts_with("WRONGPASS") || details.starts_with("NOAUTH") => (
             false,

@@ -33,8 +33,9 @@ impl KeySpace {
         }
     }
 
-    /// Every key of a mutex, in the order the scripts expect them (`KEYS[1..6]`): owner,
-    /// owner metadata, wait queue, waiter expiry, fence counter, handoff reservation.
+    /// Every key of a mutex, in the order the scripts expect them (`KEYS[1..7]`): owner,
+    /// owner metadata, wait queue, waiter expiry, fence counter, handoff reservation,
+    /// primary marker (the failover quarantine's).
     pub(crate) fn keys(&self, mutex: &str) -> Vec<String> {
         let owner = self.owner(mutex);
         let others = [
@@ -43,9 +44,10 @@ impl KeySpace {
             ":contender:expires",
             ":fence",
             ":handoff",
+            ":primary",
         ]
         .map(|suffix| format!("{owner}{suffix}"));
-        let mut keys = Vec::with_capacity(6);
+        let mut keys = Vec::with_capacity(8);
         keys.push(owner);
         keys.extend(others);
         keys
@@ -87,7 +89,8 @@ mod tests {
                 "simba:{m}:contender",
                 "simba:{m}:contender:expires",
                 "simba:{m}:fence",
-                "simba:{m}:handoff"
+                "simba:{m}:handoff",
+                "simba:{m}:primary"
             ]
         );
         assert_eq!(k.contender_channel("m", "c1"), "simba:{m}:c1");

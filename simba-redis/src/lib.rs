@@ -17,8 +17,8 @@ mod watchdog;
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 
 pub use config::{
-    DEFAULT_KEY_PREFIX, DEFAULT_REPLICA_ACK_TIMEOUT, MAX_KEY_PREFIX_LEN, RedisConfig, TlsOptions,
-    WaitMode, redact_url,
+    DEFAULT_KEY_PREFIX, DEFAULT_REPLICA_ACK_TIMEOUT, MAX_KEY_PREFIX_LEN, RedisConfig, ReplicaAcks,
+    TlsOptions, WaitMode, redact_url,
 };
 pub use connector::{CONNECTOR, RedisConnector};
 pub use keys::MESSAGE_SEPARATOR;

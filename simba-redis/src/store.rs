@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::config::{RedisConfig, WaitMode};
+use crate::config::{RedisConfig, ReplicaAcks, WaitMode};
 use crate::error::{BACKEND, backend, lease_reply, release_reply};
 use crate::keys::KeySpace;
 use crate::keys::MESSAGE_SEPARATOR;
@@ -40,6 +40,8 @@ const RELEASE_LUA: &str = include_str!("scripts/release.lua");
 const OWNER_LUA: &str = include_str!("scripts/owner.lua");
 const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
 const RELEASE_AFTER_LUA: &str = include_str!("scripts/release_after.lua");
+const RETRACT_LUA: &str = include_str!("scripts/retract.lua");
+const CONFIRM_LUA: &str = include_str!("scripts/confirm.lua");
 
 struct Scripts {
     acquire: Script,
@@ -48,6 +50,8 @@ struct Scripts {
     owner: Script,
     leave: Script,
     release_after: Script,
+    retract: Script,
+    confirm: Script,
 }
 
 impl Scripts {
@@ -59,10 +63,12 @@ impl Scripts {
             owner: Script::from_lua(OWNER_LUA),
             leave: Script::from_lua(LEAVE_LUA),
             release_after: Script::from_lua(RELEASE_AFTER_LUA),
+            retract: Script::from_lua(RETRACT_LUA),
+            confirm: Script::from_lua(CONFIRM_LUA),
         }
     }
 
-    fn all(&self) -> [(&'static str, &Script); 6] {
+    fn all(&self) -> [(&'static str, &Script); 8] {
         [
             ("acquire", &self.acquire),
             ("guard", &self.guard),
@@ -70,6 +76,8 @@ impl Scripts {
             ("owner", &self.owner),
             ("leave", &self.leave),
             ("release_after", &self.release_after),
+            ("retract", &self.retract),
+            ("confirm", &self.confirm),
         ]
     }
 }
@@ -84,8 +92,10 @@ struct Inner {
     watchdog: Watchdog,
     /// Whether acquisitions keep the restart quarantine (see the crate docs).
     quarantine: bool,
-    /// Replicas that must confirm each acquisition and renewal (`WAIT`), 0 for none.
-    replica_acks: u32,
+    /// Whether acquisitions keep the failover quarantine (see the crate docs).
+    failover_quarantine: bool,
+    /// Replicas that must confirm each acquisition and renewal (`WAIT`).
+    replica_acks: ReplicaAcks,
     /// How long to wait for them (ms).
     replica_ack_timeout_ms: u64,
     tasks: Vec<JoinHandle<()>>,
@@ -274,6 +284,7 @@ impl RedisStore {
                 scripts,
                 watchdog: watchdog(&config),
                 quarantine: config.restart_quarantine && !clustered,
+                failover_quarantine: config.restart_quarantine,
                 replica_acks: resolved.replica_acks,
                 replica_ack_timeout_ms: u64::try_from(resolved.replica_ack_timeout.as_millis())
                     .unwrap_or(u64::MAX),
@@ -281,6 +292,17 @@ impl RedisStore {
                 config,
             }),
         })
+    }
+
+    /// The arguments of the acquire and guard scripts (see `acquire.lua`).
+    fn lease_script_args(&self, id: &str, lease: Lease, handed: bool) -> Result<Vec<String>> {
+        let flag = |on: bool| if on { "1" } else { "0" }.to_owned();
+        let mut args = lease_args(id, lease, self.inner.publish)?;
+        args.push(flag(self.inner.quarantine));
+        args.push(flag(handed));
+        args.push(flag(self.inner.failover_quarantine));
+        args.push(flag(self.inner.replica_acks.is_on()));
+        Ok(args)
     }
 
     /// The configuration this store was connected with.
@@ -339,8 +361,10 @@ impl RedisStore {
         result.map_err(|e| backend(what, e))
     }
 
-    /// A lease script whose reply must be confirmed by the replicas when it made `id` the
-    /// owner (see *Failover* in the crate docs).
+    /// A lease script (acquire or guard) whose write must be confirmed by the replicas
+    /// when it left `id` the owner (see *Failover* in the crate docs). `acquire`: the
+    /// caller does not hold the mutex, so a new ownership that the replicas did not confirm
+    /// is taken back (`retract.lua`) before the error is returned.
     async fn eval_confirmed(
         &self,
         what: &str,
@@ -348,10 +372,11 @@ impl RedisStore {
         keys: Vec<String>,
         args: Vec<String>,
         id: &str,
+        acquire: bool,
     ) -> Result<LeaseReply> {
-        if self.inner.replica_acks == 0 {
+        if !self.inner.replica_acks.is_on() {
             let reply = self.eval_keys(what, script, keys, args).await?;
-            return lease_reply(what, reply);
+            return lease_reply_ext(what, reply).map(|(reply, _, _)| reply);
         }
         let client = &self.inner.client;
         // On Cluster, `WAIT` must reach the primary that took the write: the node of the
@@ -360,12 +385,28 @@ impl RedisStore {
             .first()
             .map(|key| fred::util::redis_keyslot(key.as_bytes()));
         let connections = client.connection_ids();
-        let reply = self.eval_keys(what, script, keys, args).await?;
-        let reply = lease_reply(what, reply)?;
+        let reply = self.eval_keys(what, script, keys.clone(), args).await?;
+        let (reply, online, status) = lease_reply_ext(what, reply)?;
         if reply.owner.owner_id != id {
+            if !acquire && status == Status::Pending {
+                // The caller's key is gone and another contender's acquisition stands in
+                // its place, not confirmed yet: it may still be taken back, so it says
+                // nothing yet (the caller stays on its deadline, retrying).
+                return Err(Error::backend(
+                    BACKEND,
+                    format!(
+                        "{what}: the mutex is held by {}'s acquisition, which its replicas \
+                         have not confirmed yet; not counted either way, will retry",
+                        reply.owner.owner_id
+                    ),
+                ));
+            }
             return Ok(reply);
         }
-        let wanted = self.inner.replica_acks;
+        let wanted = match self.inner.replica_acks {
+            ReplicaAcks::Count(n) => n,
+            ReplicaAcks::AllOnline => u32::try_from(online.max(1)).unwrap_or(u32::MAX),
+        };
         let watch = self.inner.watchdog.watch(client);
         let acked = client
             .custom::<i64, String>(
@@ -377,20 +418,18 @@ impl RedisStore {
             )
             .await;
         watch.finish(&acked);
-        let acked = acked.map_err(|e| backend(&format!("{what}: WAIT for the replicas"), e))?;
-        // WAIT covers the writes made on *its* connection: had fred replaced the
-        // connection between the script and WAIT, WAIT would vouch for nothing.
-        if client.connection_ids() != connections {
-            return Err(Error::backend(
+        let refused = match acked {
+            Err(e) => Some(backend(&format!("{what}: WAIT for the replicas"), e)),
+            // WAIT covers the writes made on *its* connection: had fred replaced the
+            // connection between the script and WAIT, WAIT would vouch for nothing.
+            Ok(_) if client.connection_ids() != connections => Some(Error::backend(
                 BACKEND,
                 format!(
                     "{what}: the connection was replaced between the write and the replica \
                      check; not counted, will retry"
                 ),
-            ));
-        }
-        if acked < i64::from(wanted) {
-            return Err(Error::backend(
+            )),
+            Ok(acked) if acked < i64::from(wanted) => Some(Error::backend(
                 BACKEND,
                 format!(
                     "{what}: only {acked} of the {wanted} replica(s) asked for confirmed it \
@@ -398,10 +437,84 @@ impl RedisStore {
                      this server has fewer replicas, lower replicaAcks (0 turns the check off)",
                     self.inner.replica_ack_timeout_ms
                 ),
-            ));
+            )),
+            Ok(_) => None,
+        };
+        let fence = reply.owner.fence.to_string();
+        match refused {
+            Some(e) => {
+                // Only an acquisition's new ownership is taken back: a renewal's caller
+                // still counts on its previous one until its deadline.
+                if acquire && status == Status::New {
+                    let args = vec![id.to_owned(), fence, self.inner.publish.to_owned()];
+                    match self
+                        .eval_keys("retract script", &self.inner.scripts.retract, keys, args)
+                        .await
+                    {
+                        Ok(_) => {
+                            debug!(%id, "took back an acquisition the replicas did not confirm")
+                        }
+                        Err(e) => {
+                            debug!(%id, "could not take back an unconfirmed acquisition: {e}")
+                        }
+                    }
+                }
+                Err(e)
+            }
+            None => {
+                if status == Status::New {
+                    // Confirmed: no longer pending, and announced (`acquired@@<id>`). Not
+                    // awaited: nothing depends on it but the waiters' wake-up.
+                    let store = self.clone();
+                    let id = id.to_owned();
+                    tokio::spawn(async move {
+                        let args = vec![id, fence, store.inner.publish.to_owned()];
+                        let script = &store.inner.scripts.confirm;
+                        if let Err(e) = store.eval_keys("confirm script", script, keys, args).await
+                        {
+                            debug!("announcing a confirmed acquisition failed: {e}");
+                        }
+                    });
+                }
+                Ok(reply)
+            }
         }
-        Ok(reply)
     }
+}
+
+/// What a lease script says of the call besides the owner (its 8th value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// The caller just became the owner.
+    New,
+    /// The caller owned the mutex already.
+    Renewed,
+    /// Another contender owns it by an acquisition its replicas have not confirmed yet.
+    Pending,
+    /// Anything else.
+    Other,
+}
+
+/// A lease script's reply: the owner, the replicas online at the primary (-1: not
+/// counted), and the [`Status`].
+fn lease_reply_ext(what: &str, reply: Value) -> Result<(LeaseReply, i64, Status)> {
+    let Value::Array(mut items) = reply else {
+        return lease_reply(what, reply).map(|r| (r, -1, Status::Other));
+    };
+    if items.len() != 8 {
+        return lease_reply(what, Value::Array(items)).map(|r| (r, -1, Status::Other));
+    }
+    let status = match items.pop() {
+        Some(Value::String(s)) if &*s == "new" => Status::New,
+        Some(Value::String(s)) if &*s == "renewed" => Status::Renewed,
+        Some(Value::String(s)) if &*s == "pending" => Status::Pending,
+        Some(Value::Bytes(b)) if &b[..] == b"new" => Status::New,
+        Some(Value::Bytes(b)) if &b[..] == b"renewed" => Status::Renewed,
+        Some(Value::Bytes(b)) if &b[..] == b"pending" => Status::Pending,
+        _ => Status::Other,
+    };
+    let online = items.pop().and_then(|v| v.as_i64()).unwrap_or(-1);
+    Ok((lease_reply(what, Value::Array(items))?, online, status))
 }
 
 /// Quits a client when dropped, unless defused: a `connect` that fails or is cancelled
@@ -558,35 +671,35 @@ impl LeaseStore for RedisStore {
 
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         check(mutex, contender_id)?;
-        let mut args = lease_args(contender_id, lease, self.inner.publish)?;
         let mut keys = self.inner.keys.keys(mutex);
         if self.inner.quarantine {
             keys.push(self.inner.keys.boot());
         }
-        args.push(if self.inner.quarantine { "1" } else { "0" }.to_owned());
         let handed = self.inner.subscriptions.as_ref().is_some_and(|subs| {
             subs.take_handoff(&self.inner.keys.contender_channel(mutex, contender_id))
         });
-        args.push(if handed { "1" } else { "0" }.to_owned());
+        let args = self.lease_script_args(contender_id, lease, handed)?;
         self.eval_confirmed(
             "acquire script",
             &self.inner.scripts.acquire,
             keys,
             args,
             contender_id,
+            true,
         )
         .await
     }
 
     async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
         check(mutex, contender_id)?;
-        let args = lease_args(contender_id, lease, self.inner.publish)?;
+        let args = self.lease_script_args(contender_id, lease, false)?;
         self.eval_confirmed(
             "guard script",
             &self.inner.scripts.guard,
             self.inner.keys.keys(mutex),
             args,
             contender_id,
+            false,
         )
         .await
     }

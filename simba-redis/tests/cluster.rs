@@ -365,3 +365,49 @@ async fn cluster_failover_with_replica_acks_keeps_the_owner_and_fences() {
         ("a", held)
     );
 }
+
+/// Fences on a Cluster failover that loses a counted acquisition (the replica check off,
+/// replication frozen): the promoted replica has an older fence counter, yet the next
+/// owner's fence is above the lost one (the fence follows the primary's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_that_loses_a_fence_hands_out_a_larger_one() {
+    init_tracing();
+    let cluster = simba_test_kit::servers::redis_cluster_with_replicas(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_name("t");
+    let url = cluster.cluster_url();
+    let config = || test_config(&url, &prefix).with_connect_timeout(Duration::from_secs(15));
+    let short = Lease {
+        ttl: Duration::from_secs(20),
+        transition: Duration::from_secs(5),
+    };
+    // The counter reaches the replica: a warm-up confirmed by it.
+    let confirmed = RedisStore::connect(config().with_replica_acks(Some(1)))
+        .await
+        .unwrap();
+    let warm = common::retry_acquire_for(&confirmed, "m", "warm", short).await;
+    assert!(confirmed.release("m", "warm").await.unwrap());
+    common::retry_acquire_for(&confirmed, "m", "warm", short).await;
+    assert!(confirmed.release("m", "warm").await.unwrap());
+    let node = usize::from(fred::util::redis_keyslot(
+        confirmed.owner_key("m").as_bytes(),
+    )) * 3
+        / 16_384;
+    cluster.freeze_replication(node).await.unwrap();
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    let a = a_store.acquire("m", "a", short).await.unwrap();
+    assert_eq!(a.owner.owner_id, "a");
+    assert!(a.owner.fence > warm);
+    cluster
+        .kill_primary_and_fail_over(node, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let b = common::retry_acquire_for(&b_store, "m", "b", short).await;
+    assert!(
+        b > a.owner.fence,
+        "B's fence {b} is not above A's {}: a fence was handed out twice",
+        a.owner.fence
+    );
+}

@@ -13,7 +13,7 @@ use common::{cmd, raw, test_config};
 use simba_core::backend::{Lease, LeaseStore};
 use simba_core::{ContendService, LeaseServiceFactory, SilentContender};
 use simba_redis::RedisStore;
-use simba_test_kit::servers::{redis_private, redis_sentinel};
+use simba_test_kit::servers::{redis_private, redis_sentinel, redis_sentinel_with_replicas};
 use simba_test_kit::support::{expect_status, init_tracing, lease, unique_name};
 use tokio::time::Instant;
 
@@ -166,13 +166,14 @@ async fn warm_up(url: &str, prefix: &str, mutex: &str) -> u64 {
     fence
 }
 
-/// The finding of issue #14, reproduced with the replica check turned off: replication is
-/// frozen, an owner acquires, the primary dies and the replica is promoted without the
-/// owner key. A second contender then acquires while the first still believes it owns,
-/// with the *same* fence. This shows the fault tooling produces the failure that the
-/// replica check (next test) prevents.
+/// The finding of issue #14, reproduced with the replica check and the failover quarantine
+/// turned off: replication is frozen, an owner acquires, the primary dies and the replica
+/// is promoted without the owner key. A second contender then acquires while the first
+/// still believes it owns: the failure that the replica check (next test) and the
+/// failover quarantine prevent. Its fence is still larger (it once was the same: the
+/// fence follows the server's clock now).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_without_replica_acks_loses_the_owner_and_reuses_its_fence() {
+async fn failover_without_replica_acks_loses_the_owner_but_fences_still_increase() {
     init_tracing();
     let deployment = redis_sentinel().await.unwrap_or_else(|e| panic!("{e}"));
     let prefix = unique_name("t");
@@ -186,7 +187,7 @@ async fn failover_without_replica_acks_loses_the_owner_and_reuses_its_fence() {
     deployment.freeze_replication().await.unwrap();
     let a = a_store.acquire("m", "a", long_lease()).await.unwrap();
     assert_eq!(a.owner.owner_id, "a");
-    assert_eq!(a.owner.fence, warm + 1);
+    assert!(a.owner.fence > warm, "{} after {warm}", a.owner.fence);
     deployment
         .kill_primary_and_fail_over(Duration::from_secs(60))
         .await
@@ -195,7 +196,12 @@ async fn failover_without_replica_acks_loses_the_owner_and_reuses_its_fence() {
     let b = b_store.acquire("m", "b", long_lease()).await.unwrap();
     // a's lease (25 s from its acquisition) has not ended, yet b owns: the unsafety.
     assert_eq!(b.owner.owner_id, "b", "the promoted replica kept a's key");
-    assert_eq!(b.owner.fence, a.owner.fence, "fences of a and b");
+    assert!(
+        b.owner.fence > a.owner.fence,
+        "fences of a and b: {} and {}",
+        a.owner.fence,
+        b.owner.fence
+    );
 }
 
 /// simba's answer: behind Sentinel every acquisition and renewal waits for one replica
@@ -295,4 +301,205 @@ async fn connect_during_a_failover_finds_the_new_primary() {
     let store = store.unwrap_or_else(|e| panic!("connecting during the failover: {e}"));
     let a = retry_acquire(&store, "m", "a").await;
     assert!(a > 0);
+}
+
+/// Issue #24: two replicas, the lagging one preferred by the sentinels. Replica R
+/// (`replica-priority` 1) is held back from the replication while R2 (priority 100) stays
+/// live, so the default replica check is satisfied by R2 alone (R is not connected to the
+/// primary). A acquires; the primary is killed and the sentinels promote R, which has
+/// neither A's key nor A's fence. B's fence must still be above A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_to_a_lagging_preferred_replica_keeps_fences_increasing() {
+    init_tracing();
+    let deployment = redis_sentinel_with_replicas(&[1, 100])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_name("t");
+    let config =
+        || test_config(&deployment.url(), &prefix).with_connect_timeout(Duration::from_secs(15));
+    // Both replicas get the fence counter (as in any long-lived deployment).
+    let warm = {
+        let store = RedisStore::connect(config().with_replica_acks(Some(2)))
+            .await
+            .unwrap();
+        let fence = retry_acquire(&store, "m", "warm").await;
+        assert!(store.release("m", "warm").await.unwrap());
+        retry_acquire(&store, "m-replicated", "warm").await;
+        fence
+    };
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    let preferred = 1;
+    assert_eq!(deployment.priority(preferred), Some(1));
+    deployment.hold_back_replica(preferred).await.unwrap();
+    // Only R2 is connected now (R reconnects once released or promoted).
+    let t0 = Instant::now();
+    while deployment.online_replicas().await.unwrap() != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "R2 did not stay online"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a = retry_acquire(&a_store, "m", "a").await;
+    assert!(a > warm, "{a} after {warm}");
+    let promoted = deployment
+        .kill_primary_and_fail_over(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        promoted, preferred,
+        "the sentinels promoted the other replica"
+    );
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let b = retry_acquire(&b_store, "m", "b").await;
+    assert!(
+        b > a,
+        "B's fence {b} is not above A's {a}: a fence was handed out twice"
+    );
+}
+
+/// An acquisition the replica check refuses leaves no owner key behind, and an owner
+/// whose key was lost (as in a failover) is never told "taken over" by a write that did
+/// not count: while the acquisition waits for its replicas, and after it was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_acquisition_leaves_nothing_and_takes_over_nobody() {
+    init_tracing();
+    let deployment = redis_sentinel_with_replicas(&[1, 100])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_name("t");
+    let config =
+        || test_config(&deployment.url(), &prefix).with_connect_timeout(Duration::from_secs(15));
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let a = retry_acquire(&a_store, "m", "a").await;
+    let primary = deployment.primary().await.unwrap();
+    let direct = raw(&format!("redis://{}", deployment.admin_addr(primary))).await;
+    let key = a_store.owner_key("m");
+    // a's key is lost, as in a failover to a replica that missed it.
+    cmd(&direct, "DEL", &[&key, &format!("{key}:owner")]).await;
+    // A replica that stays connected but confirms nothing: the check must refuse.
+    let frozen = (0..deployment.nodes().len())
+        .find(|&i| i != primary)
+        .unwrap();
+    deployment.nodes()[frozen].pause().await.unwrap();
+    let refused = tokio::spawn({
+        let b_store = b_store.clone();
+        async move { b_store.acquire("m", "b", long_lease()).await }
+    });
+    // While b waits for its replicas, its key exists on the primary: a must not learn
+    // from it that b took over.
+    let t0 = Instant::now();
+    while cmd(&direct, "GET", &[&key]).await.as_string().as_deref() != Some("b") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "b's acquisition never reached the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    match a_store.guard("m", "a", long_lease()).await {
+        Ok(r) => assert_ne!(
+            r.owner.owner_id, "b",
+            "a was told b took over, from a write not yet confirmed"
+        ),
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+    }
+    let e = refused
+        .await
+        .unwrap()
+        .expect_err("an acquisition no replica confirmed must not count");
+    assert!(e.is_retryable() && e.to_string().contains("replica"), "{e}");
+    deployment.nodes()[frozen].resume().await.unwrap();
+    // Nothing is left behind: no owner key, and a reads no owner (its key is gone).
+    let left = cmd(&direct, "GET", &[&key]).await;
+    assert!(
+        left.is_null(),
+        "the refused acquisition left the owner key {left:?}"
+    );
+    let seen = a_store.guard("m", "a", long_lease()).await.unwrap();
+    assert_eq!(seen.owner.owner_id, "", "after b's refused acquisition");
+    // The mutex is free: b (or anyone) takes it, with a fence above a's.
+    let b = retry_acquire(&b_store, "m", "b").await;
+    assert!(b > a, "{b} after {a}");
+}
+
+/// The failover quarantine: as in the test above, R (preferred) is held back and promoted
+/// without A's key; with the quarantine on (the default), nobody takes the mutex on the
+/// new primary before A's lease has ended, so A and B never both own it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_quarantine_keeps_the_mutex_until_the_lost_owners_lease_ends() {
+    init_tracing();
+    let deployment = redis_sentinel_with_replicas(&[1, 100])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_name("t");
+    let config = || {
+        test_config(&deployment.url(), &prefix)
+            .with_restart_quarantine(true)
+            .with_connect_timeout(Duration::from_secs(15))
+    };
+    let primary = deployment.primary().await.unwrap();
+    let direct = raw(&format!("redis://{}", deployment.admin_addr(primary))).await;
+    // Not a fresh server: the boot marker is there, so only the failover quarantine acts.
+    cmd(&direct, "SET", &[&format!("{prefix}:{{}}:boot"), "1"]).await;
+    {
+        let store = RedisStore::connect(config().with_replica_acks(Some(2)))
+            .await
+            .unwrap();
+        retry_acquire(&store, "m", "warm").await;
+        assert!(store.release("m", "warm").await.unwrap());
+        retry_acquire(&store, "m-replicated", "warm").await;
+    }
+    let a_store = RedisStore::connect(config()).await.unwrap();
+    deployment.hold_back_replica(1).await.unwrap();
+    let t0 = Instant::now();
+    while deployment.online_replicas().await.unwrap() != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "R2 did not stay online"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Longer than the failover (seconds), so that B tries while A's lease runs.
+    let lease_of = Lease {
+        ttl: Duration::from_secs(25),
+        transition: Duration::from_secs(5),
+    };
+    let sent = Instant::now();
+    let a = common::retry_acquire_for(&a_store, "m", "a", lease_of).await;
+    let promoted = deployment
+        .kill_primary_and_fail_over(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(promoted, 1, "the sentinels promoted the other replica");
+    assert!(
+        sent.elapsed() < lease_of.total(),
+        "the failover outlasted a's lease"
+    );
+    let b_store = RedisStore::connect(config()).await.unwrap();
+    let mut refused = 0;
+    let b = loop {
+        match b_store.acquire("m", "b", lease_of).await {
+            Ok(r) if r.owner.owner_id == "b" => break r.owner.fence,
+            Ok(r) => {
+                assert_eq!(r.owner.owner_id, "", "a's key came back");
+                refused += 1;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(
+            sent.elapsed() < lease_of.total() * 3,
+            "b never acquired after the quarantine"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    // A believes it owns until its lease ends, counted from before its request was sent.
+    assert!(
+        sent.elapsed() >= lease_of.total(),
+        "b acquired {:?} after a's request, within a's lease of {:?}",
+        sent.elapsed(),
+        lease_of.total()
+    );
+    assert!(refused > 0, "b was never held off");
+    assert!(b > a, "{b} after {a}");
 }

@@ -6,18 +6,27 @@
 -- KEYS[3] wait queue `P:{M}:contender` (sorted set: contender id -> arrival in server
 --         seconds with a microsecond fraction, less 0.5: see below)
 -- KEYS[4] waiter expiry `P:{M}:contender:expires` (sorted set: contender id -> expiry, server ms)
--- KEYS[5] fence counter `P:{M}:fence`
+-- KEYS[5] fence counter `P:{M}:fence` (the last fence handed out)
 -- KEYS[6] handoff reservation `P:{M}:handoff` (string: the waiter a release handed the
 --         mutex to, PX = a short window in which only that waiter may take the free mutex)
+-- KEYS[7] primary marker `P:{M}:primary` (hash: replid, the replication id of the primary
+--         that last ran this script for the mutex; since, server ms it was first seen)
 -- ARGV[1] contender id, ARGV[2] ttl ms, ARGV[3] transition ms,
 -- ARGV[4] publish command: 'PUBLISH' (standalone, Sentinel) or 'SPUBLISH' (Cluster)
--- ARGV[5] '1': keep the restart quarantine, with KEYS[7] the boot marker `P:{}:boot`
---         (standalone and Sentinel only); '0': no quarantine
+-- ARGV[5] '1': keep the restart quarantine, with KEYS[8] the boot marker `P:{}:boot`
+--         (standalone and Sentinel only); '0': no restart quarantine
 -- ARGV[6] '1': a release just handed the mutex to this contender (a `released@@` on its
 --         own channel), which then outranks a handoff reservation for another waiter
+-- ARGV[7] '1': keep the failover quarantine (KEYS[7]); '0': not
+-- ARGV[8] '1': the caller checks the replicas before it counts a new ownership: count
+--         the replicas online, mark a new ownership `pending` and leave its `acquired@@`
+--         to the caller (published once the replicas confirmed it); '0': no check
 --
--- Returns {owner id ('' when none), acquired_at, ttl_at, transition_at, fence, now}:
--- the owner after the call, and the server time (ms) it was evaluated at.
+-- Returns {owner id ('' when none), acquired_at, ttl_at, transition_at, fence, now,
+-- replicas, status}: the owner after the call, the server time (ms) it was evaluated at,
+-- the number of replicas online at this primary (-1 when not counted), and 'new' (the
+-- caller just became the owner), 'renewed' (the caller owned it already), 'pending' (another
+-- contender's ownership that its replicas have not confirmed yet) or ''.
 --
 -- Safe to run twice: run again by the owner it is a renewal (same fence, same acquired_at).
 local owner_key, meta_key, queue_key, expires_key, fence_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -38,18 +47,60 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- The replication section of INFO: the replicas online, and this primary's replication
+-- id, which a replica changes when it is promoted (and a server when it restarts).
+local replicas, replid = -1, nil
+if ARGV[7] == '1' or ARGV[8] == '1' then
+    local info = redis.call('INFO', 'replication')
+    replid = string.match(info, 'master_replid:(%w+)')
+    replicas = 0
+    for _ in string.gmatch(info, 'slave%d+:[^\r\n]*state=online') do
+        replicas = replicas + 1
+    end
+end
+local pending = ARGV[8] == '1'
+
+-- The next fence: above the last one this server knows, and at least the server's clock
+-- in microseconds, so that it is also above every fence handed out by a primary whose
+-- writes this server lost (see the crate docs, *Fencing tokens*).
+local function next_fence()
+    local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = tonumber(redis.call('GET', fence_key) or '0') or 0
+    local fence = math.max(last + 1, clock)
+    redis.call('SET', fence_key, s(fence), 'PX', s(fence_keep))
+    return fence
+end
+
 -- Restart quarantine. A missing boot marker means this server's data is new: first use,
 -- or lost in a restart or flush — and with it, maybe the key of an owner that still
 -- believes it owns until its lease ends. No free mutex is taken for one lease after the
 -- marker is set. A server that kept its data kept the marker: no quarantine.
 local not_before = 0
 if ARGV[5] == '1' then
-    local boot = redis.call('GET', KEYS[7])
+    local boot = redis.call('GET', KEYS[8])
     if not boot then
         boot = now
-        redis.call('SET', KEYS[7], s(now))
+        redis.call('SET', KEYS[8], s(now))
     end
     not_before = tonumber(boot) + lease
+end
+
+-- Failover quarantine. A primary marker of another replication id means that this
+-- mutex's data came to this primary from another one: a replica promoted since (which
+-- may lack the last writes of the old primary, an owner key among them) or a restart. No
+-- free mutex is taken for one lease after this primary first saw the mutex. A missing
+-- marker is the mutex's first use (or the restart quarantine's case).
+if ARGV[7] == '1' and replid then
+    local mark = redis.call('HMGET', KEYS[7], 'replid', 'since')
+    local since = tonumber(mark[2])
+    if mark[1] ~= replid then
+        since = mark[1] and now or 0
+        redis.call('HSET', KEYS[7], 'replid', replid, 'since', s(since))
+    end
+    redis.call('PEXPIRE', KEYS[7], s(fence_keep))
+    if since and since > 0 then
+        not_before = math.max(not_before, since + lease)
+    end
 end
 
 -- The metadata of `owner`, or nil if the hash belongs to nobody or someone else
@@ -77,7 +128,7 @@ if owner == id then
         redis.call('HSET', meta_key, 'ttl_at', s(now + ttl), 'transition_at', s(now + lease))
         redis.call('PEXPIRE', meta_key, s(lease))
         leave_queue(id)
-        return { id, tonumber(m[2]), now + ttl, now + lease, tonumber(m[5]), now }
+        return { id, tonumber(m[2]), now + ttl, now + lease, tonumber(m[5]), now, replicas, 'renewed' }
     end
     -- Our key without our metadata: start a new ownership (new fence) below.
     redis.call('DEL', owner_key)
@@ -103,19 +154,19 @@ if not owner and not reserved and now >= not_before then
         if for_me then
             redis.call('DEL', handoff_key)
         end
-        if redis.call('EXISTS', fence_key) == 0 then
-            -- Larger than any fence issued before the key was lost (one per microsecond at most).
-            redis.call('SET', fence_key, t[1] .. string.format('%06d', tonumber(t[2])))
-        end
-        local fence = redis.call('INCR', fence_key)
-        redis.call('PEXPIRE', fence_key, s(fence_keep))
+        local fence = next_fence()
         redis.call('DEL', meta_key)
         redis.call('HSET', meta_key, 'owner', id, 'acquired_at', s(now), 'ttl_at', s(now + ttl),
             'transition_at', s(now + lease), 'fence', s(fence))
+        if pending then
+            redis.call('HSET', meta_key, 'pending', '1')
+        end
         redis.call('PEXPIRE', meta_key, s(lease))
         leave_queue(id)
-        redis.call(publish, owner_key, 'acquired@@' .. id)
-        return { id, now, now + ttl, now + lease, fence, now }
+        if not pending then
+            redis.call(publish, owner_key, 'acquired@@' .. id)
+        end
+        return { id, now, now + ttl, now + lease, fence, now, replicas, 'new' }
     end
     owner = redis.call('GET', owner_key)
 end
@@ -161,13 +212,17 @@ if not owner then
         -- Free, but handed to another waiter: look again when the reservation ends (its
         -- release will wake us when we reach the head of the queue).
         local left = math.max(redis.call('PTTL', handoff_key), 0)
-        return { '', 0, now + left, now + left, 0, now }
+        return { '', 0, now + left, now + left, 0, now, replicas, '' }
     end
-    -- Free, but in the restart quarantine: look again when it ends.
-    return { '', 0, not_before, not_before, 0, now }
+    -- Free, but in a quarantine: look again when it ends.
+    return { '', 0, not_before, not_before, 0, now, replicas, '' }
 end
 local m = meta_of(owner)
 if m then
-    return { owner, tonumber(m[2]), tonumber(m[3]), tonumber(m[4]), tonumber(m[5]), now }
+    local status = ''
+    if redis.call('HGET', meta_key, 'pending') then
+        status = 'pending'
+    end
+    return { owner, tonumber(m[2]), tonumber(m[3]), tonumber(m[4]), tonumber(m[5]), now, replicas, status }
 end
-return { owner, 0, now + pttl, now + pttl, 0, now }
+return { owner, 0, now + pttl, now + pttl, 0, now, replicas, '' }

@@ -48,8 +48,9 @@ pub enum ChaosBackend {
     Sqlite,
     /// ZooKeeper.
     Zookeeper,
-    /// Redis behind Sentinel: a primary, a replica and three sentinels
-    /// ([`servers::redis_sentinel`]); the only target of [`FaultKind::Failover`].
+    /// Redis behind Sentinel: a primary, two replicas of different `replica-priority` and
+    /// three sentinels ([`servers::redis_sentinel_with_replicas`]); the only target of
+    /// [`FaultKind::Failover`].
     RedisSentinel,
     /// A three-node ZooKeeper ensemble in containers (`servers::ZkEnsemble`,
     /// feature `containers`): the target of the faults that need hosts.
@@ -114,10 +115,12 @@ pub enum FaultKind {
     Delay,
     /// Hold the owner's traffic past its lease (ZooKeeper: session expiry).
     Partition,
-    /// Fail over the primary (backend `redis-sentinel` only): freeze the replication, wait
-    /// for the next acquisition or renewal (which now exists on the primary alone), kill
-    /// the primary and let the sentinels promote the replica; the old primary comes back
-    /// as the new replica.
+    /// Fail over the primary (backend `redis-sentinel` only): hold back the replica the
+    /// sentinels prefer (lowest `replica-priority`) while the other one stays live — or,
+    /// every other time, freeze both — wait for the next acquisition or renewal (which
+    /// the held-back replica lacks), kill the primary and let the sentinels promote a
+    /// replica (the held-back one, by its priority); the old primary comes back as a
+    /// replica.
     Failover,
     /// `zookeeper-ensemble`: kill the ensemble's leader (SIGKILL of its container), let
     /// the other two elect a new one, start it again.
@@ -346,6 +349,8 @@ struct Run<'a> {
     cfg: &'a ChaosConfig,
     /// The Sentinel deployment of [`ChaosBackend::RedisSentinel`].
     sentinel: Option<servers::RedisSentinel>,
+    /// Failovers begun, to alternate their kind.
+    failovers: usize,
     resource: FencedResource,
     mutex: String,
     contenders: Vec<Contender>,
@@ -496,7 +501,18 @@ impl Run<'_> {
                 let Some(d) = &self.sentinel else {
                     return Ok(false);
                 };
-                d.freeze_replication().await?;
+                self.failovers += 1;
+                let held = match d.preferred_replica().await? {
+                    Some(r) if self.failovers % 2 == 1 => Some(r),
+                    _ => None,
+                };
+                match held {
+                    Some(r) => {
+                        info!(replica = r, "hold back the preferred replica");
+                        d.hold_back_replica(r).await?;
+                    }
+                    None => d.freeze_replication().await?,
+                }
                 // Right after the next acquisition (a handoff or crash takeover), or after
                 // a renewal, which comes within a ttl.
                 let before = self.resource.report().ownerships;
@@ -504,8 +520,10 @@ impl Run<'_> {
                 while self.resource.report().ownerships == before && Instant::now() < until {
                     sleep(Duration::from_millis(2)).await;
                 }
-                d.kill_primary_and_fail_over(Duration::from_secs(60))
+                let promoted = d
+                    .kill_primary_and_fail_over(Duration::from_secs(60))
                     .await?;
+                info!(?held, promoted, "failed over");
             }
             FaultKind::LeaderKill
             | FaultKind::FollowerPartition
@@ -690,7 +708,11 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     }
     let dir = tempfile::tempdir().map_err(io("temp dir"))?;
     let sentinel = match (cfg.backend, &cfg.url) {
-        (ChaosBackend::RedisSentinel, None) => Some(servers::redis_sentinel().await?),
+        // Node 0 starts as the primary (priority 100); the replicas have 1 and 50, so
+        // whichever node is the primary, its replicas differ in priority.
+        (ChaosBackend::RedisSentinel, None) => {
+            Some(servers::redis_sentinel_with_replicas(&[1, 50]).await?)
+        }
         _ => None,
     };
     let server = match (cfg.backend.server_kind(), &cfg.url) {
@@ -744,6 +766,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let mut run = Run {
         cfg,
         sentinel,
+        failovers: 0,
         resource,
         mutex,
         contenders,

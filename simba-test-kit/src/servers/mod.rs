@@ -69,7 +69,10 @@ mod tls;
 mod zookeeper;
 
 pub use cluster::{RedisCluster, redis_cluster, redis_cluster_tls, redis_cluster_with_replicas};
-pub use sentinel::{RedisSentinel, SENTINEL_SERVICE, redis_sentinel, redis_sentinel_tls};
+pub use sentinel::{
+    RedisSentinel, SENTINEL_SERVICE, redis_sentinel, redis_sentinel_tls,
+    redis_sentinel_with_replicas,
+};
 pub use tls::{
     CertPair, MysqlTls, PostgresTls, RedisTls, TestCerts, mysql_tls, postgres_tls, redis_tls,
 };

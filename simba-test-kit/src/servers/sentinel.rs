@@ -1,6 +1,7 @@
-//! A private Redis Sentinel deployment on loopback: a primary, a replica and three
-//! sentinels, with the faults a failover test needs (freeze the replication, kill the
-//! primary and let the sentinels promote the replica).
+//! A private Redis Sentinel deployment on loopback: a primary, one or more replicas (each
+//! with its `replica-priority`) and three sentinels, with the faults a failover test needs
+//! (freeze the replication, hold one replica back, kill the primary and let the sentinels
+//! promote a replica).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -50,12 +51,29 @@ impl Drop for SentinelProcess {
     }
 }
 
-/// A primary, a replica and three sentinels (quorum 2) on loopback, all private processes.
+/// The `replica-priority` of a node the kit starts without one given (Redis's default).
+const DEFAULT_PRIORITY: u32 = 100;
+
+/// The ACL user node `i` replicates as (with [`redis_sentinel_with_replicas`]): each node
+/// has its own, so that the primary can refuse one replica's link and keep the others'.
+fn replication_user(i: usize) -> String {
+    format!("simba-repl-{i}")
+}
+
+const REPLICATION_PASSWORD: &str = "simba-repl-password";
+
+/// A primary, one or more replicas and three sentinels (quorum 2) on loopback, all private
+/// processes.
 ///
 /// Which node is the primary changes with each failover: ask [`primary`](Self::primary).
 /// Everything is killed when this is dropped.
 pub struct RedisSentinel {
     nodes: Vec<TestServer>,
+    /// The `replica-priority` of each node (applied whenever the node is a replica).
+    priorities: Vec<u32>,
+    /// Whether each node replicates as its own ACL user ([`replication_user`]), so that
+    /// [`hold_back_replica`](Self::hold_back_replica) can refuse its link.
+    replication_users: bool,
     /// The port the kit sends its own commands to, per node: the node's port, or for a TLS
     /// deployment its plain admin port.
     admin_ports: Vec<u16>,
@@ -110,7 +128,24 @@ fn loopback(port: u16) -> SocketAddr {
 /// This always uses local `redis-server` binaries; [`REDIS_URL_ENV`](super::REDIS_URL_ENV)
 /// is ignored.
 pub async fn redis_sentinel() -> Result<RedisSentinel, ServerError> {
-    start_deployment(None).await
+    start_deployment(None, &[DEFAULT_PRIORITY], false).await
+}
+
+/// As [`redis_sentinel`], with one replica per entry of `priorities`, each with that
+/// `replica-priority` (lower is preferred by the sentinels, 0 is never promoted): node 0
+/// starts as the primary (priority 100 once it is a replica), node `i + 1` has
+/// `priorities[i]`. Each node replicates as an ACL user of its own, so that
+/// [`hold_back_replica`](RedisSentinel::hold_back_replica) can keep one replica from the
+/// replication while the sentinels still see it healthy.
+pub async fn redis_sentinel_with_replicas(
+    priorities: &[u32],
+) -> Result<RedisSentinel, ServerError> {
+    if priorities.is_empty() {
+        return Err(start_error(
+            "a Sentinel deployment needs at least one replica",
+        ));
+    }
+    start_deployment(None, priorities, true).await
 }
 
 /// As [`redis_sentinel`], with TLS everywhere: the primary, the replica and the sentinels
@@ -123,10 +158,14 @@ pub async fn redis_sentinel() -> Result<RedisSentinel, ServerError> {
 /// Each process also listens for plain RESP on a second port bound to 127.0.0.1, which
 /// only the kit uses (set-up, health probes, fault injection: the kit has no TLS client).
 pub async fn redis_sentinel_tls(tls: super::tls::RedisTls) -> Result<RedisSentinel, ServerError> {
-    start_deployment(Some(tls)).await
+    start_deployment(Some(tls), &[DEFAULT_PRIORITY], false).await
 }
 
-async fn start_deployment(tls: Option<super::tls::RedisTls>) -> Result<RedisSentinel, ServerError> {
+async fn start_deployment(
+    tls: Option<super::tls::RedisTls>,
+    replica_priorities: &[u32],
+    replication_users: bool,
+) -> Result<RedisSentinel, ServerError> {
     let redis = super::redis::Redis::detect().map_err(|e| e.with_advice(true))?;
     let node = || -> Result<super::redis::Redis, ServerError> {
         let Some(tls) = &tls else {
@@ -136,40 +175,88 @@ async fn start_deployment(tls: Option<super::tls::RedisTls>) -> Result<RedisSent
             free_port().map_err(|e| ServerError::io(KIND, "finding a free admin port", e))?;
         Ok(redis.clone().with_tls(tls.clone()).with_admin_port(admin))
     };
-    let (a, b) = (node()?, node()?);
-    let admin_of = |r: &super::redis::Redis| r.admin_port();
-    let (admin_a, admin_b) = (admin_of(&a), admin_of(&b));
+    let count = 1 + replica_priorities.len();
+    let configs = (0..count).map(|_| node()).collect::<Result<Vec<_>, _>>()?;
+    let mut admin_ports: Vec<Option<u16>> = configs.iter().map(|r| r.admin_port()).collect();
     let flavor = super::process::Flavor::Redis;
-    let (primary, replica) = tokio::try_join!(
-        LocalServer::create(flavor(a)),
-        LocalServer::create(flavor(b))
-    )?;
-    let nodes = vec![
-        TestServer::from_local(primary),
-        TestServer::from_local(replica),
-    ];
-    let admin_ports = vec![
-        admin_a.unwrap_or_else(|| nodes[0].port()),
-        admin_b.unwrap_or_else(|| nodes[1].port()),
-    ];
-    let primary_port = nodes[0].port().to_string();
-    command(
-        loopback(admin_ports[1]),
-        &["REPLICAOF", "127.0.0.1", &primary_port],
+    let locals = futures_util::future::try_join_all(
+        configs.into_iter().map(|c| LocalServer::create(flavor(c))),
     )
     .await?;
+    let nodes: Vec<TestServer> = locals.into_iter().map(TestServer::from_local).collect();
+    let admin_ports: Vec<u16> = admin_ports
+        .iter_mut()
+        .zip(&nodes)
+        .map(|(admin, n)| admin.unwrap_or_else(|| n.port()))
+        .collect();
+    let mut priorities = vec![DEFAULT_PRIORITY];
+    priorities.extend_from_slice(replica_priorities);
+    let primary_port = nodes[0].port().to_string();
+    for i in 0..count {
+        set_up_node(
+            loopback(admin_ports[i]),
+            i,
+            count,
+            priorities[i],
+            replication_users,
+        )
+        .await?;
+    }
+    for admin in &admin_ports[1..] {
+        command(loopback(*admin), &["REPLICAOF", "127.0.0.1", &primary_port]).await?;
+    }
     let mut sentinels = Vec::new();
     for _ in 0..3 {
         sentinels.push(start_sentinel(&redis, nodes[0].port(), tls.as_ref())?);
     }
     let deployment = RedisSentinel {
         nodes,
+        priorities,
+        replication_users,
         admin_ports,
         sentinels,
         tls: tls.is_some(),
     };
     deployment.wait_healthy(Duration::from_secs(30)).await?;
     Ok(deployment)
+}
+
+/// What a node needs whether it is the primary or a replica (again after a restart): its
+/// `replica-priority` and, with `replication_users`, the ACL users of all `count` nodes'
+/// replication links (all enabled) and its own replication credentials.
+async fn set_up_node(
+    admin: SocketAddr,
+    i: usize,
+    count: usize,
+    priority: u32,
+    replication_users: bool,
+) -> Result<(), ServerError> {
+    command(
+        admin,
+        &["CONFIG", "SET", "replica-priority", &priority.to_string()],
+    )
+    .await?;
+    if replication_users {
+        let password = format!(">{REPLICATION_PASSWORD}");
+        for j in 0..count {
+            let user = replication_user(j);
+            command(
+                admin,
+                &[
+                    "ACL", "SETUSER", &user, "reset", "on", &password, "+@all", "~*", "&*",
+                ],
+            )
+            .await?;
+        }
+        let own = replication_user(i);
+        command(admin, &["CONFIG", "SET", "masteruser", &own]).await?;
+        command(
+            admin,
+            &["CONFIG", "SET", "masterauth", REPLICATION_PASSWORD],
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 fn start_sentinel(
@@ -230,9 +317,14 @@ fn log_of(dir: &Path) -> String {
 }
 
 impl RedisSentinel {
-    /// The data nodes (index 0 started as the primary, 1 as its replica).
+    /// The data nodes (index 0 started as the primary, the others as its replicas).
     pub fn nodes(&self) -> &[TestServer] {
         &self.nodes
+    }
+
+    /// The `replica-priority` of node `i`.
+    pub fn priority(&self, i: usize) -> Option<u32> {
+        self.priorities.get(i).copied()
     }
 
     /// The sentinels' ports (the TLS ports for a TLS deployment).
@@ -303,9 +395,14 @@ impl RedisSentinel {
         Ok(port.and_then(|p| self.nodes.iter().position(|n| n.port() == p)))
     }
 
-    /// The index of the replica (the node that is not the primary).
+    /// The index of a replica (the first node that is not the primary).
     pub async fn replica(&self) -> Result<usize, ServerError> {
-        Ok(1 - self.primary().await?)
+        Ok(self.replicas_of(self.primary().await?)[0])
+    }
+
+    /// Every node but `primary`.
+    fn replicas_of(&self, primary: usize) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| i != primary).collect()
     }
 
     /// Waits until every sentinel names the same running primary, that primary has the
@@ -349,18 +446,19 @@ impl RedisSentinel {
             }
             named = Some(i);
             let replicas = self.sentinel_info(s.port, "replicas").await?;
-            let replica_port = self.nodes[1 - i].port().to_string();
-            let ok = replicas.iter().any(|r| {
-                r.get("port") == Some(&replica_port)
-                    && r.get("flags").is_some_and(|f| f == "slave")
-                    && r.get("master-link-status").is_some_and(|l| l == "ok")
-            });
-            if !ok {
-                return Err(format!(
-                    "sentinel {} does not see node {} as a healthy replica: {replicas:?}",
-                    s.port,
-                    1 - i
-                ));
+            for r in self.replicas_of(i) {
+                let replica_port = self.nodes[r].port().to_string();
+                let ok = replicas.iter().any(|info| {
+                    info.get("port") == Some(&replica_port)
+                        && info.get("flags").is_some_and(|f| f == "slave")
+                        && info.get("master-link-status").is_some_and(|l| l == "ok")
+                });
+                if !ok {
+                    return Err(format!(
+                        "sentinel {} does not see node {r} as a healthy replica: {replicas:?}",
+                        s.port
+                    ));
+                }
             }
             let others = self.sentinel_info(s.port, "sentinels").await?;
             if others.len() < self.sentinels.len() - 1 {
@@ -412,14 +510,16 @@ impl RedisSentinel {
             .collect())
     }
 
-    /// Stops the replication from reaching the replica: the replica is frozen (SIGSTOP)
-    /// and the primary drops its replication link. Writes the primary answers from now on
-    /// exist only on the primary (the replica cannot reconnect while frozen). Undo with
+    /// Stops the replication from reaching the replicas: every replica is frozen (SIGSTOP)
+    /// and the primary drops its replication links. Writes the primary answers from now on
+    /// exist only on the primary (the replicas cannot reconnect while frozen). Undo with
     /// [`thaw_replication`](Self::thaw_replication), or fail over with
     /// [`kill_primary_and_fail_over`](Self::kill_primary_and_fail_over).
     pub async fn freeze_replication(&self) -> Result<(), ServerError> {
         let primary = self.primary().await?;
-        self.nodes[1 - primary].pause().await?;
+        for r in self.replicas_of(primary) {
+            self.nodes[r].pause().await?;
+        }
         command(
             self.admin_addr(primary),
             &["CLIENT", "KILL", "TYPE", "replica"],
@@ -428,17 +528,77 @@ impl RedisSentinel {
         Ok(())
     }
 
-    /// Resumes a replica frozen by [`freeze_replication`](Self::freeze_replication); it
-    /// reconnects and catches up.
+    /// Resumes the replicas frozen by [`freeze_replication`](Self::freeze_replication);
+    /// they reconnect and catch up.
     pub async fn thaw_replication(&self) -> Result<(), ServerError> {
-        let replica = self.replica().await?;
-        self.nodes[replica].resume().await
+        let primary = self.primary().await?;
+        for r in self.replicas_of(primary) {
+            self.nodes[r].resume().await?;
+        }
+        Ok(())
     }
 
-    /// Kills the primary (SIGKILL), resumes the replica if it was frozen, waits until the
-    /// sentinels have promoted it, then starts the old primary again (with its data) and
-    /// waits until the sentinels have made it a replica of the new one. Returns the new
-    /// primary's index.
+    /// Keeps replica `i` from the replication while it stays up and healthy to the
+    /// sentinels (so they may still promote it): the primary disables `i`'s replication
+    /// user and drops its link, so `i` cannot reconnect; the other replicas stay online.
+    /// Writes the primary answers from now on are missing on `i`. Needs a deployment from
+    /// [`redis_sentinel_with_replicas`]; undone by
+    /// [`release_replica`](Self::release_replica) or by a failover.
+    pub async fn hold_back_replica(&self, i: usize) -> Result<(), ServerError> {
+        if !self.replication_users {
+            return Err(start_error(
+                "hold_back_replica needs a deployment from redis_sentinel_with_replicas",
+            ));
+        }
+        let primary = self.primary().await?;
+        if i == primary || i >= self.nodes.len() {
+            return Err(start_error(format!("node {i} is not a replica")));
+        }
+        let admin = self.admin_addr(primary);
+        let user = replication_user(i);
+        command(admin, &["ACL", "SETUSER", &user, "off"]).await?;
+        command(admin, &["CLIENT", "KILL", "USER", &user]).await?;
+        Ok(())
+    }
+
+    /// Lets replica `i` held back by [`hold_back_replica`](Self::hold_back_replica)
+    /// replicate again; it reconnects and catches up.
+    pub async fn release_replica(&self, i: usize) -> Result<(), ServerError> {
+        let primary = self.primary().await?;
+        let user = replication_user(i);
+        command(self.admin_addr(primary), &["ACL", "SETUSER", &user, "on"]).await?;
+        Ok(())
+    }
+
+    /// The replica the sentinels would promote first if all were healthy and equally up
+    /// to date: the lowest non-zero `replica-priority` (the first such node on a tie).
+    /// `None` if no replica can be promoted.
+    pub async fn preferred_replica(&self) -> Result<Option<usize>, ServerError> {
+        let primary = self.primary().await?;
+        Ok(self
+            .replicas_of(primary)
+            .into_iter()
+            .filter(|&i| self.priorities[i] != 0)
+            .min_by_key(|&i| self.priorities[i]))
+    }
+
+    /// The number of replicas the primary reports online (`INFO replication`).
+    pub async fn online_replicas(&self) -> Result<usize, ServerError> {
+        let primary = self.primary().await?;
+        let info = command(self.admin_addr(primary), &["INFO", "replication"]).await?;
+        Ok(info
+            .text()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .count())
+    }
+
+    /// Kills the primary (SIGKILL), resumes the replicas if they were frozen, waits until
+    /// the sentinels have promoted one (the one they prefer: lowest non-zero
+    /// `replica-priority`, then largest replication offset), then starts the old primary
+    /// again (with its data) and waits until the sentinels have made it and every other
+    /// node a replica of the new one. Returns the new primary's index.
     ///
     /// Writes the old primary had not replicated are lost, as in a real failover.
     pub async fn kill_primary_and_fail_over(
@@ -446,24 +606,31 @@ impl RedisSentinel {
         timeout: Duration,
     ) -> Result<usize, ServerError> {
         let old = self.primary().await?;
-        let new = 1 - old;
         self.nodes[old].kill().await?;
         // A frozen replica must answer the sentinels to be promoted.
-        let _ = self.nodes[new].resume().await;
+        for r in self.replicas_of(old) {
+            let _ = self.nodes[r].resume().await;
+        }
         let deadline = Instant::now() + timeout;
-        loop {
-            let mut all = true;
+        let new = loop {
+            let mut named = None;
+            let mut agreed = true;
             for s in &self.sentinels {
-                if self.named_primary(s.port).await.ok().flatten() != Some(new) {
-                    all = false;
-                    break;
+                match self.named_primary(s.port).await.ok().flatten() {
+                    Some(i) if i != old && named.is_none_or(|n| n == i) => named = Some(i),
+                    _ => {
+                        agreed = false;
+                        break;
+                    }
                 }
             }
-            let role = command(self.admin_addr(new), &["ROLE"]).await;
-            let promoted = matches!(&role, Ok(Resp::Array(Some(items)))
-                if items.first().and_then(Resp::text).as_deref() == Some("master"));
-            if all && promoted {
-                break;
+            if let (true, Some(new)) = (agreed, named) {
+                let role = command(self.admin_addr(new), &["ROLE"]).await;
+                let promoted = matches!(&role, Ok(Resp::Array(Some(items)))
+                    if items.first().and_then(Resp::text).as_deref() == Some("master"));
+                if promoted {
+                    break new;
+                }
             }
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self
@@ -473,13 +640,23 @@ impl RedisSentinel {
                     .collect();
                 return Err(ServerError::Start {
                     kind: KIND,
-                    message: format!("the sentinels did not promote node {new} within {timeout:?}"),
+                    message: format!(
+                        "the sentinels did not promote a replica of node {old} within {timeout:?}"
+                    ),
                     log_tail: logs.join("\n---\n"),
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
         self.nodes[old].start().await?;
+        set_up_node(
+            self.admin_addr(old),
+            old,
+            self.nodes.len(),
+            self.priorities[old],
+            self.replication_users,
+        )
+        .await?;
         // What the sentinels would do a few seconds later (`+convert-to-slave`).
         let new_port = self.nodes[new].port().to_string();
         command(self.admin_addr(old), &["REPLICAOF", "127.0.0.1", &new_port]).await?;
