@@ -205,8 +205,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
 
 #[cfg(feature = "mysql")]
 fn check_mysql_url(url: &str) -> Result<()> {
-    // The TLS options are this crate's (mysql_async refuses them); `opts` checks both.
-    crate::my::opts(url).map(|_| ())
+    crate::mysql::check_url(url)
 }
 
 #[cfg(not(feature = "mysql"))]
@@ -214,42 +213,11 @@ fn check_mysql_url(_url: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks what tokio-postgres would refuse only when connecting (no host, more ports than
-/// hosts), so that a bad URL is an [`Error::InvalidConfig`] naming the problem rather than
-/// a connection failure that says "invalid configuration".
+/// Checks what tokio-postgres would refuse only when connecting (see
+/// `crate::postgres::check_url`).
 #[cfg(feature = "postgres")]
 fn check_postgres_url(url: &str) -> Result<()> {
-    let bad = |what: String| {
-        Err(Error::config(
-            "url",
-            format!(
-                "`{}` is not a valid PostgreSQL URL: {what}; write \
-                 postgres://USER:PASSWORD@HOST:PORT/DATABASE",
-                redact_url(url)
-            ),
-        ))
-    };
-    // The TLS options are this crate's (tokio-postgres knows only some of them).
-    let (stripped, _) = crate::pg::split_url(url)?;
-    let config = match stripped.parse::<tokio_postgres::Config>() {
-        Ok(c) => c,
-        Err(e) => {
-            // tokio-postgres keeps the detail ("invalid value for option `port`") in the
-            // source, not in its message.
-            return match std::error::Error::source(&e) {
-                Some(cause) => bad(format!("{e} ({cause})")),
-                None => bad(e.to_string()),
-            };
-        }
-    };
-    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-        return bad("it names no host".to_owned());
-    }
-    let (hosts, ports) = (config.get_hosts().len(), config.get_ports().len());
-    if ports > 1 && ports != hosts {
-        return bad(format!("{hosts} hosts but {ports} ports"));
-    }
-    Ok(())
+    crate::postgres::check_url(url)
 }
 
 #[cfg(not(feature = "postgres"))]

@@ -70,10 +70,10 @@ impl SqlStore {
         let open = async {
             match &target {
                 #[cfg(feature = "mysql")]
-                Target::Mysql(url) => crate::my::diesel(url).await.map(Conn::Mysql),
+                Target::Mysql(url) => crate::mysql::diesel(url).await.map(Conn::Mysql),
                 #[cfg(feature = "postgres")]
                 // Through the store's connector: its TLS settings.
-                Target::Postgres(_) => match self.pg_connector() {
+                Target::Postgres(_) => match self.dialect().pg_connector() {
                     Some(pg) => pg.diesel().await.map(|c| Conn::Postgres(Box::new(c))),
                     None => Err(diesel::ConnectionError::BadConnection(
                         "this store has no PostgreSQL connector".to_owned(),

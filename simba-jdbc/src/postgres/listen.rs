@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
 use tokio_postgres::AsyncMessage;
 
-use crate::pg::{ConnectError, Connector};
+use super::{ConnectError, Connector};
 use tracing::{debug, info, warn};
 
 /// How often the LISTEN connection is checked when no notification arrives.
