@@ -28,7 +28,7 @@ pub(crate) enum Arg<'a> {
 }
 
 /// The row every owner read returns: the database's time, and the mutex's row if any.
-/// It comes from a server: [`owner_reply`] trusts none of it (the fuzz target `sql_row`
+/// It comes from a server: [`owner_reply`](crate::store::owner_reply) trusts none of it (the fuzz target `sql_row`
 /// builds these from fuzz input).
 #[derive(Debug, Clone, QueryableByName)]
 pub(crate) struct OwnerRow {

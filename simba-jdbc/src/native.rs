@@ -1,10 +1,12 @@
 //! The native locks of the wait queue (`crate::gate`), by dialect: where a store's locks
-//! live ([`Kind`]), the lock of one mutex ([`Key`]), and the sessions that hold locks on a
+//! live ([`Kind`]), the lock of one mutex ([`Key`]), the sessions that hold locks on a
 //! server ([`Session`], PostgreSQL and MySQL) with what ends their blocking waits
-//! ([`Canceller`]). Each dialect's own code is in its module's `lock`.
+//! ([`Canceller`]), and the three lock operations the queue uses ([`Locks`]: one try, one
+//! blocking wait, one unlock). Each dialect's own lock code is in its module's `lock`
+//! (`crate::postgres::lock`, `crate::mysql::lock`, `crate::sqlite::lock`).
 //!
-//! An enum per role, as for the store (`crate::dialect`): the gate keeps sessions of one
-//! dialect in its spare list and holder slot, and their methods are `async`.
+//! An enum per role, as for the store (`crate::dialect`): a store keeps sessions of its
+//! dialect in a spare list and a holder slot, and their methods are `async` (no `dyn`).
 
 use std::fmt;
 use std::sync::Mutex as StdMutex;
@@ -26,7 +28,8 @@ pub(crate) use no_files::{FileKey, FileLock};
 /// The most native locks one store holds on its shared session (PostgreSQL's advisory
 /// locks live in the server's shared lock table, about 64 × max_connections entries for
 /// every session together). A contender that finds the store at the bound acquires by the
-/// row alone (see [`Pass::Unlocked`](crate::gate::Pass::Unlocked)): correct, only without the queue's order and push.
+/// row alone (see [`Pass::Unlocked`](crate::gate::Pass::Unlocked)): correct, only without
+/// the queue's order and push.
 const MAX_SHARED_LOCKS: usize = 1000;
 
 /// How a blocking wait for the native lock ended.

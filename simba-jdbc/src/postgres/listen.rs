@@ -2,7 +2,7 @@
 //! contenders that subscribed.
 //!
 //! Releases and new acquisitions run `pg_notify` in the same statement as their UPDATE
-//! (see `sql.rs`), so a notification is sent exactly when the change commits. Payloads are
+//! (see `crate::sql`), so a notification is sent exactly when the change commits. Payloads are
 //! `R\n{mutex}\n{releaser}` and `A\n{mutex}\n{new owner}`; mutex names and contender ids
 //! cannot contain a newline (they are validated).
 //!
