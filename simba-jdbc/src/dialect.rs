@@ -131,13 +131,58 @@ impl Dialect {
         }
     }
 
-    /// The connector of a PostgreSQL store (its TLS set up).
-    #[cfg(feature = "postgres")]
-    pub(crate) fn pg_connector(&self) -> Option<Arc<crate::postgres::Connector>> {
+    /// Opens one connection of the same kind as the pool's (same driver, same URL, same
+    /// SQLite file; PostgreSQL's through the store's connector, with its TLS), outside the
+    /// pool: for floor measurements (`crate::floor`).
+    pub(crate) async fn probe(&self) -> diesel::ConnectionResult<ProbeConn> {
         match self {
-            Dialect::Postgres(d) => Some(d.pg.clone()),
-            #[allow(unreachable_patterns)]
-            _ => None,
+            #[cfg(feature = "mysql")]
+            Dialect::Mysql(d) => crate::mysql::diesel(&d.url).await.map(ProbeConn::Mysql),
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => {
+                d.pg.diesel()
+                    .await
+                    .map(|c| ProbeConn::Postgres(Box::new(c)))
+            }
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite(d) => {
+                <crate::sqlite::SqliteConn as diesel_async::AsyncConnection>::establish(&d.path)
+                    .await
+                    .map(ProbeConn::Sqlite)
+            }
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            Dialect::Never(never) => match *never {},
+        }
+    }
+}
+
+/// A connection of a store's dialect outside its pool ([`Dialect::probe`]).
+pub(crate) enum ProbeConn {
+    #[cfg(feature = "mysql")]
+    Mysql(diesel_async::AsyncMysqlConnection),
+    #[cfg(feature = "postgres")]
+    Postgres(Box<diesel_async::AsyncPgConnection>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::SqliteConn),
+    /// No backend feature is enabled: no probe can be opened.
+    #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible),
+}
+
+impl ProbeConn {
+    /// Runs `SELECT 1`: one round trip (SQLite: one hop to a blocking thread and back).
+    pub(crate) async fn select_one(&mut self) -> diesel::QueryResult<()> {
+        use diesel_async::SimpleAsyncConnection;
+        match self {
+            #[cfg(feature = "mysql")]
+            ProbeConn::Mysql(c) => c.batch_execute("SELECT 1").await,
+            #[cfg(feature = "postgres")]
+            ProbeConn::Postgres(c) => c.batch_execute("SELECT 1").await,
+            #[cfg(feature = "sqlite")]
+            ProbeConn::Sqlite(c) => c.batch_execute("SELECT 1").await,
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            ProbeConn::Never(never) => match *never {},
         }
     }
 }
