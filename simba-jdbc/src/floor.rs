@@ -8,32 +8,17 @@
 use std::fmt;
 use std::time::Duration;
 
-#[cfg(feature = "sqlite")]
-use diesel_async::AsyncConnection;
-use diesel_async::SimpleAsyncConnection;
 use simba_core::{Error, Result};
 
-use crate::config::{Backend, Target};
+use crate::config::Backend;
+use crate::dialect::ProbeConn;
 use crate::store::SqlStore;
 
 /// One dedicated connection for floor measurements; from [`SqlStore::probe`].
 pub(crate) struct SqlProbe {
-    conn: Conn,
+    conn: ProbeConn,
     kind: Backend,
     timeout: Duration,
-}
-
-enum Conn {
-    #[cfg(feature = "mysql")]
-    Mysql(diesel_async::AsyncMysqlConnection),
-    #[cfg(feature = "postgres")]
-    Postgres(Box<diesel_async::AsyncPgConnection>),
-    #[cfg(feature = "sqlite")]
-    Sqlite(diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>),
-    /// No backend feature is enabled: no probe can be opened.
-    #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
-    #[allow(dead_code)]
-    Never(std::convert::Infallible),
 }
 
 impl fmt::Debug for SqlProbe {
@@ -53,8 +38,7 @@ impl SqlStore {
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
     pub(crate) async fn probe(&self) -> Result<SqlProbe> {
-        let target = self.config().target()?;
-        let kind = target.backend();
+        let kind = self.kind();
         let timeout = self.config().statement_timeout();
         let failed = |e: diesel::ConnectionError| {
             Error::backend_source(
@@ -67,32 +51,7 @@ impl SqlStore {
                 e,
             )
         };
-        let open = async {
-            match &target {
-                #[cfg(feature = "mysql")]
-                Target::Mysql(url) => crate::my::diesel(url).await.map(Conn::Mysql),
-                #[cfg(feature = "postgres")]
-                // Through the store's connector: its TLS settings.
-                Target::Postgres(_) => match self.pg_connector() {
-                    Some(pg) => pg.diesel().await.map(|c| Conn::Postgres(Box::new(c))),
-                    None => Err(diesel::ConnectionError::BadConnection(
-                        "this store has no PostgreSQL connector".to_owned(),
-                    )),
-                },
-                #[cfg(feature = "sqlite")]
-                Target::Sqlite { path, .. } => {
-                    diesel_async::sync_connection_wrapper::SyncConnectionWrapper::<
-                        diesel::SqliteConnection,
-                    >::establish(path)
-                    .await
-                    .map(Conn::Sqlite)
-                }
-                #[allow(unreachable_patterns)]
-                _ => Err(diesel::ConnectionError::BadConnection(format!(
-                    "the {kind} backend is not enabled in this build of simba-jdbc"
-                ))),
-            }
-        };
+        let open = self.dialect().probe();
         let conn = tokio::time::timeout(timeout, open)
             .await
             .map_err(|_| {
@@ -121,23 +80,7 @@ impl SqlProbe {
     /// Dropping the future halfway leaves the connection in an unknown state: drop the probe
     /// too.
     pub(crate) async fn select_one(&mut self) -> Result<()> {
-        let run = async {
-            match &mut self.conn {
-                #[cfg(feature = "mysql")]
-                Conn::Mysql(c) => c.batch_execute("SELECT 1").await,
-                #[cfg(feature = "postgres")]
-                Conn::Postgres(c) => c.batch_execute("SELECT 1").await,
-                #[cfg(feature = "sqlite")]
-                Conn::Sqlite(c) => c.batch_execute("SELECT 1").await,
-                #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
-                Conn::Never(never) => match *never {},
-            }
-        };
-        #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
-        let run = async {
-            run.await;
-            Ok::<(), diesel::result::Error>(())
-        };
+        let run = self.conn.select_one();
         let kind = self.kind;
         match tokio::time::timeout(self.timeout, run).await {
             Ok(Ok(())) => Ok(()),

@@ -5,7 +5,8 @@ use simba_core::fuzzing::{PLANTED, url_parts};
 use simba_core::{ContendPeriod, Error, MutexOwner};
 
 use crate::config::{Backend, SqlConfig};
-use crate::store::{OwnerRow, owner_reply};
+use crate::conn::OwnerRow;
+use crate::store::owner_reply;
 
 /// URL parsing never panics; a password planted in the userinfo and in `password=` never
 /// shows in an error, in `Debug` or in the redacted URL.

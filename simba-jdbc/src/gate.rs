@@ -33,23 +33,18 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, timeout};
 use tracing::{debug, warn};
 
+use crate::native::{FileLock, Held, Key, Kind, Locks, Waited};
+
 /// Events a subscriber may have queued before it reads them. A full queue already holds an
 /// event that makes the contender look again, so dropping more is harmless.
 const QUEUE: usize = 16;
 /// How long a contender gives a cancelled lock-file wait of this process to finish (see
 /// `State::lingering`): it finishes at once when the lock file is free, and not at all
 /// while another process holds it.
-#[cfg(feature = "sqlite")]
 const LINGER: Duration = Duration::from_millis(250);
 /// First and longest pause before a failed wait is tried again.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
-/// The most native locks one store holds on its shared session (PostgreSQL's advisory
-/// locks live in the server's shared lock table, about 64 × max_connections entries for
-/// every session together). A contender that finds the store at the bound acquires by the
-/// row alone (see [`Pass::Unlocked`]): correct, only without the queue's order and push.
-const MAX_SHARED_LOCKS: usize = 1000;
-
 /// How a contender may run its acquisition, as its gate decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -74,187 +69,10 @@ pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
     h
 }
 
-/// Where the native locks of a store live.
-#[derive(Clone)]
-pub(crate) enum Kind {
-    /// PostgreSQL advisory locks, on sessions the store's connector opens.
-    #[cfg(feature = "postgres")]
-    Postgres {
-        /// Opens the sessions (and sends cancel requests), with the store's TLS.
-        pg: std::sync::Arc<crate::pg::Connector>,
-    },
-    /// MySQL / MariaDB user locks, on sessions to `url`.
-    #[cfg(feature = "mysql")]
-    Mysql {
-        /// The connection URL.
-        url: String,
-    },
-    /// Lock files; `prefix` is the database file's path.
-    #[cfg(feature = "sqlite")]
-    Files {
-        /// The database file: lock files are `{prefix}-simba-{hash}.lock` / `.entry`.
-        prefix: String,
-    },
-    /// No other process can reach the database (`sqlite::memory:`): the local queue is all.
-    Local,
-}
-
-impl fmt::Debug for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
-            #[cfg(feature = "postgres")]
-            Kind::Postgres { .. } => "postgres advisory locks",
-            #[cfg(feature = "mysql")]
-            Kind::Mysql { .. } => "mysql GET_LOCK",
-            #[cfg(feature = "sqlite")]
-            Kind::Files { .. } => "lock files",
-            Kind::Local => "local",
-        };
-        f.write_str(name)
-    }
-}
-
-/// The native lock of one mutex.
-#[derive(Debug, Clone)]
-enum Key {
-    #[cfg(feature = "postgres")]
-    Pg(i64),
-    #[cfg(feature = "mysql")]
-    My(String),
-    #[cfg(feature = "sqlite")]
-    File {
-        main: std::path::PathBuf,
-        entry: std::path::PathBuf,
-    },
-    Local,
-}
-
-/// A session that can hold native locks (PostgreSQL, MySQL).
-enum Session {
-    #[cfg(feature = "postgres")]
-    Pg(pg::Session),
-    #[cfg(feature = "mysql")]
-    My(my::Session),
-}
-
-impl Session {
-    async fn connect(kind: &Kind) -> Result<Session, String> {
-        match kind {
-            #[cfg(feature = "postgres")]
-            Kind::Postgres { pg } => pg::Session::connect(pg).await.map(Session::Pg),
-            #[cfg(feature = "mysql")]
-            Kind::Mysql { url } => my::Session::connect(url).await.map(Session::My),
-            #[allow(unreachable_patterns)]
-            _ => Err("this backend has no lock sessions".to_owned()),
-        }
-    }
-
-    async fn try_lock(&mut self, key: &Key) -> Result<bool, String> {
-        match (self, key) {
-            #[cfg(feature = "postgres")]
-            (Session::Pg(s), Key::Pg(k)) => s.try_lock(*k).await,
-            #[cfg(feature = "mysql")]
-            (Session::My(s), Key::My(k)) => s.try_lock(k).await,
-            #[allow(unreachable_patterns)]
-            _ => Err("a lock key of another backend".to_owned()),
-        }
-    }
-
-    async fn lock(&mut self, key: &Key) -> Result<(), String> {
-        match (self, key) {
-            #[cfg(feature = "postgres")]
-            (Session::Pg(s), Key::Pg(k)) => s.lock(*k).await,
-            #[cfg(feature = "mysql")]
-            (Session::My(s), Key::My(k)) => s.lock(k).await,
-            #[allow(unreachable_patterns)]
-            _ => Err("a lock key of another backend".to_owned()),
-        }
-    }
-
-    async fn unlock(&mut self, key: &Key) -> Result<(), String> {
-        match (self, key) {
-            #[cfg(feature = "postgres")]
-            (Session::Pg(s), Key::Pg(k)) => s.unlock(*k).await,
-            #[cfg(feature = "mysql")]
-            (Session::My(s), Key::My(k)) => s.unlock(k).await,
-            #[allow(unreachable_patterns)]
-            _ => Err("a lock key of another backend".to_owned()),
-        }
-    }
-
-    /// What ends this session's blocking wait from outside (another connection).
-    fn canceller(&self, kind: &Kind) -> Canceller {
-        match (self, kind) {
-            #[cfg(feature = "postgres")]
-            (Session::Pg(s), Kind::Postgres { pg }) => Canceller::Pg(s.cancel_token(), pg.clone()),
-            #[cfg(feature = "mysql")]
-            (Session::My(s), Kind::Mysql { url }) => Canceller::My {
-                url: url.clone(),
-                id: s.id(),
-            },
-            #[allow(unreachable_patterns)]
-            _ => Canceller::None,
-        }
-    }
-}
-
-/// Ends a session's blocking wait for a native lock on the server: PostgreSQL's cancel
-/// request, MySQL's `KILL QUERY` of the session's connection.
-enum Canceller {
-    #[cfg(feature = "postgres")]
-    Pg(
-        tokio_postgres::CancelToken,
-        std::sync::Arc<crate::pg::Connector>,
-    ),
-    #[cfg(feature = "mysql")]
-    My { url: String, id: u32 },
-    /// Nothing to cancel with (a session and a kind of two different backends).
-    None,
-}
-
-impl Canceller {
-    async fn cancel(self) -> Result<(), String> {
-        match self {
-            #[cfg(feature = "postgres")]
-            Canceller::Pg(token, pg) => pg
-                .cancel(&token)
-                .await
-                .map_err(|e| format!("postgres cancel request: {e}")),
-            #[cfg(feature = "mysql")]
-            Canceller::My { url, id } => my::kill_query(&url, id).await,
-            Canceller::None => Ok(()),
-        }
-    }
-}
-
 /// A blocking wait for the native lock in flight: its task, and the signal that ends it.
 struct Wait {
     cancel: oneshot::Sender<()>,
     task: JoinHandle<()>,
-}
-
-/// How a blocking wait for the native lock ended.
-enum Waited {
-    Got(Held),
-    /// Given up (cancelled); nothing of it is left.
-    GaveUp,
-    /// Given up, but a blocking lock-file call of it cannot be interrupted: it still waits,
-    /// holding the entry file, and returns the lock when the lock file is free.
-    #[cfg(feature = "sqlite")]
-    Lingering(JoinHandle<Result<std::fs::File, String>>),
-}
-
-/// A native lock this process holds, and what holds it.
-enum Held {
-    /// On the store's shared holder session (taken by a non-blocking try).
-    Shared,
-    /// On a session of its own (taken by a blocking wait); back to the spares on unlock.
-    Own(Session),
-    /// The lock file, open and locked; closing it unlocks.
-    #[cfg(feature = "sqlite")]
-    File(std::fs::File),
-    /// Nothing to hold (`sqlite::memory:`).
-    Local,
 }
 
 /// A local subscriber of a mutex's events.
@@ -343,24 +161,17 @@ impl Gate {
 
 /// The gates of one store.
 pub(crate) struct Gates {
-    kind: Kind,
+    /// The native locks, and the sessions that hold them.
+    locks: Locks,
     /// The namespace of lock keys: the database and the table.
     scope: String,
-    /// Bound of a non-blocking lock call (the store's statement timeout).
-    bound: Duration,
     gates: StdMutex<HashMap<String, Arc<Gate>>>,
-    /// The session that holds locks taken by a try (PostgreSQL, MySQL).
-    holder: tokio::sync::Mutex<Option<Session>>,
-    /// How many locks the holder session holds.
-    shared: std::sync::atomic::AtomicUsize,
-    /// Idle sessions for blocking waits.
-    spare: StdMutex<Vec<Session>>,
 }
 
 impl fmt::Debug for Gates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gates")
-            .field("kind", &self.kind)
+            .field("kind", self.locks.kind())
             .finish_non_exhaustive()
     }
 }
@@ -368,30 +179,14 @@ impl fmt::Debug for Gates {
 impl Gates {
     pub(crate) fn new(kind: Kind, scope: String, bound: Duration) -> Self {
         Gates {
-            kind,
+            locks: Locks::new(kind, bound),
             scope,
-            bound,
             gates: StdMutex::new(HashMap::new()),
-            holder: tokio::sync::Mutex::new(None),
-            shared: std::sync::atomic::AtomicUsize::new(0),
-            spare: StdMutex::new(Vec::new()),
         }
     }
 
     fn key(&self, mutex: &str) -> Key {
-        let h = stable_hash(&[&self.scope, mutex]);
-        match &self.kind {
-            #[cfg(feature = "postgres")]
-            Kind::Postgres { .. } => Key::Pg(i64::from_ne_bytes(h.to_ne_bytes())),
-            #[cfg(feature = "mysql")]
-            Kind::Mysql { .. } => Key::My(format!("simba:{h:016x}")),
-            #[cfg(feature = "sqlite")]
-            Kind::Files { prefix } => Key::File {
-                main: format!("{prefix}-simba-{h:016x}.lock").into(),
-                entry: format!("{prefix}-simba-{h:016x}.entry").into(),
-            },
-            Kind::Local => Key::Local,
-        }
+        self.locks.kind().key(&self.scope, mutex)
     }
 
     fn gate(&self, mutex: &str) -> Arc<Gate> {
@@ -507,10 +302,7 @@ impl Gates {
             }
         };
         if let Some(lingered) = lingered {
-            #[cfg(feature = "sqlite")]
             let _ = timeout(LINGER, lingered).await;
-            #[cfg(not(feature = "sqlite"))]
-            drop(lingered);
             let s = gate.lock();
             return if s.is(&s.granted, id) && s.held.is_some() {
                 Pass::Locked
@@ -522,7 +314,7 @@ impl Gates {
         let task_gate = gate.clone();
         let me = id.to_owned();
         let task = tokio::spawn(async move {
-            let got = this.try_native(&task_gate.key).await;
+            let got = this.locks.try_lock(&task_gate.key).await;
             let mut s = task_gate.lock();
             s.busy = false;
             match got {
@@ -756,7 +548,7 @@ impl Gates {
         let this = self.clone();
         let gate = gate.clone();
         Some(tokio::spawn(async move {
-            if let Err(e) = this.unlock_native(&gate.key, held).await {
+            if let Err(e) = this.locks.unlock(&gate.key, held).await {
                 // The session is closed instead, which frees the lock on the server.
                 debug!(mutex = %gate.mutex, "native unlock failed, its session was closed: {e}");
             }
@@ -790,7 +582,7 @@ impl Gates {
                     _ = &mut cancelled => {}
                 }
             }
-            let got = this.wait_native(&task_gate.key, cancelled).await;
+            let got = this.locks.wait(&task_gate.key, cancelled).await;
             let mut s = task_gate.lock();
             s.busy = false;
             s.wait = None;
@@ -800,7 +592,6 @@ impl Gates {
                     s.held = Some(held);
                     this.assign(&task_gate, &mut s);
                 }
-                #[cfg(feature = "sqlite")]
                 Ok(Waited::Lingering(blocking)) => {
                     s.lingering = true;
                     this.linger(&task_gate, blocking);
@@ -829,12 +620,7 @@ impl Gates {
     /// returns: the lock it then holds goes to whoever here wants it (`assign`); when
     /// nobody does, or the gate holds or is changing the lock meanwhile, it is dropped
     /// (unlocked) at once.
-    #[cfg(feature = "sqlite")]
-    fn linger(
-        self: &Arc<Self>,
-        gate: &Arc<Gate>,
-        blocking: JoinHandle<Result<std::fs::File, String>>,
-    ) {
+    fn linger(self: &Arc<Self>, gate: &Arc<Gate>, blocking: JoinHandle<Result<FileLock, String>>) {
         let this = self.clone();
         let gate = gate.clone();
         tokio::spawn(async move {
@@ -861,403 +647,5 @@ impl Gates {
             gate.lingered.notify_waiters();
             this.tidy(&gate);
         });
-    }
-
-    /// One non-blocking attempt at the native lock.
-    async fn try_native(&self, key: &Key) -> Result<Option<Held>, String> {
-        match key {
-            Key::Local => Ok(Some(Held::Local)),
-            #[cfg(feature = "sqlite")]
-            Key::File { main, entry } => {
-                let (main, entry) = (main.clone(), entry.clone());
-                tokio::task::spawn_blocking(move || files::try_lock(&main, &entry))
-                    .await
-                    .map_err(|e| format!("lock file task: {e}"))?
-                    .map(|f| f.map(Held::File))
-            }
-            #[allow(unreachable_patterns)]
-            _ => {
-                if self.shared.load(Ordering::Relaxed) >= MAX_SHARED_LOCKS {
-                    return Err(format!(
-                        "this store holds {MAX_SHARED_LOCKS} native locks already"
-                    ));
-                }
-                let mut holder = self.holder.lock().await;
-                if holder.is_none() {
-                    let s = timeout(self.bound, Session::connect(&self.kind))
-                        .await
-                        .map_err(|_| format!("no lock session within {:?}", self.bound))??;
-                    *holder = Some(s);
-                }
-                let Some(session) = holder.as_mut() else {
-                    return Err("no lock session".to_owned());
-                };
-                match timeout(self.bound, session.try_lock(key)).await {
-                    Ok(Ok(true)) => {
-                        self.shared.fetch_add(1, Ordering::Relaxed);
-                        Ok(Some(Held::Shared))
-                    }
-                    Ok(Ok(false)) => Ok(None),
-                    Ok(Err(e)) => {
-                        *holder = None;
-                        Err(e)
-                    }
-                    Err(_) => {
-                        *holder = None;
-                        Err(format!("lock session: no answer within {:?}", self.bound))
-                    }
-                }
-            }
-        }
-    }
-
-    /// Waits (without bound) until the native lock is this process's, or until `cancel`
-    /// fires (or its sender is dropped): then `None`, and no lock is left granted to a
-    /// session of this process that nobody waits on.
-    async fn wait_native(
-        &self,
-        key: &Key,
-        mut cancel: oneshot::Receiver<()>,
-    ) -> Result<Waited, String> {
-        if cancel.try_recv().is_ok() {
-            return Ok(Waited::GaveUp);
-        }
-        match key {
-            Key::Local => Ok(Waited::Got(Held::Local)),
-            #[cfg(feature = "sqlite")]
-            Key::File { main, entry } => {
-                let (main, entry) = (main.clone(), entry.clone());
-                let mut blocking = tokio::task::spawn_blocking(move || files::lock(&main, &entry));
-                tokio::select! {
-                    r = &mut blocking => r
-                        .map_err(|e| format!("lock file task: {e}"))?
-                        .map(|f| Waited::Got(Held::File(f))),
-                    // A blocking lock call cannot be interrupted: its thread goes on
-                    // waiting, and the gate follows it (`Gates::linger`).
-                    _ = cancel => Ok(Waited::Lingering(blocking)),
-                }
-            }
-            #[allow(unreachable_patterns)]
-            _ => {
-                let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
-                let mut session = match spare {
-                    Some(s) => s,
-                    None => timeout(self.bound, Session::connect(&self.kind))
-                        .await
-                        .map_err(|_| format!("no lock session within {:?}", self.bound))??,
-                };
-                let canceller = session.canceller(&self.kind);
-                let mut given_up = false;
-                let got = {
-                    let lock = session.lock(key);
-                    tokio::pin!(lock);
-                    tokio::select! {
-                        r = &mut lock => r,
-                        _ = cancel => {
-                            given_up = true;
-                            if let Err(e) = timeout(self.bound, canceller.cancel()).await
-                                .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.bound)))
-                            {
-                                debug!("cancelling a native lock wait: {e}");
-                            }
-                            // The wait ends with an error (cancelled), or with the lock if it
-                            // was granted first.
-                            timeout(self.bound, &mut lock).await.unwrap_or_else(|_| {
-                                Err(format!("a cancelled wait did not end within {:?}", self.bound))
-                            })
-                        }
-                    }
-                };
-                match (got, given_up) {
-                    (Ok(()), false) => Ok(Waited::Got(Held::Own(session))),
-                    (Ok(()), true) => {
-                        self.unlock_native(key, Held::Own(session)).await?;
-                        Ok(Waited::GaveUp)
-                    }
-                    // The session is dropped: its connection closes, and whatever the server
-                    // still had it wait for or hold goes with it.
-                    (Err(_), true) => Ok(Waited::GaveUp),
-                    (Err(e), false) => Err(e),
-                }
-            }
-        }
-    }
-
-    async fn unlock_native(&self, key: &Key, held: Held) -> Result<(), String> {
-        match held {
-            Held::Local => Ok(()),
-            #[cfg(feature = "sqlite")]
-            Held::File(file) => {
-                drop(file);
-                Ok(())
-            }
-            Held::Shared => {
-                let _ = self
-                    .shared
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-                let mut holder = self.holder.lock().await;
-                let Some(session) = holder.as_mut() else {
-                    // The session is gone, and its locks with it.
-                    return Ok(());
-                };
-                match timeout(self.bound, session.unlock(key)).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => {
-                        *holder = None;
-                        Err(e)
-                    }
-                    Err(_) => {
-                        *holder = None;
-                        Err(format!("lock session: no answer within {:?}", self.bound))
-                    }
-                }
-            }
-            Held::Own(mut session) => match timeout(self.bound, session.unlock(key)).await {
-                Ok(Ok(())) => {
-                    self.spare
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(session);
-                    Ok(())
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(format!("lock session: no answer within {:?}", self.bound)),
-            },
-        }
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod pg {
-    use tokio_postgres::{AsyncMessage, Client, Statement};
-
-    use crate::pg::Connector;
-
-    /// A PostgreSQL session for advisory locks, its statements prepared once.
-    pub(super) struct Session {
-        client: Client,
-        try_lock: Statement,
-        lock: Statement,
-        unlock: Statement,
-        driver: tokio::task::JoinHandle<()>,
-    }
-
-    impl Drop for Session {
-        fn drop(&mut self) {
-            self.driver.abort();
-        }
-    }
-
-    fn text(e: tokio_postgres::Error) -> String {
-        format!("postgres lock session: {e}")
-    }
-
-    impl Session {
-        pub(super) async fn connect(pg: &Connector) -> Result<Session, String> {
-            let (client, mut connection) = pg
-                .connect()
-                .await
-                .map_err(|e| format!("postgres lock session: {e}"))?;
-            let driver = tokio::spawn(async move {
-                while let Some(msg) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    match msg {
-                        Ok(AsyncMessage::Notice(_) | AsyncMessage::Notification(_)) => {}
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
-                }
-            });
-            // A wait may last as long as an ownership: no server-side statement bound.
-            client
-                .batch_execute("SET statement_timeout = 0")
-                .await
-                .map_err(text)?;
-            let try_lock = client
-                .prepare("SELECT pg_try_advisory_lock($1)")
-                .await
-                .map_err(text)?;
-            let lock = client
-                .prepare("SELECT pg_advisory_lock($1)::text")
-                .await
-                .map_err(text)?;
-            let unlock = client
-                .prepare("SELECT pg_advisory_unlock($1)")
-                .await
-                .map_err(text)?;
-            Ok(Session {
-                client,
-                try_lock,
-                lock,
-                unlock,
-                driver,
-            })
-        }
-
-        pub(super) fn cancel_token(&self) -> tokio_postgres::CancelToken {
-            self.client.cancel_token()
-        }
-
-        pub(super) async fn try_lock(&mut self, key: i64) -> Result<bool, String> {
-            let row = self
-                .client
-                .query_one(&self.try_lock, &[&key])
-                .await
-                .map_err(text)?;
-            row.try_get::<_, bool>(0).map_err(text)
-        }
-
-        pub(super) async fn lock(&mut self, key: i64) -> Result<(), String> {
-            self.client
-                .query_one(&self.lock, &[&key])
-                .await
-                .map(|_| ())
-                .map_err(text)
-        }
-
-        pub(super) async fn unlock(&mut self, key: i64) -> Result<(), String> {
-            let row = self
-                .client
-                .query_one(&self.unlock, &[&key])
-                .await
-                .map_err(text)?;
-            match row.try_get::<_, bool>(0).map_err(text)? {
-                true => Ok(()),
-                false => Err("the advisory lock was not held by its session".to_owned()),
-            }
-        }
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod my {
-    use mysql_async::Conn;
-    use mysql_async::prelude::Queryable;
-
-    /// `GET_LOCK`'s timeout for a blocking wait, in seconds: a year (some servers read a
-    /// negative timeout as "no wait").
-    const FOREVER_S: i64 = 365 * 24 * 3600;
-
-    /// A MySQL / MariaDB session for user locks.
-    pub(super) struct Session(Conn);
-
-    /// Ends the statement that connection `id` runs (a blocking `GET_LOCK`), from a
-    /// connection of its own.
-    pub(super) async fn kill_query(url: &str, id: u32) -> Result<(), String> {
-        let mut killer = Session::connect(url).await?;
-        let killed = killer.0.query_drop(format!("KILL QUERY {id}")).await;
-        let _ = killer.0.disconnect().await;
-        killed.map_err(text)
-    }
-
-    fn text(e: mysql_async::Error) -> String {
-        format!("mysql lock session: {e}")
-    }
-
-    impl Session {
-        pub(super) async fn connect(url: &str) -> Result<Session, String> {
-            // The URL's TLS options (crate::my), as every connection of the store.
-            let opts = crate::my::opts(url).map_err(|e| format!("mysql lock session: {e}"))?;
-            let conn = Conn::new(opts).await.map_err(text)?;
-            Ok(Session(conn))
-        }
-
-        async fn get(&mut self, name: &str, wait_s: i64) -> Result<Option<i64>, String> {
-            self.0
-                .exec_first::<Option<i64>, _, _>("SELECT GET_LOCK(?, ?)", (name, wait_s))
-                .await
-                .map(Option::flatten)
-                .map_err(text)
-        }
-
-        /// The server's id of this session's connection.
-        pub(super) fn id(&self) -> u32 {
-            self.0.id()
-        }
-
-        pub(super) async fn try_lock(&mut self, name: &str) -> Result<bool, String> {
-            match self.get(name, 0).await? {
-                Some(1) => Ok(true),
-                Some(_) => Ok(false),
-                None => Err("GET_LOCK returned NULL (an error on the server)".to_owned()),
-            }
-        }
-
-        pub(super) async fn lock(&mut self, name: &str) -> Result<(), String> {
-            loop {
-                match self.get(name, FOREVER_S).await? {
-                    Some(1) => return Ok(()),
-                    Some(_) => {}
-                    None => {
-                        return Err("GET_LOCK returned NULL (an error on the server)".to_owned());
-                    }
-                }
-            }
-        }
-
-        pub(super) async fn unlock(&mut self, name: &str) -> Result<(), String> {
-            match self
-                .0
-                .exec_first::<Option<i64>, _, _>("SELECT RELEASE_LOCK(?)", (name,))
-                .await
-                .map(Option::flatten)
-                .map_err(text)?
-            {
-                Some(1) => Ok(()),
-                other => Err(format!(
-                    "RELEASE_LOCK returned {other:?}: the lock was not this session's"
-                )),
-            }
-        }
-    }
-}
-
-#[cfg(feature = "sqlite")]
-mod files {
-    use std::fs::{File, OpenOptions, TryLockError};
-    use std::path::Path;
-
-    fn open(path: &Path) -> Result<File, String> {
-        // std opens with O_CLOEXEC: a child process (simba exec's command) never inherits
-        // the lock.
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| format!("lock file {}: {e}", path.display()))
-    }
-
-    fn try_one(file: &File, path: &Path) -> Result<bool, String> {
-        match file.try_lock() {
-            Ok(()) => Ok(true),
-            Err(TryLockError::WouldBlock) => Ok(false),
-            Err(TryLockError::Error(e)) => Err(format!("lock file {}: {e}", path.display())),
-        }
-    }
-
-    /// The lock without waiting, unless someone waits for it (holds the entry file).
-    pub(super) fn try_lock(main: &Path, entry: &Path) -> Result<Option<File>, String> {
-        let gate = open(entry)?;
-        if !try_one(&gate, entry)? {
-            return Ok(None);
-        }
-        let file = open(main)?;
-        Ok(try_one(&file, main)?.then_some(file))
-    }
-
-    /// Waits for the lock: first for the entry file (the kernel queues its waiters behind
-    /// one another), then, holding it, for the lock file itself; the entry is let go once
-    /// the lock is held. So at most one process waits on the lock file at a time, and one
-    /// that just unlocked it cannot take it back before that waiter.
-    pub(super) fn lock(main: &Path, entry: &Path) -> Result<File, String> {
-        let gate = open(entry)?;
-        gate.lock()
-            .map_err(|e| format!("lock file {}: {e}", entry.display()))?;
-        let file = open(main)?;
-        file.lock()
-            .map_err(|e| format!("lock file {}: {e}", main.display()))?;
-        drop(gate);
-        Ok(file)
     }
 }

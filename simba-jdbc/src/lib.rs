@@ -8,20 +8,23 @@
 )]
 
 mod config;
+mod conn;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 mod connector;
+mod dialect;
 mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
-#[cfg(feature = "postgres")]
-mod listen;
 #[cfg(feature = "mysql")]
-mod my;
+mod mysql;
+mod native;
 #[cfg(feature = "postgres")]
-mod pg;
+mod postgres;
 mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod store;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod url_tls;

@@ -2,7 +2,7 @@
 //!
 //! All statements are written once with `?` placeholders; PostgreSQL gets them renumbered
 //! to `$1, $2, …`. Every placeholder is bound on its own (MySQL and SQLite cannot reuse one),
-//! so the argument lists in `store.rs` follow the order of the `?` here.
+//! so the argument lists in `conn.rs` (`Call`) follow the order of the `?` here.
 
 use crate::config::Backend;
 

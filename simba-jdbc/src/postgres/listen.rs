@@ -2,7 +2,7 @@
 //! contenders that subscribed.
 //!
 //! Releases and new acquisitions run `pg_notify` in the same statement as their UPDATE
-//! (see `sql.rs`), so a notification is sent exactly when the change commits. Payloads are
+//! (see `crate::sql`), so a notification is sent exactly when the change commits. Payloads are
 //! `R\n{mutex}\n{releaser}` and `A\n{mutex}\n{new owner}`; mutex names and contender ids
 //! cannot contain a newline (they are validated).
 //!
@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
 use tokio_postgres::AsyncMessage;
 
-use crate::pg::{ConnectError, Connector};
+use super::{ConnectError, Connector};
 use tracing::{debug, info, warn};
 
 /// How often the LISTEN connection is checked when no notification arrives.

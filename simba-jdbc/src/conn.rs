@@ -1,0 +1,288 @@
+//! The statements of a store on one connection, whatever the dialect: the bound values,
+//! the row an owner read returns, the connection trait every dialect's connection
+//! implements ([`SqlConn`]), the statement functions ([`Call`]) and the pooled connection
+//! that is closed unless its call completed ([`Checked`]).
+
+use std::future::Future;
+
+use deadpool::managed::Manager;
+use diesel::QueryableByName;
+use diesel::backend::Backend as DieselBackend;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::result::QueryResult;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Nullable, Text};
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::deadpool::Object;
+use simba_core::backend::{Lease, held_owner_id};
+
+use crate::dialect::{notify_acquired, notify_released};
+use crate::gate::Pass;
+use crate::sql::Statements;
+
+/// One bound value of a statement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    Int(i64),
+}
+
+/// The row every owner read returns: the database's time, and the mutex's row if any.
+/// It comes from a server: [`owner_reply`](crate::store::owner_reply) trusts none of it (the fuzz target `sql_row`
+/// builds these from fuzz input).
+#[derive(Debug, Clone, QueryableByName)]
+pub(crate) struct OwnerRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) now_ms: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) owner_id: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) acquired_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) ttl_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) transition_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) version: Option<i64>,
+}
+
+pub(crate) fn bind_all<'a, DB>(sql: &str, args: &[Arg<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
+where
+    DB: DieselBackend + HasSqlType<Text> + HasSqlType<BigInt>,
+    &'a str: ToSql<Text, DB>,
+    i64: ToSql<BigInt, DB>,
+{
+    let mut q = diesel::sql_query(sql).into_boxed::<DB>();
+    for arg in args {
+        q = match *arg {
+            Arg::Text(s) => q.bind::<Text, _>(s),
+            Arg::Int(i) => q.bind::<BigInt, _>(i),
+        };
+    }
+    q
+}
+
+/// What the store needs from a connection, whatever the backend.
+pub(crate) trait SqlConn: Send {
+    fn exec<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'a;
+
+    fn load_owner<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a;
+
+    fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a;
+}
+
+/// Implements [`SqlConn`] for a diesel-async connection type `$conn` of backend `$db`
+/// (each dialect module for its own connection).
+macro_rules! impl_sql_conn {
+    ($conn:ty, $db:ty) => {
+        impl $crate::conn::SqlConn for $conn {
+            fn exec<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [$crate::conn::Arg<'a>],
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<usize>> + Send + 'a {
+                let q = $crate::conn::bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::execute(q, self).await }
+            }
+
+            fn load_owner<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [$crate::conn::Arg<'a>],
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::conn::OwnerRow>>> + Send + 'a {
+                let q = $crate::conn::bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::load::<$crate::conn::OwnerRow>(q, self).await }
+            }
+
+            fn batch<'a>(
+                &'a mut self,
+                sql: &'a str,
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<()>> + Send + 'a {
+                ::diesel_async::SimpleAsyncConnection::batch_execute(self, sql)
+            }
+        }
+    };
+}
+pub(crate) use impl_sql_conn;
+
+/// The per-call context the statement functions need.
+pub(crate) struct Call<'a> {
+    pub(crate) st: &'a Statements,
+    pub(crate) mutex: &'a str,
+    pub(crate) channel: &'a str,
+}
+
+impl Call<'_> {
+    pub(crate) async fn select<C: SqlConn>(&self, c: &mut C) -> QueryResult<Option<OwnerRow>> {
+        Ok(c.load_owner(&self.st.select, &[Arg::Text(self.mutex)])
+            .await?
+            .pop())
+    }
+
+    /// Acquire: one conditional UPDATE on the database clock, which may take a free row
+    /// only with the native lock ([`Pass::Locked`]), then the owner and the database's
+    /// time (PostgreSQL: all in one statement). Inserts the row first when it does not
+    /// exist yet.
+    pub(crate) async fn acquire<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        lease: Lease,
+        pass: Pass,
+    ) -> QueryResult<Option<OwnerRow>> {
+        let ttl = lease.ttl_ms();
+        let total = ttl.saturating_add(lease.transition_ms());
+        let (sql, gated) = match pass {
+            Pass::Locked => (&self.st.acquire_locked, 1),
+            Pass::Unlocked => (&self.st.acquire_unlocked, 0),
+        };
+        let payload;
+        let mut args = vec![
+            Arg::Text(me),
+            Arg::Int(gated),
+            Arg::Text(me),
+            Arg::Text(me),
+            Arg::Int(ttl),
+            Arg::Int(total),
+            Arg::Text(me),
+            Arg::Text(self.mutex),
+            Arg::Text(me),
+        ];
+        if pass == Pass::Unlocked {
+            args.push(Arg::Int(total));
+        }
+        if self.st.notify {
+            payload = notify_acquired(self.mutex, me);
+            args.push(Arg::Text(self.channel));
+            args.push(Arg::Text(&payload));
+            args.push(Arg::Text(self.mutex));
+        }
+        let row = self.run_acquire(c, sql, &args).await?;
+        if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
+            return Ok(row);
+        }
+        // First use of this mutex: create its row (racing inserts are no-ops) and decide again.
+        c.exec(&self.st.insert, &[Arg::Text(self.mutex)]).await?;
+        self.run_acquire(c, sql, &args).await
+    }
+
+    pub(crate) async fn run_acquire<C: SqlConn>(
+        &self,
+        c: &mut C,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> QueryResult<Option<OwnerRow>> {
+        if self.st.returns_row {
+            return Ok(c.load_owner(sql, args).await?.pop());
+        }
+        c.exec(sql, args).await?;
+        self.select(c).await
+    }
+
+    /// Renew: extends the lease only if `me` owns it within its lease; never takes it.
+    pub(crate) async fn renew<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        lease: Lease,
+    ) -> QueryResult<Option<OwnerRow>> {
+        let ttl = lease.ttl_ms();
+        let total = ttl.saturating_add(lease.transition_ms());
+        let args = [
+            Arg::Int(ttl),
+            Arg::Int(total),
+            Arg::Text(self.mutex),
+            Arg::Text(me),
+        ];
+        c.exec(&self.st.renew, &args).await?;
+        self.select(c).await
+    }
+
+    /// Release with a hold: one owner-checked UPDATE that hands the ownership to the hold's
+    /// id until `now + hold_ms` on the database clock (PostgreSQL: with NOTIFY).
+    pub(crate) async fn release_after<C: SqlConn>(
+        &self,
+        c: &mut C,
+        me: &str,
+        hold_ms: i64,
+    ) -> QueryResult<bool> {
+        let holder = held_owner_id(me);
+        let payload;
+        let mut args = vec![
+            Arg::Text(&holder),
+            Arg::Int(hold_ms),
+            Arg::Int(hold_ms),
+            Arg::Text(self.mutex),
+            Arg::Text(me),
+        ];
+        if self.st.notify {
+            payload = notify_acquired(self.mutex, &holder);
+            args.push(Arg::Text(self.channel));
+            args.push(Arg::Text(&payload));
+        }
+        Ok(c.exec(&self.st.release_after, &args).await? > 0)
+    }
+
+    /// Release: owner-checked UPDATE (PostgreSQL: with NOTIFY in the same statement).
+    pub(crate) async fn release<C: SqlConn>(&self, c: &mut C, me: &str) -> QueryResult<bool> {
+        let payload;
+        let mut args = vec![Arg::Text(self.mutex), Arg::Text(me)];
+        if self.st.notify {
+            payload = notify_released(self.mutex, me);
+            args.push(Arg::Text(self.channel));
+            args.push(Arg::Text(&payload));
+        }
+        Ok(c.exec(&self.st.release, &args).await? > 0)
+    }
+}
+
+/// A pooled connection that is closed, not returned to the pool, unless the call that
+/// used it completed: a call cut off by a timeout (or a dropped future) may have left the
+/// connection mid-protocol.
+pub(crate) struct Checked<C>
+where
+    AsyncDieselConnectionManager<C>: Manager<Type = C>,
+{
+    pub(crate) obj: Option<Object<C>>,
+    pub(crate) discard: bool,
+}
+
+impl<C> Checked<C>
+where
+    AsyncDieselConnectionManager<C>: Manager<Type = C>,
+{
+    pub(crate) fn conn(&mut self) -> Option<&mut C> {
+        self.obj.as_deref_mut()
+    }
+
+    pub(crate) fn reused(&self) -> bool {
+        self.obj
+            .as_ref()
+            .is_some_and(|o| Object::metrics(o).recycle_count > 0)
+    }
+
+    pub(crate) fn keep(&mut self) {
+        self.discard = false;
+    }
+}
+
+impl<C> Drop for Checked<C>
+where
+    AsyncDieselConnectionManager<C>: Manager<Type = C>,
+{
+    fn drop(&mut self) {
+        if self.discard
+            && let Some(obj) = self.obj.take()
+        {
+            drop(Object::take(obj));
+        }
+    }
+}

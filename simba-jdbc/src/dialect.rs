@@ -1,0 +1,264 @@
+//! The dialect of a store: which database module (`crate::mysql`, `crate::postgres`,
+//! `crate::sqlite`) holds its pool and what else it needs, chosen once from the URL.
+//!
+//! An enum, not a trait object: each dialect's pool is a `deadpool` pool of its own
+//! diesel-async connection type, and the store's statement functions are generic over
+//! that type ([`SqlConn`](crate::conn::SqlConn) has `async` methods, so it cannot be a
+//! `dyn` trait), so a call is monomorphised per dialect by [`on_pool!`] and
+//! [`with_fast!`]. This module and `crate::native` (the native locks) are the only places
+//! that name the dialects' cargo features.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use simba_core::backend::StoreEvent;
+use simba_core::tls::TlsFailure;
+use simba_core::{Error, Result};
+use tokio::sync::mpsc;
+
+use crate::config::{Backend, SqlConfig, Target};
+use crate::native::Kind as GateKind;
+
+/// The per-dialect part of a store.
+pub(crate) enum Dialect {
+    #[cfg(feature = "mysql")]
+    Mysql(crate::mysql::Store),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::Store),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::Store),
+    /// No backend feature is enabled: no store can be built.
+    #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible),
+}
+
+impl Dialect {
+    /// The dialect's part of a store on `target` (no I/O); `channel` is PostgreSQL's
+    /// NOTIFY channel.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when `target`'s backend is not enabled in this build or its
+    /// TLS options are wrong; [`Error::Backend`] when the pool cannot be built.
+    pub(crate) fn new(target: &Target, config: &SqlConfig, channel: &str) -> Result<Dialect> {
+        match target {
+            #[cfg(feature = "mysql")]
+            Target::Mysql(url) => crate::mysql::Store::new(url, config).map(Dialect::Mysql),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(url) => {
+                crate::postgres::Store::new(url, config, channel).map(Dialect::Postgres)
+            }
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite { path, memory } => {
+                crate::sqlite::Store::new(path, *memory, config).map(Dialect::Sqlite)
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                let _ = (config, channel);
+                Err(Error::config(
+                    "url",
+                    format!(
+                        "the {} backend is not enabled in this build of simba-jdbc",
+                        other.backend()
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Where the native locks of the store live.
+    pub(crate) fn gate_kind(&self) -> GateKind {
+        match self {
+            #[cfg(feature = "mysql")]
+            Dialect::Mysql(d) => GateKind::Mysql { url: d.url.clone() },
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => GateKind::Postgres { pg: d.pg.clone() },
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite(d) if !d.memory => GateKind::Files {
+                prefix: d.path.clone(),
+            },
+            #[allow(unreachable_patterns)]
+            _ => GateKind::Local,
+        }
+    }
+
+    /// The TLS failure behind a connection error whose text is `msg`, if it was one, and
+    /// the message to report with it.
+    pub(crate) fn tls_failure(&self, msg: &str) -> Option<(String, TlsFailure)> {
+        match self {
+            #[cfg(feature = "mysql")]
+            Dialect::Mysql(d) => d.tls_failure(msg),
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => d.tls_failure(msg),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = msg;
+                None
+            }
+        }
+    }
+
+    /// Whether a subscriber that does not contend hears of changes (PostgreSQL's
+    /// LISTEN/NOTIFY).
+    pub(crate) fn observers_hear(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Registers `contender` for the pushed events about `mutex` (PostgreSQL's NOTIFY hub;
+    /// nothing elsewhere).
+    pub(crate) fn listen(
+        &self,
+        mutex: &str,
+        contender: &str,
+        tx: &mpsc::Sender<StoreEvent>,
+        contending: &Arc<AtomicBool>,
+    ) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => {
+                d.listener
+                    .subscribe(mutex, contender, tx.clone(), contending.clone());
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = (mutex, contender, tx, contending);
+            }
+        }
+    }
+
+    /// Opens one connection of the same kind as the pool's (same driver, same URL, same
+    /// SQLite file; PostgreSQL's through the store's connector, with its TLS), outside the
+    /// pool: for floor measurements (`crate::floor`).
+    pub(crate) async fn probe(&self) -> diesel::ConnectionResult<ProbeConn> {
+        match self {
+            #[cfg(feature = "mysql")]
+            Dialect::Mysql(d) => crate::mysql::diesel(&d.url).await.map(ProbeConn::Mysql),
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => {
+                d.pg.diesel()
+                    .await
+                    .map(|c| ProbeConn::Postgres(Box::new(c)))
+            }
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite(d) => {
+                <crate::sqlite::SqliteConn as diesel_async::AsyncConnection>::establish(&d.path)
+                    .await
+                    .map(ProbeConn::Sqlite)
+            }
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            Dialect::Never(never) => match *never {},
+        }
+    }
+}
+
+/// A connection of a store's dialect outside its pool ([`Dialect::probe`]).
+pub(crate) enum ProbeConn {
+    #[cfg(feature = "mysql")]
+    Mysql(diesel_async::AsyncMysqlConnection),
+    #[cfg(feature = "postgres")]
+    Postgres(Box<diesel_async::AsyncPgConnection>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::SqliteConn),
+    /// No backend feature is enabled: no probe can be opened.
+    #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible),
+}
+
+impl ProbeConn {
+    /// Runs `SELECT 1`: one round trip (SQLite: one hop to a blocking thread and back).
+    pub(crate) async fn select_one(&mut self) -> diesel::QueryResult<()> {
+        use diesel_async::SimpleAsyncConnection;
+        match self {
+            #[cfg(feature = "mysql")]
+            ProbeConn::Mysql(c) => c.batch_execute("SELECT 1").await,
+            #[cfg(feature = "postgres")]
+            ProbeConn::Postgres(c) => c.batch_execute("SELECT 1").await,
+            #[cfg(feature = "sqlite")]
+            ProbeConn::Sqlite(c) => c.batch_execute("SELECT 1").await,
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            ProbeConn::Never(never) => match *never {},
+        }
+    }
+}
+
+/// The NOTIFY payloads of an acquisition and a release (PostgreSQL; elsewhere no
+/// statement sends one, and they are empty).
+#[cfg(feature = "postgres")]
+pub(crate) use crate::postgres::{
+    acquired_payload as notify_acquired, released_payload as notify_released,
+};
+
+/// The NOTIFY payload of an acquisition: none without PostgreSQL.
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn notify_acquired(_mutex: &str, _me: &str) -> String {
+    String::new()
+}
+
+/// The NOTIFY payload of a release: none without PostgreSQL.
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn notify_released(_mutex: &str, _me: &str) -> String {
+    String::new()
+}
+
+/// The error of a pool that cannot be built.
+pub(crate) fn pool_error(
+    kind: Backend,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::backend_source(
+        kind.name(),
+        format!("cannot build the connection pool: {e}"),
+        false,
+        e,
+    )
+}
+
+/// Evaluates `$body` with `$pool` bound to the store's pool (`&deadpool::Pool<C>` of the
+/// dialect's connection type `C`): `$body` is compiled once per dialect.
+macro_rules! on_pool {
+    ($dialect:expr, |$pool:ident| $body:expr) => {{
+        match $dialect {
+            #[cfg(feature = "mysql")]
+            $crate::dialect::Dialect::Mysql(d) => {
+                let $pool = &d.pool;
+                $body
+            }
+            #[cfg(feature = "postgres")]
+            $crate::dialect::Dialect::Postgres(d) => {
+                let $pool = &d.pool;
+                $body
+            }
+            #[cfg(feature = "sqlite")]
+            $crate::dialect::Dialect::Sqlite(d) => {
+                let $pool = &d.pool;
+                $body
+            }
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            $crate::dialect::Dialect::Never(never) => match *never {},
+        }
+    }};
+}
+pub(crate) use on_pool;
+
+/// `Some($body)` with `$fast` bound to PostgreSQL's fast path
+/// ([`crate::postgres::Fast`]) when the store has one, else `None`.
+macro_rules! with_fast {
+    ($dialect:expr, |$fast:ident| $body:expr) => {{
+        match $dialect {
+            #[cfg(feature = "postgres")]
+            $crate::dialect::Dialect::Postgres(d) => {
+                let $fast = &d.fast;
+                Some($body)
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }};
+}
+pub(crate) use with_fast;

@@ -1,0 +1,176 @@
+//! PostgreSQL's fast path for the statements of a handoff (acquire, release): one
+//! tokio-postgres connection per store whose statements are prepared once and then run
+//! in one round trip each, pipelined when several run at once. (diesel's `sql_query`
+//! prepares and plans every statement anew on every call.) Any failure closes the
+//! connection; the next call opens a new one.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
+
+use super::Connector;
+use crate::conn::{Arg, OwnerRow, SqlConn};
+
+pub(crate) struct FastConn {
+    client: Client,
+    statements: StdMutex<HashMap<String, Statement>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FastConn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> DieselError {
+    DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(e.to_string()))
+}
+
+/// The connection of a store, opened on first use.
+pub(crate) struct Fast {
+    pg: Arc<Connector>,
+    setup: String,
+    conn: tokio::sync::Mutex<Option<Arc<FastConn>>>,
+}
+
+impl Fast {
+    pub(crate) fn new(pg: Arc<Connector>, statement_timeout: Duration) -> Self {
+        Fast {
+            pg,
+            setup: format!("SET statement_timeout = {}", statement_timeout.as_millis()),
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The open connection, or a new one.
+    pub(crate) async fn handle(&self) -> Result<Handle, String> {
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref()
+            && !c.client.is_closed()
+        {
+            return Ok(Handle(c.clone()));
+        }
+        let (client, connection) = self.pg.connect().await.map_err(|e| e.to_string())?;
+        let driver = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let c = Arc::new(FastConn {
+            client,
+            statements: StdMutex::new(HashMap::new()),
+            driver,
+        });
+        c.client
+            .batch_execute(&self.setup)
+            .await
+            .map_err(|e| e.to_string())?;
+        *conn = Some(c.clone());
+        Ok(Handle(c))
+    }
+
+    /// Closes the connection (after a failure or a call cut off halfway); calls in
+    /// flight on it fail.
+    pub(crate) async fn reset_any(&self) {
+        *self.conn.lock().await = None;
+    }
+}
+
+/// A use of the connection, for the statement functions of the store.
+pub(crate) struct Handle(Arc<FastConn>);
+
+impl Handle {
+    async fn statement(&self, sql: &str) -> QueryResult<Statement> {
+        let cached = self
+            .0
+            .statements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sql)
+            .cloned();
+        if let Some(st) = cached {
+            return Ok(st);
+        }
+        let st = self.0.client.prepare(sql).await.map_err(failed)?;
+        self.0
+            .statements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sql.to_owned(), st.clone());
+        Ok(st)
+    }
+}
+
+fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    args.iter()
+        .map(|a| match a {
+            Arg::Text(s) => s as &(dyn ToSql + Sync),
+            Arg::Int(i) => i as &(dyn ToSql + Sync),
+        })
+        .collect()
+}
+
+fn get<T>(row: &tokio_postgres::Row, name: &str) -> QueryResult<T>
+where
+    T: for<'b> tokio_postgres::types::FromSql<'b>,
+{
+    row.try_get(name).map_err(failed)
+}
+
+// The same signatures as the trait's (and the diesel connections' impls), kept as
+// `impl Future + Send`.
+#[allow(clippy::manual_async_fn)]
+impl SqlConn for Handle {
+    fn exec<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
+        async move {
+            let st = self.statement(sql).await?;
+            let n = self
+                .0
+                .client
+                .execute(&st, &params(args))
+                .await
+                .map_err(failed)?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        }
+    }
+
+    fn load_owner<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a {
+        async move {
+            let st = self.statement(sql).await?;
+            let rows = self
+                .0
+                .client
+                .query(&st, &params(args))
+                .await
+                .map_err(failed)?;
+            rows.iter()
+                .map(|r| {
+                    Ok(OwnerRow {
+                        now_ms: get(r, "now_ms")?,
+                        owner_id: get(r, "owner_id")?,
+                        acquired_at: get(r, "acquired_at")?,
+                        ttl_at: get(r, "ttl_at")?,
+                        transition_at: get(r, "transition_at")?,
+                        version: get(r, "version")?,
+                    })
+                })
+                .collect()
+        }
+    }
+
+    fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a {
+        async move { self.0.client.batch_execute(sql).await.map_err(failed) }
+    }
+}

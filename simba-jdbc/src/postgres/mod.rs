@@ -1,0 +1,127 @@
+//! PostgreSQL: the one connector of a store (the URL's TLS options), its pool, its fast
+//! path for the statements of a handoff, its push (LISTEN/NOTIFY) and its native lock
+//! (advisory locks).
+
+mod connect;
+mod fast;
+mod listen;
+pub(crate) mod lock;
+
+use std::sync::Arc;
+
+use diesel_async::pooled_connection::deadpool::Pool as DeadPool;
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use simba_core::tls::TlsFailure;
+use simba_core::{Error, Result};
+
+pub(crate) use connect::{ConnectError, Connector, split_url};
+pub(crate) use fast::Fast;
+pub(crate) use listen::{Listener, acquired_payload, released_payload};
+
+use crate::config::{Backend, SqlConfig, redact_url};
+use crate::conn::impl_sql_conn;
+use crate::dialect::pool_error;
+
+impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg);
+
+/// What a PostgreSQL store holds.
+pub(crate) struct Store {
+    pub(crate) pool: DeadPool<AsyncPgConnection>,
+    /// Opens every connection of the store (TLS set up once).
+    pub(crate) pg: Arc<Connector>,
+    pub(crate) listener: Listener,
+    /// Prepared statements for acquire and release.
+    pub(crate) fast: Fast,
+}
+
+impl Store {
+    /// The connector, pool, listener and fast path of a store on `url` (no I/O).
+    pub(crate) fn new(url: &str, config: &SqlConfig, channel: &str) -> Result<Store> {
+        let pg = Arc::new(Connector::new(url)?);
+        let size = config.pool_size();
+        let timeout = config.statement_timeout();
+        let setup = format!("SET statement_timeout = {}", timeout.as_millis());
+        let mut mc = ManagerConfig::<AsyncPgConnection>::default();
+        mc.recycling_method = RecyclingMethod::Fast;
+        // Every connection through the store's connector (its TLS), not the URL.
+        let connector = pg.clone();
+        mc.custom_setup = Box::new(move |_url| {
+            let setup = setup.clone();
+            let pg = connector.clone();
+            Box::pin(async move {
+                let mut conn = pg.diesel().await?;
+                conn.batch_execute(&setup)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                Ok(conn)
+            })
+        });
+        let mgr = AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc);
+        let pool = DeadPool::builder(mgr)
+            .max_size(size)
+            .build()
+            .map_err(|e| pool_error(Backend::Postgres, e))?;
+        let listener = Listener::new(pg.clone(), channel.to_owned(), timeout);
+        let fast = Fast::new(pg.clone(), timeout);
+        Ok(Store {
+            pool,
+            pg,
+            listener,
+            fast,
+        })
+    }
+
+    /// The TLS failure of the last connection attempt, and the message to report: the
+    /// pool's errors lose their source on the way through diesel, so the connector
+    /// remembers it.
+    pub(crate) fn tls_failure(&self, msg: &str) -> Option<(String, TlsFailure)> {
+        let tls = self.pg.last_failure()?;
+        let text = tls.to_string();
+        let message = if msg.contains(&text) {
+            msg.to_owned()
+        } else {
+            format!("{msg}; {text}")
+        };
+        Some((message, tls))
+    }
+}
+
+/// Checks what tokio-postgres would refuse only when connecting (no host, more ports than
+/// hosts), so that a bad URL is an [`Error::InvalidConfig`] naming the problem rather than
+/// a connection failure that says "invalid configuration".
+pub(crate) fn check_url(url: &str) -> Result<()> {
+    let bad = |what: String| {
+        Err(Error::config(
+            "url",
+            format!(
+                "`{}` is not a valid PostgreSQL URL: {what}; write \
+                 postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+                redact_url(url)
+            ),
+        ))
+    };
+    // The TLS options are this crate's (tokio-postgres knows only some of them).
+    let (stripped, _) = split_url(url)?;
+    let config = match stripped.parse::<tokio_postgres::Config>() {
+        Ok(c) => c,
+        Err(e) => {
+            // tokio-postgres keeps the detail ("invalid value for option `port`") in the
+            // source, not in its message.
+            return match std::error::Error::source(&e) {
+                Some(cause) => bad(format!("{e} ({cause})")),
+                None => bad(e.to_string()),
+            };
+        }
+    };
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        return bad("it names no host".to_owned());
+    }
+    let (hosts, ports) = (config.get_hosts().len(), config.get_ports().len());
+    if ports > 1 && ports != hosts {
+        return bad(format!("{hosts} hosts but {ports} ports"));
+    }
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! SQLite: the connections of a store (diesel's `SqliteConnection` on blocking threads),
+//! its pool, and its native lock (lock files).
+
+pub(crate) mod lock;
+
+use std::time::Duration;
+
+use diesel_async::pooled_connection::deadpool::Pool as DeadPool;
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use simba_core::Result;
+
+pub(crate) use lock::{FileKey, FileLock};
+
+use crate::config::{Backend, SqlConfig};
+use crate::conn::impl_sql_conn;
+use crate::dialect::pool_error;
+
+/// A SQLite connection, run on blocking threads.
+pub(crate) type SqliteConn =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+impl_sql_conn!(SqliteConn, diesel::sqlite::Sqlite);
+
+/// What a SQLite store holds: its pool, and where its database lives.
+pub(crate) struct Store {
+    pub(crate) pool: DeadPool<SqliteConn>,
+    /// The database file (its lock files live beside it).
+    pub(crate) path: String,
+    /// `:memory:`: no other process can reach the database.
+    pub(crate) memory: bool,
+}
+
+impl Store {
+    /// The pool of connections to the database at `path` (no I/O): WAL, and a busy
+    /// timeout of the statement timeout.
+    pub(crate) fn new(path: &str, memory: bool, config: &SqlConfig) -> Result<Store> {
+        let size = config.pool_size();
+        let timeout = config.statement_timeout();
+        // WAL lets readers run beside the one writer; busy_timeout makes writers of
+        // other connections and processes wait instead of failing.
+        let busy = format!(
+            "PRAGMA busy_timeout = {}",
+            timeout.as_millis().min(i32::MAX as u128)
+        );
+        let mut mc = ManagerConfig::<SqliteConn>::default();
+        mc.recycling_method = RecyclingMethod::Fast;
+        mc.custom_setup = Box::new(move |url| {
+            let busy = busy.clone();
+            Box::pin(async move {
+                let setup = diesel::ConnectionError::CouldntSetupConfiguration;
+                let mut conn = SqliteConn::establish(url).await?;
+                conn.batch_execute(&busy).await.map_err(setup)?;
+                // Switching a file to WAL needs it to itself for an instant, and fails
+                // at once with "database is locked" (the busy timeout does not apply)
+                // while other connections open it: retry, within the statement timeout.
+                let give_up = tokio::time::Instant::now() + timeout;
+                loop {
+                    match conn.batch_execute("PRAGMA journal_mode = WAL").await {
+                        Ok(()) => break,
+                        Err(e) if is_busy(&e) && tokio::time::Instant::now() < give_up => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => return Err(setup(e)),
+                    }
+                }
+                Ok(conn)
+            })
+        });
+        let mgr = AsyncDieselConnectionManager::new_with_config(path.to_owned(), mc);
+        // Every connection to `:memory:` is a database of its own: use exactly one.
+        let size = if memory { 1 } else { size };
+        let pool = DeadPool::builder(mgr)
+            .max_size(size)
+            .build()
+            .map_err(|e| pool_error(Backend::Sqlite, e))?;
+        Ok(Store {
+            pool,
+            path: path.to_owned(),
+            memory,
+        })
+    }
+}
+
+/// Whether a SQLite error is "database is locked" / "database is busy".
+fn is_busy(e: &diesel::result::Error) -> bool {
+    let text = e.to_string();
+    text.contains("locked") || text.contains("busy")
+}
