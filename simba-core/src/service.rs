@@ -267,6 +267,9 @@ pub trait RetrievalService: Send + Sync + fmt::Debug {
 
 /// Makes contend and retrieval services for one backend. Object-safe, so a program can
 /// choose the backend at run time (`Arc<dyn ContendServiceFactory>`).
+///
+/// A backend implements it through [`ServiceFactory`](crate::backend::ServiceFactory),
+/// which gives the defaults of the checks below and boxes the services.
 pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     /// The backend's name.
     fn backend(&self) -> &'static str;
@@ -277,9 +280,7 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) saying why not (ZooKeeper has
     /// sessions, not leases).
-    fn check_hold(&self) -> Result<()> {
-        Err(unsupported_hold(self.backend()))
-    }
+    fn check_hold(&self) -> Result<()>;
 
     /// Checks a mutex name for this backend: the rules every backend shares
     /// ([`validate_mutex_name`](crate::validate_mutex_name)) and what this backend cannot
@@ -287,9 +288,7 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// [`Error::InvalidName`](crate::Error::InvalidName) saying why.
-    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
-        crate::validate_mutex_name(mutex)
-    }
+    fn check_mutex_name(&self, mutex: &str) -> Result<()>;
 
     /// Checks a contender id for this backend: the rules every backend shares
     /// ([`validate_contender_id`](crate::validate_contender_id)) and what this backend
@@ -298,9 +297,7 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// [`Error::InvalidContenderId`](crate::Error::InvalidContenderId) saying why.
-    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
-        crate::validate_contender_id(contender_id)
-    }
+    fn check_contender_id(&self, contender_id: &str) -> Result<()>;
 
     /// A new contend service for `mutex`, reporting to `contender`. Not started.
     ///

@@ -20,8 +20,12 @@
 //!   protocol written in [`ContendService`'s contract](crate::ContendService#contract). They
 //!   do it with the same parts the lease engine is built from, so no state machine is
 //!   written twice:
-//!   - [`ServiceRunner`]: the background task — start, stop, restart, stop on drop, with
-//!     a [`CancellationToken`](tokio_util::sync::CancellationToken) as the stop signal;
+//!   - [`ServiceHandle`] over a [`ServiceDriver`]: the service itself — identity, status,
+//!     start, stop, restart — so that a backend writes only its driver and its shared
+//!     state;
+//!   - [`ServiceRunner`]: the background task under it — start, stop, restart, stop on
+//!     drop, with a [`CancellationToken`](tokio_util::sync::CancellationToken) as the stop
+//!     signal;
 //!   - [`ServiceStatus`] and [`OwnershipTracker`]: the ownership state machine and the
 //!     only writer of the status — acquired, renewed, suspect, lost, attempts counted,
 //!     callbacks before status;
@@ -33,10 +37,12 @@
 //! when its answers stop, and when the ownership ended.
 
 mod factory;
+mod handle;
 mod ownership;
 mod runner;
 
 pub use factory::ServiceFactory;
+pub use handle::{ServiceDriver, ServiceHandle};
 pub use ownership::{OwnershipTracker, Reporter, ServiceStatus};
 pub use runner::ServiceRunner;
 
@@ -45,7 +51,7 @@ pub use crate::service::BoxFuture;
 pub use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 
 use crate::error::Result;
-use crate::id::{generate_contender_id, validate_contender_id};
+use crate::id::{validate_contender_id, generate_contender_id};
 use crate::service::Contender;
 
 /// The id `contender` contends with: its own ([`Contender::contender_id`]) after

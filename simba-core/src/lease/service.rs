@@ -2,16 +2,17 @@
 //! drives.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
-use tracing::Instrument;
+use tokio_util::sync::CancellationToken;
 
 use super::LeaseConfig;
 use super::driver::Driver;
-use crate::backend::{Reporter, ServiceRunner, ServiceStatus};
+use crate::backend::{OwnershipTracker, Reporter, ServiceDriver, ServiceHandle, ServiceStatus};
 use crate::error::{Error, LossReason, Result};
 use crate::id::generate_contender_id;
 use crate::owner::MutexState;
@@ -52,19 +53,37 @@ pub(super) struct Shared<S> {
 ///   acquisition in flight is not cut off but waited for first (at most the request
 ///   timeout), because it may win on the server after its answer was dropped;
 /// - results that arrive after `stop` are ignored.
-pub struct LeaseContendService<S> {
-    shared: Arc<Shared<S>>,
-    runner: ServiceRunner,
+pub struct LeaseContendService<S>(ServiceHandle<Shared<S>>);
+
+impl<S: LeaseStore> ServiceDriver for Shared<S> {
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
+    fn mutex(&self) -> &str {
+        &self.mutex
+    }
+
+    fn contender_id(&self) -> &str {
+        &self.contender_id
+    }
+
+    fn service_status(&self) -> &ServiceStatus {
+        &self.out
+    }
+
+    fn run(
+        self: Arc<Self>,
+        tracker: OwnershipTracker,
+        stop: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        Driver::new(self, tracker, stop).run()
+    }
 }
 
 impl<S: LeaseStore> fmt::Debug for LeaseContendService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseContendService")
-            .field("backend", &self.shared.store.backend())
-            .field("mutex", &self.shared.mutex)
-            .field("contender_id", &self.shared.contender_id)
-            .field("status", &self.shared.out.current())
-            .finish()
+        f.debug_tuple("LeaseContendService").field(&self.0).finish()
     }
 }
 
@@ -82,76 +101,49 @@ impl<S: LeaseStore> LeaseContendService<S> {
             &contender_id,
             config.metrics_mutex_label,
         );
-        LeaseContendService {
-            shared: Arc::new(Shared {
-                hold: StdMutex::new(None),
-                store,
-                mutex,
-                contender_id,
-                config,
-                out,
-            }),
-            runner: ServiceRunner::new(),
-        }
-    }
-
-    fn start_inner(&self) -> Result<()> {
-        let shared = self.shared.clone();
-        let what = if shared.out.contends() {
-            format!("contend service for mutex {:?}", shared.mutex)
-        } else {
-            format!("retrieval service for mutex {:?}", shared.mutex)
-        };
-        self.runner.start(what, move |stop| {
-            let tracker = shared.out.begin();
-            let span = tracing::debug_span!(
-                "simba",
-                backend = shared.store.backend(),
-                mutex = %shared.mutex,
-                contender = %shared.contender_id
-            );
-            Driver::new(shared, tracker, stop).run().instrument(span)
-        })
+        LeaseContendService(ServiceHandle::new(Shared {
+            hold: StdMutex::new(None),
+            store,
+            mutex,
+            contender_id,
+            config,
+            out,
+        }))
     }
 }
 
 impl<S: LeaseStore> ContendService for LeaseContendService<S> {
     fn mutex(&self) -> &str {
-        &self.shared.mutex
+        self.0.mutex()
     }
 
     fn contender_id(&self) -> &str {
-        &self.shared.contender_id
+        self.0.contender_id()
     }
 
     fn start(&self) -> Result<()> {
-        self.start_inner()
+        self.0.start()
     }
 
     fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signalled now, so that dropping the returned future still stops.
-        self.runner.stop()
+        self.0.stop()
     }
 
     fn stop_holding_until(&self, until: Instant) -> BoxFuture<'_, Result<()>> {
         if let Err(e) = crate::store::hold_millis(until.saturating_duration_since(Instant::now())) {
             return Box::pin(async { Err(e) });
         }
+        let shared = self.0.shared();
         let (reply, outcome) = oneshot::channel();
-        *self.shared.hold.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(HoldRequest { until, reply });
+        *shared.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(HoldRequest { until, reply });
         // Signalled at once, so that dropping the returned future still stops and holds.
-        let stopped = self.runner.stop_task();
+        let stopped = self.0.stop_task();
         if stopped.is_none() {
-            self.shared
-                .hold
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            shared.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
-        let mutex = self.shared.mutex.clone();
+        let mutex = shared.mutex.clone();
         // Not running: the ownership ended before (e.g. lost, and the service stopped).
-        let ended = self.shared.out.current().last_loss.map(|l| l.reason);
+        let ended = shared.out.current().last_loss.map(|l| l.reason);
         Box::pin(async move {
             let Some(stopped) = stopped else {
                 return Err(match ended {
@@ -167,7 +159,7 @@ impl<S: LeaseStore> ContendService for LeaseContendService<S> {
     }
 
     fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.shared.out.status()
+        self.0.status()
     }
 }
 
@@ -183,7 +175,7 @@ pub(super) const OBSERVE_FLOOR: Duration = Duration::from_millis(500);
 /// [`LeaseConfig::waiter_poll`] (or `max(ttl / 2, 500 ms)` when unset), and at the end of
 /// each lease it saw. Either way an idle observer costs a few reads per lease; it never
 /// loops on a free mutex.
-pub struct LeaseRetrievalService<S>(LeaseContendService<S>);
+pub struct LeaseRetrievalService<S>(ServiceHandle<Shared<S>>);
 
 impl<S: LeaseStore> LeaseRetrievalService<S> {
     pub(super) fn new(
@@ -192,13 +184,14 @@ impl<S: LeaseStore> LeaseRetrievalService<S> {
         config: LeaseConfig,
         retriever: Arc<dyn MutexRetriever>,
     ) -> Self {
-        LeaseRetrievalService(LeaseContendService::new(
+        let LeaseContendService(handle) = LeaseContendService::new(
             store,
             mutex,
             generate_contender_id(),
             config,
             Reporter::Retriever(retriever),
-        ))
+        );
+        LeaseRetrievalService(handle)
     }
 }
 
@@ -212,16 +205,15 @@ impl<S: LeaseStore> fmt::Debug for LeaseRetrievalService<S> {
 
 impl<S: LeaseStore> RetrievalService for LeaseRetrievalService<S> {
     fn mutex(&self) -> &str {
-        &self.0.shared.mutex
+        self.0.mutex()
     }
     fn start(&self) -> Result<()> {
-        self.0.start_inner()
+        self.0.start()
     }
     fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // One stop path for both services: signalled at once, awaited in the future.
-        ContendService::stop(&self.0)
+        self.0.stop()
     }
     fn state(&self) -> watch::Receiver<MutexState> {
-        self.0.shared.out.owner_state()
+        self.0.owner_state()
     }
 }
