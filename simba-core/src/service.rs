@@ -283,7 +283,7 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     fn check_hold(&self) -> Result<()>;
 
     /// Checks a mutex name for this backend: the rules every backend shares
-    /// ([`validate_mutex_name`](crate::validate_mutex_name)) and what this backend cannot
+    /// ([`check_common_mutex_name`](crate::check_common_mutex_name)) and what this backend cannot
     /// accept besides. [`Locker::new`](crate::Locker::new) calls it.
     ///
     /// # Errors
@@ -291,7 +291,7 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     fn check_mutex_name(&self, mutex: &str) -> Result<()>;
 
     /// Checks a contender id for this backend: the rules every backend shares
-    /// ([`validate_contender_id`](crate::validate_contender_id)) and what this backend
+    /// ([`check_common_contender_id`](crate::check_common_contender_id)) and what this backend
     /// cannot accept besides. [`Locker::with_contender_id`](crate::Locker::with_contender_id)
     /// calls it.
     ///

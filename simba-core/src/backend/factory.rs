@@ -31,13 +31,13 @@ pub trait ServiceFactory: Send + Sync + fmt::Debug {
     /// [`ContendServiceFactory::check_mutex_name`]; by default the rules every backend
     /// shares.
     fn check_mutex_name(&self, mutex: &str) -> Result<()> {
-        crate::validate_mutex_name(mutex)
+        crate::check_common_mutex_name(mutex)
     }
 
     /// [`ContendServiceFactory::check_contender_id`]; by default the rules every backend
     /// shares.
     fn check_contender_id(&self, contender_id: &str) -> Result<()> {
-        crate::validate_contender_id(contender_id)
+        crate::check_common_contender_id(contender_id)
     }
 
     /// A new contend service for `mutex`, reporting to `contender`; not started.

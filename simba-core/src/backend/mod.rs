@@ -51,11 +51,11 @@ pub use crate::service::BoxFuture;
 pub use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 
 use crate::error::Result;
-use crate::id::{validate_contender_id, generate_contender_id};
+use crate::id::{check_common_contender_id, generate_contender_id};
 use crate::service::Contender;
 
 /// The id `contender` contends with: its own ([`Contender::contender_id`]) after
-/// [`validate_contender_id`], or a new one from
+/// [`check_common_contender_id`], or a new one from
 /// [`generate_contender_id`].
 ///
 /// # Errors
@@ -63,7 +63,7 @@ use crate::service::Contender;
 pub fn contender_id_for(contender: &dyn Contender) -> Result<String> {
     match contender.contender_id() {
         Some(id) => {
-            validate_contender_id(&id)?;
+            check_common_contender_id(&id)?;
             Ok(id)
         }
         None => Ok(generate_contender_id()),
