@@ -6,15 +6,12 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use simba_core::backend::{
-    BoxFuture, OwnershipTracker, Reporter, ServiceDriver, ServiceHandle, ServiceStatus,
+    BoxFuture, ContendHandle, OwnershipTracker, Reporter, ServiceHandle, ServiceStatus,
 };
 use simba_core::metrics::FailureKind;
-use simba_core::{
-    ContendService, Contender, ContenderStatus, LossReason, MutexOwner, MutexState, Result,
-};
+use simba_core::{Contender, LossReason, MutexOwner, MutexState, Result};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 use zookeeper_async::{CreateMode, Stat, ZkError, ZkResult};
 
@@ -27,38 +24,8 @@ const MAX_RECHECKS: u32 = 10;
 
 struct Shared {
     session: Arc<Session>,
-    mutex: String,
-    contender_id: String,
     /// The server-side path of the mutex node (`{chroot}{root}/{encoded mutex}`).
     parent: String,
-    out: ServiceStatus,
-}
-
-impl ServiceDriver for Shared {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn mutex(&self) -> &str {
-        &self.mutex
-    }
-
-    fn contender_id(&self) -> &str {
-        &self.contender_id
-    }
-
-    fn service_status(&self) -> &ServiceStatus {
-        &self.out
-    }
-
-    fn run(
-        self: Arc<Self>,
-        tracker: OwnershipTracker,
-        stop: CancellationToken,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let (latch, watches) = Latch::new(self, tracker);
-        recipe::run(latch, watches, stop)
-    }
 }
 
 /// A contend service on ZooKeeper: the leader-latch recipe.
@@ -83,13 +50,16 @@ impl ServiceDriver for Shared {
 ///   stale ones are ignored.
 /// - `stop` deletes its node, so the next waiter's watch fires at once; when the delete
 ///   cannot be done now, the session deletes the node as soon as it can.
-pub struct ZkContendService(ServiceHandle<Shared>);
+pub struct ZkContendService {
+    shared: Arc<Shared>,
+    handle: ServiceHandle,
+}
 
 impl fmt::Debug for ZkContendService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkContendService")
             .field("path", &self.path())
-            .field("service", &self.0)
+            .field("service", &self.handle)
             .finish()
     }
 }
@@ -109,53 +79,35 @@ impl ZkContendService {
             &contender_id,
             mutex_label,
         );
-        ZkContendService(ServiceHandle::new(Shared {
-            session,
-            mutex,
-            contender_id,
-            parent,
-            out,
-        }))
+        let shared = Arc::new(Shared { session, parent });
+        let driver = shared.clone();
+        let handle = ServiceHandle::new(out, move |tracker, stop| {
+            let (latch, watches) = Latch::new(driver.clone(), tracker);
+            Box::pin(recipe::run(latch, watches, stop))
+        });
+        ZkContendService { shared, handle }
     }
 
     /// The server-side path of this mutex's node, under which the latch nodes live.
     pub fn path(&self) -> &str {
-        &self.0.shared().parent
+        &self.shared.parent
     }
 
     /// A receiver of the last owner change this service observed (waiters learn of a new
     /// owner when their predecessor changes, not on every change).
     pub fn owner_state(&self) -> watch::Receiver<MutexState> {
-        self.0.owner_state()
+        self.handle.service_status().owner_state()
     }
 }
 
-impl ContendService for ZkContendService {
-    fn mutex(&self) -> &str {
-        self.0.mutex()
-    }
-
-    fn contender_id(&self) -> &str {
-        self.0.contender_id()
-    }
-
-    fn start(&self) -> Result<()> {
-        self.0.start()
-    }
-
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signalled now, so that dropping the returned future still stops; the driver
-        // deletes what it created (dropping the service does the same, in the background).
-        self.0.stop()
+impl ContendHandle for ZkContendService {
+    fn handle(&self) -> &ServiceHandle {
+        &self.handle
     }
 
     /// Not supported: ZooKeeper has sessions, not leases (the service keeps running).
-    fn stop_holding_until(&self, _until: tokio::time::Instant) -> BoxFuture<'_, Result<()>> {
+    fn stop_holding_until(&self, _until: Instant) -> BoxFuture<'_, Result<()>> {
         Box::pin(async { Err(crate::common::hold_unsupported()) })
-    }
-
-    fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.0.status()
     }
 }
 
@@ -296,6 +248,10 @@ impl Latch {
         (latch, watches)
     }
 
+    fn contender_id(&self) -> &str {
+        self.tracker.service_status().contender_id()
+    }
+
     fn parent(&self) -> &str {
         &self.shared.parent
     }
@@ -314,8 +270,8 @@ impl Latch {
             "simba_call",
             op,
             backend = BACKEND,
-            mutex = %self.shared.mutex,
-            contender = %self.shared.contender_id,
+            mutex = %self.tracker.service_status().mutex(),
+            contender = %self.contender_id(),
             path,
             fence = self.tracker.held().map(|h| h.fence),
             outcome = tracing::field::Empty,
@@ -630,7 +586,7 @@ impl Latch {
         }
         let token = self.pending.get_or_insert_with(new_token).clone();
         let prefix = format!("{parent}/{}", node_prefix(&token));
-        let data = self.shared.contender_id.as_bytes().to_vec();
+        let data = self.contender_id().as_bytes().to_vec();
         match self
             .traced(
                 "create",
@@ -676,7 +632,7 @@ impl Latch {
     /// Our node is the lowest: we own (or still own) the mutex.
     fn own(&mut self, node: &Node) {
         let owner = owner_at(
-            self.shared.contender_id.clone(),
+            self.contender_id().to_owned(),
             node.ctime,
             node.czxid,
             self.core.timing().session_timeout,

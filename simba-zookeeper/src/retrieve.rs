@@ -5,60 +5,15 @@ use std::future::Future;
 use std::sync::Arc;
 
 use simba_core::backend::{
-    BoxFuture, OwnershipTracker, Reporter, ServiceDriver, ServiceHandle, ServiceStatus,
+    OwnershipTracker, Reporter, RetrievalHandle, ServiceHandle, ServiceStatus,
 };
-use simba_core::{MutexOwner, MutexRetriever, MutexState, Result, RetrievalService};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use simba_core::{MutexOwner, MutexRetriever, Result};
 use tracing::{debug, warn};
 use zookeeper_async::ZkError;
 
 use crate::common::{owner_of, sort_latch};
 use crate::recipe::{self, Recipe, Schedule};
 use crate::session::{BACKEND, Core, Fail, Session};
-
-struct Shared {
-    session: Arc<Session>,
-    mutex: String,
-    parent: String,
-    out: ServiceStatus,
-}
-
-impl ServiceDriver for Shared {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn mutex(&self) -> &str {
-        &self.mutex
-    }
-
-    /// A retrieval service contends with no id.
-    fn contender_id(&self) -> &str {
-        ""
-    }
-
-    fn service_status(&self) -> &ServiceStatus {
-        &self.out
-    }
-
-    fn run(
-        self: Arc<Self>,
-        tracker: OwnershipTracker,
-        stop: CancellationToken,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let core = self.session.core().clone();
-        let (schedule, watches) = Schedule::new();
-        let observer = Observer {
-            shared: self,
-            core,
-            schedule,
-            tracker,
-            known_lowest: None,
-        };
-        recipe::run(observer, watches, stop)
-    }
-}
 
 /// Observes the owner of a mutex on ZooKeeper without contending.
 ///
@@ -67,13 +22,17 @@ impl ServiceDriver for Shared {
 /// changes, and reports every change of owner. After every reconnect it lists and watches
 /// again (the client loses watches on reconnect). While disconnected it keeps reporting
 /// the last owner it saw.
-pub struct ZkRetrievalService(ServiceHandle<Shared>);
+pub struct ZkRetrievalService {
+    /// The server-side path of the mutex node.
+    parent: String,
+    handle: ServiceHandle,
+}
 
 impl fmt::Debug for ZkRetrievalService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkRetrievalService")
             .field("path", &self.path())
-            .field("service", &self.0)
+            .field("service", &self.handle)
             .finish()
     }
 }
@@ -92,42 +51,37 @@ impl ZkRetrievalService {
             "",
             mutex_label,
         );
-        ZkRetrievalService(ServiceHandle::new(Shared {
-            session,
-            mutex,
-            parent,
-            out,
-        }))
+        let path = parent.clone();
+        let handle = ServiceHandle::new(out, move |tracker, stop| {
+            let (schedule, watches) = Schedule::new();
+            let observer = Observer {
+                core: session.core().clone(),
+                parent: path.clone(),
+                schedule,
+                tracker,
+                known_lowest: None,
+            };
+            Box::pin(recipe::run(observer, watches, stop))
+        });
+        ZkRetrievalService { parent, handle }
     }
 
     /// The server-side path of this mutex's node.
     pub fn path(&self) -> &str {
-        &self.0.shared().parent
+        &self.parent
     }
 }
 
-impl RetrievalService for ZkRetrievalService {
-    fn mutex(&self) -> &str {
-        self.0.mutex()
-    }
-
-    fn start(&self) -> Result<()> {
-        self.0.start()
-    }
-
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signalled now, so that dropping the returned future still stops.
-        self.0.stop()
-    }
-
-    fn state(&self) -> watch::Receiver<MutexState> {
-        self.0.owner_state()
+impl RetrievalHandle for ZkRetrievalService {
+    fn handle(&self) -> &ServiceHandle {
+        &self.handle
     }
 }
 
 struct Observer {
-    shared: Arc<Shared>,
     core: Arc<Core>,
+    /// The server-side path of the mutex node.
+    parent: String,
     /// When the next check is due.
     schedule: Schedule,
     /// Publishes the owner changes (and calls the retriever).
@@ -174,7 +128,7 @@ impl Observer {
     async fn pass(&mut self) -> Result<bool> {
         let on_event = self.schedule.begin_check();
         let core = self.core.clone();
-        let parent = self.shared.parent.clone();
+        let parent = self.parent.clone();
         let children = match core
             .call(core.zk().get_children_w(&parent, on_event.clone()))
             .await

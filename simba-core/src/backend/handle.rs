@@ -1,102 +1,80 @@
 //! [`ServiceHandle`]: the part of a contend or retrieval service every backend shares —
-//! its identity, its published status and its background task.
+//! its identity, its published status and its background task — and the two traits that
+//! make a service type of it ([`ContendHandle`], [`RetrievalHandle`]).
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{OwnershipTracker, ServiceRunner, ServiceStatus};
 use crate::error::Result;
 use crate::owner::MutexState;
-use crate::service::{BoxFuture, ContenderStatus};
+use crate::service::{
+    BoxFuture, ContendService, ContenderStatus, RetrievalService, unsupported_hold,
+};
 
-/// What a backend writes to get a service from [`ServiceHandle`]: the state the service
-/// shares with its driver, and the driver.
+/// What starts one run of a service's driver: the driver reports through the tracker and
+/// runs until the token is cancelled, then finishes its shutdown (a release, say) before
+/// its future ends.
+pub type DriverFn =
+    Box<dyn Fn(OwnershipTracker, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// A service's [`ServiceStatus`], its driver and its [`ServiceRunner`]: start, stop,
+/// restart and status, the same for every backend.
 ///
-/// The lease engine's services and ZooKeeper's are built this way; a backend's public
-/// service type wraps a `ServiceHandle` and forwards the
-/// [`ContendService`](crate::ContendService) or
-/// [`RetrievalService`](crate::RetrievalService) methods to it.
-pub trait ServiceDriver: Send + Sync + 'static {
-    /// The backend's name (the `backend` field of the driver's span).
-    fn backend(&self) -> &'static str;
-
-    /// The mutex the service contends for or observes.
-    fn mutex(&self) -> &str;
-
-    /// The contender id the service contends with; empty for a retrieval service that
-    /// has none.
-    fn contender_id(&self) -> &str;
-
-    /// The published side of the service (made once, kept across restarts).
-    fn service_status(&self) -> &ServiceStatus;
-
-    /// One run of the driver: it reports through `tracker` and runs until `stop` is
-    /// cancelled, then finishes its shutdown (a release, say) before it returns.
-    fn run(
-        self: Arc<Self>,
-        tracker: OwnershipTracker,
-        stop: CancellationToken,
-    ) -> impl Future<Output = ()> + Send + 'static;
-}
-
-/// A service's shared state `D` and its [`ServiceRunner`]: start, stop, restart and
-/// status, the same for every backend.
-///
-/// - [`start`](Self::start) begins a run of the [`ServiceStatus`] (so the status says
-///   `running` when `start` returns) and spawns [`ServiceDriver::run`] in a span `simba`
-///   with the fields `backend`, `mutex` and `contender`;
+/// - [`start`](Self::start) begins a run of the status (so it says `running` when
+///   `start` returns) and spawns the driver in a span `simba` with the fields `backend`,
+///   `mutex` and `contender` (the service's identity, from
+///   [`ServiceStatus::with_identity`]);
 /// - [`stop`](Self::stop) signals the stop at once and waits for the driver's shutdown;
 /// - dropping the handle stops the driver in the background.
-pub struct ServiceHandle<D> {
-    shared: Arc<D>,
+///
+/// A backend's service type wraps one and implements [`ContendHandle`] or
+/// [`RetrievalHandle`], which give it [`ContendService`] or [`RetrievalService`].
+pub struct ServiceHandle {
+    out: ServiceStatus,
+    driver: DriverFn,
     runner: ServiceRunner,
 }
 
-impl<D: ServiceDriver> fmt::Debug for ServiceHandle<D> {
+impl fmt::Debug for ServiceHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = f.debug_struct("ServiceHandle");
-        s.field("backend", &self.shared.backend())
-            .field("mutex", &self.shared.mutex());
-        if !self.shared.contender_id().is_empty() {
-            s.field("contender_id", &self.shared.contender_id());
-        }
-        let out = self.shared.service_status();
-        if out.contends() {
-            s.field("status", &out.current());
+        s.field("backend", &self.out.backend())
+            .field("mutex", &self.out.mutex());
+        if self.out.contends() {
+            s.field("contender_id", &self.out.contender_id())
+                .field("status", &self.out.current());
         } else {
-            s.field("state", &out.current_owner());
+            s.field("state", &self.out.current_owner());
         }
         s.finish()
     }
 }
 
-impl<D: ServiceDriver> ServiceHandle<D> {
-    /// A service over `shared`, not started.
-    pub fn new(shared: D) -> Self {
+impl ServiceHandle {
+    /// A service that publishes to `out` and runs `driver`; not started.
+    pub fn new<F>(out: ServiceStatus, driver: F) -> Self
+    where
+        F: Fn(OwnershipTracker, CancellationToken) -> BoxFuture<'static, ()>
+            + Send
+            + Sync
+            + 'static,
+    {
         ServiceHandle {
-            shared: Arc::new(shared),
+            out,
+            driver: Box::new(driver),
             runner: ServiceRunner::new(),
         }
     }
 
-    /// The state the service shares with its driver.
-    pub fn shared(&self) -> &D {
-        &self.shared
-    }
-
-    /// [`ServiceDriver::mutex`].
-    pub fn mutex(&self) -> &str {
-        self.shared.mutex()
-    }
-
-    /// [`ServiceDriver::contender_id`].
-    pub fn contender_id(&self) -> &str {
-        self.shared.contender_id()
+    /// The published side of the service.
+    pub fn service_status(&self) -> &ServiceStatus {
+        &self.out
     }
 
     /// Starts a run of the driver in the background.
@@ -105,22 +83,21 @@ impl<D: ServiceDriver> ServiceHandle<D> {
     /// [`Error::InvalidState`](crate::Error::InvalidState) when called outside a tokio
     /// runtime, or while an earlier run is still going.
     pub fn start(&self) -> Result<()> {
-        let shared = self.shared.clone();
-        let kind = if shared.service_status().contends() {
+        let kind = if self.out.contends() {
             "contend"
         } else {
             "retrieval"
         };
-        let what = format!("{kind} service for mutex {:?}", shared.mutex());
-        self.runner.start(what, move |stop| {
-            let tracker = shared.service_status().begin();
+        let what = format!("{kind} service for mutex {:?}", self.out.mutex());
+        self.runner.start(what, |stop| {
+            let tracker = self.out.begin();
             let span = tracing::debug_span!(
                 "simba",
-                backend = shared.backend(),
-                mutex = %shared.mutex(),
-                contender = %shared.contender_id()
+                backend = self.out.backend(),
+                mutex = %self.out.mutex(),
+                contender = %self.out.contender_id()
             );
-            shared.run(tracker, stop).instrument(span)
+            (self.driver)(tracker, stop).instrument(span)
         })
     }
 
@@ -141,18 +118,72 @@ impl<D: ServiceDriver> ServiceHandle<D> {
     ///
     /// # Cancel safety
     /// The stop is signalled before this returns; dropping the future only stops waiting.
-    pub fn stop_task(&self) -> Option<impl Future<Output = ()> + Send + 'static + use<D>> {
+    pub fn stop_task(&self) -> Option<impl Future<Output = ()> + Send + 'static + use<>> {
         self.runner.stop_task()
     }
+}
 
-    /// A receiver of the status ([`ContendService::status`](crate::ContendService::status)).
-    pub fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.shared.service_status().status()
+/// A contend service type made of a [`ServiceHandle`]: implementing this gives it
+/// [`ContendService`].
+pub trait ContendHandle: Send + Sync + fmt::Debug {
+    /// The handle the service is made of.
+    fn handle(&self) -> &ServiceHandle;
+
+    /// [`ContendService::stop_holding_until`]; by default the backend cannot hold.
+    fn stop_holding_until(&self, until: Instant) -> BoxFuture<'_, Result<()>> {
+        let _ = until;
+        let backend = self.handle().out.backend();
+        Box::pin(async move { Err(unsupported_hold(backend)) })
+    }
+}
+
+impl<T: ContendHandle> ContendService for T {
+    fn mutex(&self) -> &str {
+        self.handle().out.mutex()
     }
 
-    /// A receiver of the last owner change seen
-    /// ([`RetrievalService::state`](crate::RetrievalService::state)).
-    pub fn owner_state(&self) -> watch::Receiver<MutexState> {
-        self.shared.service_status().owner_state()
+    fn contender_id(&self) -> &str {
+        self.handle().out.contender_id()
+    }
+
+    fn start(&self) -> Result<()> {
+        self.handle().start()
+    }
+
+    fn stop(&self) -> BoxFuture<'_, Result<()>> {
+        self.handle().stop()
+    }
+
+    fn stop_holding_until(&self, until: Instant) -> BoxFuture<'_, Result<()>> {
+        ContendHandle::stop_holding_until(self, until)
+    }
+
+    fn status(&self) -> watch::Receiver<ContenderStatus> {
+        self.handle().out.status()
+    }
+}
+
+/// A retrieval service type made of a [`ServiceHandle`]: implementing this gives it
+/// [`RetrievalService`].
+pub trait RetrievalHandle: Send + Sync + fmt::Debug {
+    /// The handle the service is made of.
+    fn handle(&self) -> &ServiceHandle;
+}
+
+impl<T: RetrievalHandle> RetrievalService for T {
+    fn mutex(&self) -> &str {
+        self.handle().out.mutex()
+    }
+
+    fn start(&self) -> Result<()> {
+        self.handle().start()
+    }
+
+    fn stop(&self) -> BoxFuture<'_, Result<()>> {
+        self.handle().stop()
+    }
+
+    fn state(&self) -> watch::Receiver<MutexState> {
+        self.handle().out.owner_state()
     }
 }

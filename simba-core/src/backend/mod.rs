@@ -20,9 +20,11 @@
 //!   protocol written in [`ContendService`'s contract](crate::ContendService#contract). They
 //!   do it with the same parts the lease engine is built from, so no state machine is
 //!   written twice:
-//!   - [`ServiceHandle`] over a [`ServiceDriver`]: the service itself — identity, status,
-//!     start, stop, restart — so that a backend writes only its driver and its shared
-//!     state;
+//!   - [`ServiceHandle`]: the service itself — identity, status, start, stop, restart —
+//!     around the backend's driver ([`DriverFn`]) and the state it shares with it; a
+//!     service type made of one implements [`ContendHandle`] or [`RetrievalHandle`] and
+//!     gets [`ContendService`](crate::ContendService) or
+//!     [`RetrievalService`](crate::RetrievalService) from them;
 //!   - [`ServiceRunner`]: the background task under it — start, stop, restart, stop on
 //!     drop, with a [`CancellationToken`](tokio_util::sync::CancellationToken) as the stop
 //!     signal;
@@ -42,7 +44,7 @@ mod ownership;
 mod runner;
 
 pub use factory::ServiceFactory;
-pub use handle::{ServiceDriver, ServiceHandle};
+pub use handle::{ContendHandle, DriverFn, RetrievalHandle, ServiceHandle};
 pub use ownership::{OwnershipTracker, Reporter, ServiceStatus};
 pub use runner::ServiceRunner;
 

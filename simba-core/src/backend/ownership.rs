@@ -85,6 +85,27 @@ impl ServiceStatus {
         self
     }
 
+    /// The backend that names the service ([`with_identity`](Self::with_identity);
+    /// `"unknown"` without it).
+    pub fn backend(&self) -> &'static str {
+        if self.identity.backend.is_empty() {
+            "unknown"
+        } else {
+            self.identity.backend
+        }
+    }
+
+    /// The mutex of the service ([`with_identity`](Self::with_identity)).
+    pub fn mutex(&self) -> &str {
+        &self.identity.mutex
+    }
+
+    /// The contender id of the service ([`with_identity`](Self::with_identity)); empty for
+    /// a retrieval service that has none.
+    pub fn contender_id(&self) -> &str {
+        &self.identity.contender
+    }
+
     /// The metric labels of this service.
     pub(crate) fn labels(&self) -> &Labels {
         &self.identity.labels

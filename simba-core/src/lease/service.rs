@@ -2,23 +2,18 @@
 //! drives.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::LeaseConfig;
 use super::driver::Driver;
-use crate::backend::{OwnershipTracker, Reporter, ServiceDriver, ServiceHandle, ServiceStatus};
+use crate::backend::{ContendHandle, Reporter, RetrievalHandle, ServiceHandle, ServiceStatus};
 use crate::error::{Error, LossReason, Result};
 use crate::id::generate_contender_id;
-use crate::owner::MutexState;
-use crate::service::{
-    BoxFuture, ContendService, ContenderStatus, MutexRetriever, RetrievalService,
-};
+use crate::service::{BoxFuture, MutexRetriever};
 use crate::store::LeaseStore;
 
 /// A stop that keeps the mutex held until `until`, and where its outcome goes.
@@ -53,37 +48,16 @@ pub(super) struct Shared<S> {
 ///   acquisition in flight is not cut off but waited for first (at most the request
 ///   timeout), because it may win on the server after its answer was dropped;
 /// - results that arrive after `stop` are ignored.
-pub struct LeaseContendService<S>(ServiceHandle<Shared<S>>);
-
-impl<S: LeaseStore> ServiceDriver for Shared<S> {
-    fn backend(&self) -> &'static str {
-        self.store.backend()
-    }
-
-    fn mutex(&self) -> &str {
-        &self.mutex
-    }
-
-    fn contender_id(&self) -> &str {
-        &self.contender_id
-    }
-
-    fn service_status(&self) -> &ServiceStatus {
-        &self.out
-    }
-
-    fn run(
-        self: Arc<Self>,
-        tracker: OwnershipTracker,
-        stop: CancellationToken,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        Driver::new(self, tracker, stop).run()
-    }
+pub struct LeaseContendService<S> {
+    shared: Arc<Shared<S>>,
+    handle: ServiceHandle,
 }
 
 impl<S: LeaseStore> fmt::Debug for LeaseContendService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("LeaseContendService").field(&self.0).finish()
+        f.debug_tuple("LeaseContendService")
+            .field(&self.handle)
+            .finish()
     }
 }
 
@@ -101,43 +75,36 @@ impl<S: LeaseStore> LeaseContendService<S> {
             &contender_id,
             config.metrics_mutex_label,
         );
-        LeaseContendService(ServiceHandle::new(Shared {
+        let shared = Arc::new(Shared {
             hold: StdMutex::new(None),
             store,
             mutex,
             contender_id,
             config,
-            out,
-        }))
+            out: out.clone(),
+        });
+        let driver = shared.clone();
+        let handle = ServiceHandle::new(out, move |tracker, stop| {
+            Box::pin(Driver::new(driver.clone(), tracker, stop).run())
+        });
+        LeaseContendService { shared, handle }
     }
 }
 
-impl<S: LeaseStore> ContendService for LeaseContendService<S> {
-    fn mutex(&self) -> &str {
-        self.0.mutex()
-    }
-
-    fn contender_id(&self) -> &str {
-        self.0.contender_id()
-    }
-
-    fn start(&self) -> Result<()> {
-        self.0.start()
-    }
-
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        self.0.stop()
+impl<S: LeaseStore> ContendHandle for LeaseContendService<S> {
+    fn handle(&self) -> &ServiceHandle {
+        &self.handle
     }
 
     fn stop_holding_until(&self, until: Instant) -> BoxFuture<'_, Result<()>> {
         if let Err(e) = crate::store::hold_millis(until.saturating_duration_since(Instant::now())) {
             return Box::pin(async { Err(e) });
         }
-        let shared = self.0.shared();
+        let shared = &self.shared;
         let (reply, outcome) = oneshot::channel();
         *shared.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(HoldRequest { until, reply });
         // Signalled at once, so that dropping the returned future still stops and holds.
-        let stopped = self.0.stop_task();
+        let stopped = self.handle.stop_task();
         if stopped.is_none() {
             shared.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
@@ -157,10 +124,6 @@ impl<S: LeaseStore> ContendService for LeaseContendService<S> {
                 .unwrap_or_else(|_| Err(Error::Shutdown { mutex }))
         })
     }
-
-    fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.0.status()
-    }
 }
 
 /// The shortest interval at which an observer reads an idle mutex by itself.
@@ -175,7 +138,7 @@ pub(super) const OBSERVE_FLOOR: Duration = Duration::from_millis(500);
 /// [`LeaseConfig::waiter_poll`] (or `max(ttl / 2, 500 ms)` when unset), and at the end of
 /// each lease it saw. Either way an idle observer costs a few reads per lease; it never
 /// loops on a free mutex.
-pub struct LeaseRetrievalService<S>(ServiceHandle<Shared<S>>);
+pub struct LeaseRetrievalService<S>(LeaseContendService<S>);
 
 impl<S: LeaseStore> LeaseRetrievalService<S> {
     pub(super) fn new(
@@ -184,14 +147,13 @@ impl<S: LeaseStore> LeaseRetrievalService<S> {
         config: LeaseConfig,
         retriever: Arc<dyn MutexRetriever>,
     ) -> Self {
-        let LeaseContendService(handle) = LeaseContendService::new(
+        LeaseRetrievalService(LeaseContendService::new(
             store,
             mutex,
             generate_contender_id(),
             config,
             Reporter::Retriever(retriever),
-        );
-        LeaseRetrievalService(handle)
+        ))
     }
 }
 
@@ -203,17 +165,8 @@ impl<S: LeaseStore> fmt::Debug for LeaseRetrievalService<S> {
     }
 }
 
-impl<S: LeaseStore> RetrievalService for LeaseRetrievalService<S> {
-    fn mutex(&self) -> &str {
-        self.0.mutex()
-    }
-    fn start(&self) -> Result<()> {
-        self.0.start()
-    }
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        self.0.stop()
-    }
-    fn state(&self) -> watch::Receiver<MutexState> {
-        self.0.owner_state()
+impl<S: LeaseStore> RetrievalHandle for LeaseRetrievalService<S> {
+    fn handle(&self) -> &ServiceHandle {
+        &self.0.handle
     }
 }
