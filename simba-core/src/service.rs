@@ -119,7 +119,7 @@ impl ContenderStatus {
 /// [`LockGuard`](crate::LockGuard) and [`LeaderScheduler`](crate::LeaderScheduler) rely on.
 /// The status is one [`ContenderStatus`] in a `tokio::sync::watch` channel
 /// ([`status`](ContendService::status)); a session-style backend gets all of the rules
-/// below from [`ServiceRunner`](crate::backend::ServiceRunner) and
+/// below from [`ServiceHandle`](crate::backend::ServiceHandle) and
 /// [`OwnershipTracker`](crate::backend::OwnershipTracker), which the lease engine uses too.
 ///
 /// **Start and stop**

@@ -139,8 +139,10 @@ impl ServiceStatus {
 
     /// Starts a run of the service's driver: publishes `running`, clears `held`,
     /// `deadline`, `attempts` and `last_error` (the last owner change and the last loss
-    /// stay), and returns the tracker the driver reports through. Call it from the
-    /// [`ServiceRunner::start`](super::ServiceRunner::start) closure, so that the status
+    /// stay), and returns the tracker the driver reports through.
+    /// [`ServiceHandle::start`](super::ServiceHandle::start) calls it (a service built on
+    /// a bare [`ServiceRunner`](super::ServiceRunner) calls it from the
+    /// [`ServiceRunner::start`](super::ServiceRunner::start) closure), so that the status
     /// says "running" when `start` returns.
     pub fn begin(&self) -> OwnershipTracker {
         self.status.send_modify(|s| {
