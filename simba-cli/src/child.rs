@@ -1,8 +1,13 @@
-//! The command run by `exec`: its own process group, signals, and the terminal.
+//! The command run by `exec`: its guardian, its own process group, signals, and the
+//! terminal.
+//!
+//! The command is not simba's child but its guardian's (see [`crate::guardian`]): simba
+//! talks to the guardian over a socket pair, hands it every new local lease deadline, and
+//! asks it to pass signals on and to stop the group.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -10,66 +15,188 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep, timeout};
 use tracing::{debug, warn};
 
+use crate::guardian::{self, Gone};
 use crate::status::{Failure, Status};
 
-/// How often the group is checked for remaining members while stopping it.
+/// How often the group is checked for remaining members when simba has to end it itself
+/// (its guardian died).
 const POLL: Duration = Duration::from_millis(25);
 /// How long to wait for the group to disappear after SIGKILL.
 const AFTER_KILL: Duration = Duration::from_secs(2);
+/// How long the guardian may take to start the command and say so.
+const START_LIMIT: Duration = Duration::from_secs(30);
+/// How long the guardian may take to exit once it said the group is gone.
+const GUARDIAN_EXIT: Duration = Duration::from_secs(2);
 
-/// A running command, leader of its own process group.
+/// What `exec` hands the guardian besides the command.
 #[derive(Debug)]
-pub(crate) struct Group {
-    child: Child,
-    pgid: Pid,
-    status: Option<ExitStatus>,
-    terminal: bool,
+pub(crate) struct Guarding {
+    /// SIGTERM to SIGKILL when the group is stopped.
+    pub(crate) grace: Duration,
+    /// The local lease deadline at the start.
+    pub(crate) deadline: Option<Instant>,
+    /// SQLite's lock file, held by the guardian until the group is gone.
+    pub(crate) anchor: Option<OwnedFd>,
 }
 
-/// Starts `argv` in a new process group with `env` added to its environment.
+/// How the command's group ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ended {
+    /// The command's exit status.
+    pub(crate) status: ExitStatus,
+    /// How its group ended.
+    pub(crate) gone: Gone,
+}
+
+/// A running command, leader of its own process group, and its guardian.
+#[derive(Debug)]
+pub(crate) struct Group {
+    guardian: Child,
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    link: OwnedWriteHalf,
+    pgid: Pid,
+    status: Option<ExitStatus>,
+    gone: Option<Gone>,
+    /// The guardian's link ended without `gone`.
+    lost_guardian: bool,
+    terminal: bool,
+    /// The last deadline handed to the guardian.
+    deadline: Option<Instant>,
+}
+
+/// The program to start as the guardian: this very binary.
+fn this_binary() -> std::io::Result<std::path::PathBuf> {
+    if cfg!(target_os = "linux") {
+        // The running file, even if it was replaced or removed on disk since.
+        Ok("/proc/self/exe".into())
+    } else {
+        std::env::current_exe()
+    }
+}
+
+fn internal(e: std::io::Error, what: &str) -> Failure {
+    Failure::with(Status::Internal, e, what)
+}
+
+/// Starts `argv` under a guardian, in a new process group, with `env` added to its
+/// environment, and returns once it runs.
 ///
 /// When simba runs in the terminal's foreground with stdin on the terminal (started from
 /// an interactive shell), the terminal's foreground is handed to the command's group, so
 /// that it can read the terminal (a process of a background group that reads it is
 /// stopped) and gets Ctrl-C directly; simba takes it back when the command ends.
-pub(crate) fn spawn(argv: &[OsString], env: &[(&str, String)]) -> Result<Group, Failure> {
-    let Some((program, args)) = argv.split_first() else {
+pub(crate) async fn spawn(
+    argv: &[OsString],
+    env: &[(&str, String)],
+    guarding: Guarding,
+) -> Result<Group, Failure> {
+    if argv.is_empty() {
         return Err(Failure::usage("no command given after `--`"));
+    }
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| internal(e, "cannot make the link to the guardian"))?;
+    let exe = this_binary().map_err(|e| internal(e, "cannot find simba's own binary"))?;
+    let guardian = {
+        let mut cmd = Command::new(exe);
+        cmd.arg(guardian::ARG)
+            .arg("--")
+            .args(argv)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            // A group of its own: neither simba's (a kill of simba's job leaves it) nor
+            // the command's.
+            .process_group(0)
+            .kill_on_drop(false);
+        cmd.spawn()
+            .map_err(|e| internal(e, "cannot start the command's guardian"))?
+        // `cmd` goes here, and with it simba's copy of the guardian's end of the link.
     };
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .kill_on_drop(false);
-    let shown = program.to_string_lossy();
-    let child = cmd.spawn().map_err(|e| {
-        let status = match e.kind() {
-            std::io::ErrorKind::NotFound => Status::NotFound,
-            _ => Status::CannotRun,
-        };
-        Failure::with(status, e, format!("cannot run `{shown}`"))
-    })?;
-    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+    let stdin = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| internal(e, "cannot pass standard input on"))?;
+    let mut fds = vec![stdin.as_fd()];
+    if let Some(a) = &guarding.anchor {
+        fds.push(a.as_fd());
+    }
+    guardian::send_setup(&ours, guarding.grace, guarding.deadline, &fds)
+        .map_err(|e| internal(e, "cannot set up the command's guardian"))?;
+    // The guardian has its own copies now.
+    drop(fds);
+    drop(stdin);
+    drop(guarding.anchor);
+    ours.set_nonblocking(true)
+        .map_err(|e| internal(e, "the link to the guardian"))?;
+    let link = tokio::net::UnixStream::from_std(ours)
+        .map_err(|e| internal(e, "the link to the guardian"))?;
+    let (read, write) = link.into_split();
+    let mut lines = BufReader::new(read).lines();
+
+    let first = timeout(START_LIMIT, lines.next_line()).await;
+    let line = match first {
+        Ok(Ok(Some(line))) => line,
+        Ok(Ok(None)) | Ok(Err(_)) => {
+            return Err(Failure::new(
+                Status::Internal,
+                "the command's guardian ended before starting the command",
+            ));
+        }
+        Err(_) => {
+            return Err(Failure::new(
+                Status::Internal,
+                format!("the command's guardian did not start it within {START_LIMIT:?}"),
+            ));
+        }
+    };
+    let shown = argv[0].to_string_lossy();
+    let (word, rest) = line.split_once(' ').unwrap_or((&line, ""));
+    let pid = match word {
+        "started" => rest.parse::<i32>().ok(),
+        "failed" => {
+            let (kind, message) = rest.split_once(' ').unwrap_or((rest, ""));
+            let status = match kind {
+                "notfound" => Status::NotFound,
+                _ => Status::CannotRun,
+            };
+            return Err(Failure::new(
+                status,
+                format!("cannot run `{shown}`: {message}"),
+            ));
+        }
+        _ => None,
+    };
+    let Some(pid) = pid else {
         return Err(Failure::new(
             Status::Internal,
-            "the command's process id is unknown right after it started",
+            format!("the command's guardian said {line:?} instead of the command's pid"),
         ));
     };
     let pgid = Pid::from_raw(pid);
     let terminal = hand_terminal(pgid);
-    debug!(pid, terminal, "command started in its own process group");
+    debug!(
+        pid,
+        guardian = guardian.id(),
+        terminal,
+        "command started in its own process group, under its guardian"
+    );
     Ok(Group {
-        child,
+        guardian,
+        lines,
+        link: write,
         pgid,
         status: None,
+        gone: None,
+        lost_guardian: false,
         terminal,
+        deadline: guarding.deadline,
     })
 }
 
@@ -79,23 +206,69 @@ impl Group {
         self.pgid.as_raw()
     }
 
-    /// Waits for the command to exit. Cancel safe.
-    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        if let Some(s) = self.status {
-            return Ok(s);
+    async fn tell(&mut self, line: String) {
+        if let Err(e) = self.link.write_all(line.as_bytes()).await {
+            debug!("cannot reach the guardian: {e}");
         }
-        let s = self.child.wait().await?;
-        self.status = Some(s);
-        Ok(s)
     }
 
-    /// Sends `signal` to every process of the group.
-    pub(crate) fn signal(&self, signal: Signal) {
-        match killpg(self.pgid, signal) {
-            Ok(()) => debug!(%signal, pgid = self.pgid.as_raw(), "signal sent to the group"),
-            Err(Errno::ESRCH) => debug!(%signal, "the group is gone"),
-            Err(e) => warn!(%signal, "cannot signal the command's process group: {e}"),
+    /// Hands the guardian a new local lease deadline (nothing when it is not later than the
+    /// last one handed over).
+    pub(crate) async fn set_deadline(&mut self, at: Instant) {
+        if self.deadline.is_some_and(|d| d >= at) {
+            return;
         }
+        self.deadline = Some(at);
+        let ns = guardian::to_monotonic_ns(at);
+        self.tell(format!("deadline {ns}\n")).await;
+    }
+
+    /// Reads the guardian's reports until the group is gone. Cancel safe.
+    async fn follow(&mut self) -> std::io::Result<Ended> {
+        loop {
+            if let (Some(status), Some(gone)) = (self.status, self.gone) {
+                // Its exit closes what it held (SQLite's lock file): wait for it, bounded.
+                if timeout(GUARDIAN_EXIT, self.guardian.wait()).await.is_err() {
+                    warn!("the command's guardian did not exit after its group was gone");
+                }
+                return Ok(Ended { status, gone });
+            }
+            if self.lost_guardian {
+                return Err(std::io::Error::other(
+                    "the command's guardian ended before the command's group",
+                ));
+            }
+            match self.lines.next_line().await {
+                Ok(Some(line)) => {
+                    let (word, rest) = line.split_once(' ').unwrap_or((&line, ""));
+                    match (word, rest) {
+                        ("exited", raw) => match raw.parse::<i32>() {
+                            Ok(raw) => self.status = Some(ExitStatus::from_raw(raw)),
+                            Err(_) => warn!("the guardian said {line:?}"),
+                        },
+                        ("gone", why) => match Gone::parse(why) {
+                            Some(g) => self.gone = Some(g),
+                            None => warn!("the guardian said {line:?}"),
+                        },
+                        _ => warn!("the guardian said {line:?}"),
+                    }
+                }
+                Ok(None) | Err(_) => self.lost_guardian = true,
+            }
+        }
+    }
+
+    /// Waits for the command to exit and its group to be gone (members it left behind are
+    /// stopped by the guardian: SIGTERM, SIGKILL after the grace period). Cancel safe.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<Ended> {
+        self.follow().await
+    }
+
+    /// Sends `signal` to every process of the group (through the guardian, which knows
+    /// whether the group is still there).
+    pub(crate) async fn signal(&mut self, signal: Signal) {
+        debug!(%signal, pgid = self.pgid.as_raw(), "signal to the group");
+        self.tell(format!("signal {}\n", signal as i32)).await;
     }
 
     /// Whether any process of the group is left (zombies count until reaped).
@@ -103,51 +276,41 @@ impl Group {
         !matches!(killpg(self.pgid, None), Err(Errno::ESRCH))
     }
 
-    /// Stops the whole group: SIGTERM now, SIGKILL after `grace` to whatever is left, and
-    /// waits (bounded) until no process of the group remains.
+    /// Stops the whole group: SIGTERM now, SIGKILL after `grace` to whatever is left (by
+    /// the guardian, or by simba itself if the guardian is gone), and waits (bounded) until
+    /// no process of the group remains.
     ///
-    /// Returns the command's exit status if it was seen.
-    pub(crate) async fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
-        self.signal(Signal::SIGTERM);
-        // A stopped process (Ctrl-Z, SIGTTIN) acts on SIGTERM only once continued.
-        self.signal(Signal::SIGCONT);
-        let kill_at = Instant::now() + grace;
-        if !self.wait_gone(kill_at).await {
-            debug!("grace period over: SIGKILL to the group");
-            self.signal(Signal::SIGKILL);
-            if !self.wait_gone(Instant::now() + AFTER_KILL).await {
-                warn!(
+    /// Returns how the group ended, if that was seen.
+    pub(crate) async fn stop(&mut self, grace: Duration) -> Option<Ended> {
+        if self.gone.is_none() && !self.lost_guardian {
+            self.tell(format!("stop {}\n", grace.as_millis())).await;
+            match timeout(grace + AFTER_KILL, self.follow()).await {
+                Ok(Ok(ended)) => return Some(ended),
+                Ok(Err(e)) => warn!("{e}; simba ends the group itself"),
+                Err(_) => warn!(
                     pgid = self.pgid.as_raw(),
-                    "processes of the command's group are still there after SIGKILL"
-                );
+                    "the command's group was not gone {AFTER_KILL:?} after the grace period"
+                ),
             }
+        } else if let (Some(status), Some(gone)) = (self.status, self.gone) {
+            return Some(Ended { status, gone });
         }
-        self.status
-    }
-
-    /// Waits until the command is reaped and no process of its group is left, or until
-    /// `until`; returns whether the group is gone.
-    async fn wait_gone(&mut self, until: Instant) -> bool {
-        if self.status.is_none() {
-            tokio::select! {
-                r = self.wait() => {
-                    if let Err(e) = r {
-                        warn!("waiting for the command failed: {e}");
-                    }
-                }
-                () = sleep_until(until) => return false,
-            }
+        // Without a guardian: SIGKILL from here, and wait for the group (reaped by init).
+        match killpg(self.pgid, Signal::SIGKILL) {
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(e) => warn!("cannot kill the command's process group: {e}"),
         }
-        // The command is reaped; its own children may still run in the group.
-        loop {
-            if !self.group_alive() {
-                return true;
-            }
-            if Instant::now() >= until {
-                return false;
-            }
+        let until = Instant::now() + AFTER_KILL;
+        while self.group_alive() && Instant::now() < until {
             sleep(POLL).await;
         }
+        if self.group_alive() {
+            warn!(
+                pgid = self.pgid.as_raw(),
+                "processes of the command's group are still there after SIGKILL"
+            );
+        }
+        None
     }
 
     /// Gives the terminal back to simba's own process group, if it was handed over.

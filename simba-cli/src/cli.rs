@@ -50,8 +50,10 @@ pub(crate) enum Command {
     /// fencing token of this ownership) and SIMBA_OWNER_ID in its environment. SIGINT,
     /// SIGTERM, SIGHUP and SIGQUIT received by simba are passed to the group, and simba
     /// exits with the command's status (128+N when signal N killed it). If ownership is
-    /// lost while it runs (backend unreachable until the lease ran out, or taken over),
-    /// the whole group gets SIGTERM, then SIGKILL after --grace, and simba exits with 79.
+    /// lost while it runs, the whole group is stopped and simba exits with 79: SIGKILL at
+    /// once when the lease ran out, SIGTERM then SIGKILL after --grace when the loss came
+    /// earlier. A guardian process kills the group as soon as simba dies (SIGKILL, crash)
+    /// or is stopped past its lease.
     #[command(after_help = EXIT_STATUS_HELP)]
     Exec(ExecArgs),
 
@@ -101,7 +103,8 @@ pub(crate) struct ExecArgs {
     #[command(flatten)]
     pub(crate) lease: LeaseArgs,
 
-    /// After ownership is lost: time between SIGTERM and SIGKILL to the command's group.
+    /// When simba stops the command's group (--hold-at-most, a loss before the lease ran
+    /// out, processes the command left behind): time between SIGTERM and SIGKILL.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "10s")]
     pub(crate) grace: Duration,
 

@@ -2,13 +2,14 @@
 
 use std::time::Duration;
 
-use simba_core::{LockGuard, Locker, LossReason};
+use simba_core::{ContenderStatus, LockGuard, Locker, LossReason};
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
 use crate::child;
 use crate::cli::ExecArgs;
 use crate::duration::show;
+use crate::guardian::Gone;
 use crate::signals::{self, Signals};
 use crate::status::{Failure, Outcome, Status};
 
@@ -121,7 +122,31 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         ("SIMBA_FENCE", fence.to_string()),
         ("SIMBA_OWNER_ID", guard.contender_id().to_owned()),
     ];
-    let mut group = match child::spawn(&args.command, &env) {
+    // Watched from before the first deadline is read, so that no later one is missed.
+    let mut status = guard.status();
+    let deadline = held_deadline(&status.borrow_and_update(), fence);
+    // On SQLite the guardian holds the mutex's lock file too, so that the kernel frees it
+    // only once no process of the command is left.
+    let anchor = match backend.conn.owner_anchor(mutex, guard.contender_id()) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = release(guard, None, None).await;
+            return Err(Failure::with(
+                Status::Internal,
+                e,
+                format!(
+                    "cannot hand the lock file of mutex {mutex:?} to the command's guardian; \
+                     the command was not run"
+                ),
+            ));
+        }
+    };
+    let guarding = child::Guarding {
+        grace: args.grace,
+        deadline,
+        anchor,
+    };
+    let mut group = match child::spawn(&args.command, &env, guarding).await {
         Ok(g) => g,
         Err(f) => {
             // The command never ran: nothing to keep held.
@@ -130,17 +155,44 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         }
     };
 
-    let mut status = guard.status();
-    let mut watching = verbose;
+    // Always watched: each renewal's deadline goes to the guardian.
+    let mut watching = true;
     let mut suspect = false;
     let lost = loop {
         tokio::select! {
             biased;
             r = group.wait() => match r {
-                Ok(status) => {
+                Ok(ended) => {
                     group.restore_terminal();
-                    debug!(?status, "command ended");
-                    let code = child::exit_code(status);
+                    debug!(?ended, "command ended");
+                    if ended.gone == Gone::Deadline {
+                        // simba did not run (stopped, paused) until after its local deadline:
+                        // the guardian killed the group at it. (`is_held` checks the
+                        // deadline itself, before the engine's task has said so.)
+                        if !guard.is_held() {
+                            narrator.say(format_args!(
+                                "lost (fence {fence}) after holding it {}: the local lease \
+                                 deadline passed",
+                                show(guard.acquired_at().elapsed())
+                            ));
+                        }
+                        say!(
+                            "simba: the local lease deadline of mutex {mutex:?} (fence {fence}) \
+                             passed without a renewal (simba was stopped or paused); the \
+                             command's process group was killed (SIGKILL) at the local lease \
+                             deadline by its guardian"
+                        );
+                        let _ = release(guard, Some(RELEASE_AFTER_LOSS), None).await;
+                        return Ok(Status::Lost.code());
+                    }
+                    if ended.gone == Gone::Leftovers {
+                        warn!(
+                            "the command ended and left processes in its process group; they \
+                             were stopped (SIGTERM, SIGKILL after {}) before the release",
+                            show(args.grace)
+                        );
+                    }
+                    let code = child::exit_code(ended.status);
                     let held = guard.acquired_at().elapsed();
                     return match release(guard, None, args.hold_at_least).await {
                         None => {
@@ -172,13 +224,20 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
             },
             sig = signals.recv() => {
                 debug!(%sig, "passing the signal on to the command");
-                group.signal(sig);
+                group.signal(sig).await;
             }
             reason = guard.lost() => break Some(reason),
             _ = sleep_until_opt(at_most) => break None,
             changed = status.changed(), if watching => {
                 if changed.is_err() {
                     watching = false;
+                    continue;
+                }
+                let deadline = held_deadline(&status.borrow_and_update(), fence);
+                if let Some(d) = deadline {
+                    group.set_deadline(d).await;
+                }
+                if !verbose {
                     continue;
                 }
                 let now = guard.is_suspect();
@@ -211,7 +270,18 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         ));
     }
 
+    // At the local deadline another contender may own the mutex from now on: no grace
+    // (the guardian kills the group at that instant by itself, too).
+    let grace = match lost {
+        Some(LossReason::LeaseExpired) => Duration::ZERO,
+        _ => args.grace,
+    };
     match lost {
+        Some(lost @ LossReason::LeaseExpired) => say!(
+            "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; the command's \
+             process group {} is killed (SIGKILL) at the local lease deadline",
+            group.pgid(),
+        ),
         Some(lost) => say!(
             "simba: ownership of mutex {mutex:?} (fence {fence}) lost: {lost}; stopping the \
              command (SIGTERM to its process group {}, SIGKILL after {})",
@@ -226,10 +296,10 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
             show(args.grace)
         ),
     }
-    let status = group.stop(args.grace).await;
+    let ended = group.stop(grace).await;
     group.restore_terminal();
-    if let Some(status) = status {
-        info!(?status, "command stopped");
+    if let Some(ended) = ended {
+        info!(?ended, "command stopped");
     }
     // A release after a loss says so: that was reported above.
     let _ = match lost {
@@ -237,6 +307,14 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         None => release(guard, None, args.hold_at_least).await,
     };
     Ok(Status::Lost.code())
+}
+
+/// The local lease deadline of the ownership with `fence`, while it is held.
+fn held_deadline(status: &ContenderStatus, fence: u64) -> Option<tokio::time::Instant> {
+    status
+        .held
+        .filter(|h| h.fence == fence)
+        .and(status.deadline)
 }
 
 /// Acquires as the options say. Every backend wakes a waiting command when the owner is

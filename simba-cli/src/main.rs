@@ -15,6 +15,7 @@ mod child;
 mod cli;
 mod duration;
 mod exec;
+mod guardian;
 mod show;
 mod signals;
 mod status;
@@ -29,6 +30,13 @@ use crate::cli::{Cli, Command};
 use crate::status::{Failure, Outcome, Status};
 
 fn main() -> ExitCode {
+    // `simba exec`'s guardian (simba started again by itself): no command line of clap's.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == guardian::ARG)
+    {
+        return guardian::main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -75,9 +75,10 @@ Exit status:
          the SQLite path is no regular file
     75   not acquired: --timeout passed, or --no-wait and the mutex is held
     79   ownership lost while the command ran, or --hold-at-most passed; the
-         command's process group was sent SIGTERM, then SIGKILL after --grace (or
-         the command had ended, and the release found the ownership lost: it may
-         have run unprotected)
+         command's process group was stopped: SIGKILL at the lease's local
+         deadline, else SIGTERM, then SIGKILL after --grace (or the command had
+         ended, and the release found the ownership lost: it may have run
+         unprotected)
     126  the command could not be started (e.g. not executable)
     127  the command was not found
     128+N  simba got signal N while waiting for the mutex";

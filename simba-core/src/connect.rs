@@ -210,6 +210,29 @@ pub trait Connection: Send + Sync + fmt::Debug {
     fn server_connections(&self) -> BoxFuture<'_, Option<usize>> {
         Box::pin(async { None })
     }
+
+    /// A new descriptor of what proves to other processes that `contender_id` of this
+    /// process still owns `mutex`, where the backend has such a proof on this machine:
+    /// SQLite's lock file, whose `flock` the kernel frees only when the last descriptor of
+    /// its open file is closed. A process given a copy (the `simba exec` guardian) keeps
+    /// the owner alive in other contenders' eyes for as long as it lives, so a takeover
+    /// "at once, the owner is dead" waits for it too. The descriptor is close-on-exec.
+    ///
+    /// `Ok(None)` when the backend proves liveness by a lease or a session instead (every
+    /// backend but SQLite), or when this process does not hold that proof for the
+    /// contender now.
+    ///
+    /// # Errors
+    /// The descriptor could not be duplicated (the process is out of descriptors).
+    #[cfg(unix)]
+    fn owner_anchor(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+        let _ = (mutex, contender_id);
+        Ok(None)
+    }
 }
 
 /// A bare backend operation that a mutex operation is compared to.

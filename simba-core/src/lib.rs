@@ -15,8 +15,11 @@ mod lease;
 mod locker;
 mod memory;
 pub mod metrics;
+#[cfg(test)]
+mod model;
 mod owner;
 mod redact;
+mod rt;
 mod scheduler;
 mod service;
 mod store;

@@ -194,7 +194,7 @@ impl Drop for Pending {
         };
         self.slot.releasing();
         let slot = self.slot.clone();
-        match tokio::runtime::Handle::try_current() {
+        match crate::rt::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
                     stop_fully(&service).await;
@@ -447,7 +447,7 @@ impl Locker {
         let started = Instant::now();
         let turn = match wait {
             Wait::Forever => slot.wait_turn().await,
-            Wait::Until(at) => tokio::time::timeout_at(at, slot.wait_turn())
+            Wait::Until(at) => crate::rt::timeout_at(at, slot.wait_turn())
                 .await
                 .map_err(|_| self.timeout(started))?,
             Wait::Once => slot.try_turn().await.ok_or_else(|| Error::WouldBlock {
@@ -500,7 +500,7 @@ impl Locker {
                 s.held.is_some() || s.last_loss.is_some() || !s.running || (once && s.attempts > 0)
             };
             let timed_out = match wait {
-                Wait::Until(at) => tokio::time::timeout_at(at, status.wait_for(done))
+                Wait::Until(at) => crate::rt::timeout_at(at, status.wait_for(done))
                     .await
                     .is_err(),
                 Wait::Forever | Wait::Once => {
@@ -592,6 +592,11 @@ async fn watch_hold(
         _ = status.wait_for(|s| !held_with(s, fence)) => None,
     };
     slot.releasing();
+    // The model checker's mutation (tests only) passes the turn on before the release.
+    #[cfg(test)]
+    let turn = mutation::early_turn(&slot, turn);
+    #[cfg(not(test))]
+    let turn = Some(turn);
     let outcome = match hold {
         Some(until) => match service.stop_holding_until(until).await {
             Ok(()) => {
@@ -610,7 +615,9 @@ async fn watch_hold(
             Ok(())
         }
     };
-    slot.end_turn(turn);
+    if let Some(turn) = turn {
+        slot.end_turn(turn);
+    }
     let _ = done.send(outcome);
 }
 
@@ -683,7 +690,7 @@ impl LockGuard {
     ) -> Self {
         let (stop_tx, stop_rx) = oneshot::channel();
         let (done_tx, done_rx) = oneshot::channel();
-        tokio::spawn(watch_hold(
+        crate::rt::spawn(watch_hold(
             slot.clone(),
             service,
             turn,
@@ -865,5 +872,28 @@ impl LockGuard {
     /// When this guard's acquisition returned, on this process's monotonic clock.
     pub fn acquired_at(&self) -> Instant {
         self.acquired
+    }
+}
+
+/// Mutations for the model-checked tests (`crate::model`), off unless a test sets them.
+#[cfg(test)]
+pub(crate) mod mutation {
+    use std::cell::Cell;
+
+    use super::{Slot, Turn};
+
+    thread_local! {
+        /// Re-creates the same-fence race: the turn passes on as soon as the guard goes,
+        /// before the release of its ownership has completed.
+        pub(crate) static EARLY_TURN: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) fn early_turn(slot: &Slot, turn: Turn) -> Option<Turn> {
+        if EARLY_TURN.get() {
+            slot.end_turn(turn);
+            None
+        } else {
+            Some(turn)
+        }
     }
 }

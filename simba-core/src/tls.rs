@@ -1,7 +1,7 @@
 //! TLS for backend crates: what a failed TLS connection means ([`TlsFailure`], always
 //! available), and with the feature `tls` the rustls parts every backend needs (PEM files,
 //! the client configuration and its certificate checks, the classification of rustls
-//! errors) in [`rustls_client`].
+//! errors) in `rustls_client`.
 //!
 //! Applications meet [`TlsFailure`] as the `source` of the [`Error::Backend`](crate::Error)
 //! a failed connection returns; the rest is for backend crates.

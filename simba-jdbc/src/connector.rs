@@ -157,6 +157,15 @@ impl Connection for SqlConnection {
         };
         format!("pool of at most {}{listen}", store.config().pool_size())
     }
+
+    #[cfg(all(unix, feature = "sqlite"))]
+    fn owner_anchor(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+        self.factory.store().anchor(mutex, contender_id)
+    }
 }
 
 /// A SQL database's floor: `SELECT 1` on a connection of the pool's kind.

@@ -414,6 +414,27 @@ impl Gates {
         gates.get(mutex).cloned()
     }
 
+    /// A close-on-exec duplicate of the lock file `id` holds for `mutex` (see
+    /// `Connection::owner_anchor`): `None` unless this process's gate has `id` as the
+    /// owner and holds the lock file for it.
+    #[cfg(all(unix, feature = "sqlite"))]
+    pub(crate) fn anchor(
+        &self,
+        mutex: &str,
+        id: &str,
+    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+        let Some(gate) = self.existing(mutex) else {
+            return Ok(None);
+        };
+        let s = gate.lock();
+        match &s.held {
+            Some(Held::File(file)) if s.is(&s.owner, id) => file
+                .try_clone()
+                .map(|f| Some(std::os::fd::OwnedFd::from(f))),
+            _ => Ok(None),
+        }
+    }
+
     /// Forgets the gate of `mutex` if nothing uses it.
     fn tidy(&self, gate: &Arc<Gate>) {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());

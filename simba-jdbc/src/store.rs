@@ -817,6 +817,17 @@ impl SqlStore {
         self.inner.pg.clone()
     }
 
+    /// A duplicate of the lock file `contender_id` holds for `mutex` (SQLite), see
+    /// `simba_core::connect::Connection::owner_anchor`.
+    #[cfg(all(unix, feature = "sqlite"))]
+    pub(crate) fn anchor(
+        &self,
+        mutex: &str,
+        contender_id: &str,
+    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+        self.inner.gates.anchor(mutex, contender_id)
+    }
+
     /// The backend this store talks to.
     pub fn kind(&self) -> Backend {
         self.inner.kind

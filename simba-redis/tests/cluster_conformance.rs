@@ -27,3 +27,15 @@ async fn harness() -> ClusterHarness {
 simba_test_kit::store_conformance_tests!(harness().await);
 
 simba_test_kit::conformance_tests!(harness().await);
+
+/// The store contract's property test (the kit's `store_props`) on the Cluster: random
+/// call sequences on the server's clock, checked against the lease model (strict, as on a
+/// single server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_contract_properties() {
+    use simba_test_kit::store_props::{PropertyRun, check_store_contract};
+    let source = harness().await;
+    if let Err(e) = check_store_contract(&source, &PropertyRun::backend(false)).await {
+        panic!("{e}");
+    }
+}

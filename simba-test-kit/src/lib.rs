@@ -7,5 +7,6 @@ pub mod memory;
 pub mod proxy;
 pub mod servers;
 pub mod store_cases;
+pub mod store_props;
 pub mod suite;
 pub mod support;

@@ -344,3 +344,31 @@ async fn store_cases_pass_without_the_flaws() {
         }
     }
 }
+
+/// The store contract's property test (`store_props`) reports every flaw a sequence of
+/// calls by one client can show, and passes on the wrapper without a flaw. (A racy
+/// acquire and a deaf subscription need concurrent callers and pushes: the store cases
+/// above catch those.)
+#[tokio::test(start_paused = true)]
+async fn property_test_reports_each_sequential_flaw() {
+    use simba_test_kit::store_props::{PropertyRun, check_store_contract};
+    let run = PropertyRun::memory(|d| Box::pin(tokio::time::advance(d)));
+    if let Err(e) = check_store_contract(&Flawed::harness(Flaw::None), &run).await {
+        panic!("the property test failed on the store without flaws: {e}");
+    }
+    let mut missed = Vec::new();
+    for flaw in [
+        Flaw::RenewalBumpsFence,
+        Flaw::UncheckedRelease,
+        Flaw::NeverExpire,
+        Flaw::ConstantFence,
+        Flaw::HoldIsRelease,
+        Flaw::GuardTakes,
+    ] {
+        match check_store_contract(&Flawed::harness(flaw), &run).await {
+            Ok(()) => missed.push(format!("{flaw:?} passed")),
+            Err(e) => eprintln!("{flaw:?}: {e}\n"),
+        }
+    }
+    assert!(missed.is_empty(), "{missed:#?}");
+}

@@ -538,3 +538,231 @@ pub fn hold_at_most_stops_the_command(url: &str, test: &str) {
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     assert_eq!(owner_json(url, &mutex)["owner"], serde_json::Value::Null);
 }
+
+/// How [`group_gone_before_next_owner`] takes `simba exec` away from its command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL to simba (as the OOM killer, a crash, `kill -9`).
+    Kill,
+    /// SIGSTOP to simba, past its lease (continued once the next owner is done).
+    Stop,
+}
+
+/// What [`group_gone_before_next_owner`] measured, from the instant of the fault.
+#[derive(Debug, Clone, Copy)]
+pub struct Handover {
+    /// Until the next owner's command started.
+    pub next_started: Duration,
+    /// Until the last record any process of the first command's group wrote (zero when
+    /// that was before the fault).
+    pub first_last_seen: Duration,
+}
+
+/// Nanoseconds of the wall clock, as the scripts below write them.
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_nanos()
+}
+
+/// `simba exec` of a command with a grandchild, then `fault` to simba while a second
+/// `simba exec` waits for the mutex: the second command must start only after every
+/// process of the first group is gone.
+///
+/// The first command (bash) and its grandchild (a bash subshell) each write a `start`
+/// record, then a `beat` record every 20 ms, until they die; a third process (`sleep 100`)
+/// records only its pid. Their own records give the first job's interval (first start to
+/// last record of any of them); the second command writes `start` and `end` records and,
+/// in between, `alive PID` for each process of the first group it finds alive. The kit's
+/// history checker judges the two intervals (no overlap, fences increase), and no `alive`
+/// record may appear. Returns the times measured from the fault.
+pub fn group_gone_before_next_owner(
+    url: &str,
+    lease: &[&str],
+    fault: Fault,
+    test: &str,
+) -> Handover {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let mutex = mutex_name(test);
+    let log = file(dir.path(), "log");
+    let pids = file(dir.path(), "pids");
+    let (log_s, pids_s) = (log.display(), pids.display());
+    // `${t/./}000`: EPOCHREALTIME (seconds.micros) in nanoseconds, without a fork.
+    let first = format!(
+        "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 $SIMBA_FENCE ${{t/./}}000\" >> {log_s}; }}; \
+         beat() {{ while :; do rec beat $1; sleep 0.02; done; }}; \
+         rec start cmd; \
+         ( rec start gc; beat gc ) & echo $! >> {pids_s}; \
+         sleep 100 & echo $! >> {pids_s}; \
+         echo $$ >> {pids_s}; \
+         beat cmd"
+    );
+    let second = format!(
+        "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 $SIMBA_FENCE ${{t/./}}000\" >> {log_s}; }}; \
+         rec start second; \
+         while read -r p; do \
+           if read -r stat < /proc/$p/stat 2>/dev/null; then \
+             state=${{stat##*) }}; state=${{state%% *}}; \
+             [ \"$state\" = Z ] || echo \"alive $p\" >> {log_s}; \
+           fi; \
+         done < {pids_s}; \
+         rec end second"
+    );
+    let bash = |script: &str| -> Vec<std::ffi::OsString> {
+        ["--", "bash", "-c", script]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .collect()
+    };
+    let mut holder = simba(Some(url))
+        .env("LC_ALL", "C")
+        .args(["exec", &mutex])
+        .args(lease)
+        .args(bash(&first))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the first simba exec");
+    // Read as lines: a command that outlived simba would hold the pipe open forever.
+    let holder_err = line_channel(holder.stderr.take().expect("piped stderr"));
+    eventually(
+        Duration::from_secs(60),
+        "the first command and its grandchildren run",
+        || {
+            let l = lines(&log);
+            lines(&pids).len() == 3
+                && l.iter().any(|l| l.starts_with("beat cmd "))
+                && l.iter().any(|l| l.starts_with("beat gc "))
+        },
+    );
+    let group: Vec<i32> = lines(&pids)
+        .iter()
+        .map(|l| l.trim().parse().expect("a pid"))
+        .collect();
+    assert!(group.iter().all(|&p| alive(p)), "{group:?}");
+
+    // The next contender waits (its `waiting for the mutex` line comes right before).
+    let mut next = simba(Some(url))
+        .env("LC_ALL", "C")
+        .args(["-vv", "exec", &mutex])
+        .args(lease)
+        .args(bash(&second))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the second simba exec");
+    let next_err = line_channel(next.stderr.take().expect("piped stderr"));
+    let mut said = Vec::new();
+    loop {
+        let line = next_err
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("the second simba exec does not wait ({e}): {said:?}"));
+        let waits = line.contains("waiting for the mutex");
+        said.push(line);
+        if waits {
+            break;
+        }
+    }
+    let at_fault = wall_ns();
+    send(
+        holder.id(),
+        match fault {
+            Fault::Kill => Signal::SIGKILL,
+            Fault::Stop => Signal::SIGSTOP,
+        },
+    );
+    let status = wait_for(&mut next, Duration::from_secs(60), "the second simba exec");
+    let rest: Vec<String> = next_err.try_iter().collect();
+    said.extend(rest);
+    assert_eq!(status.code(), Some(0), "second simba exec: {said:#?}");
+    if fault == Fault::Stop {
+        send(holder.id(), Signal::SIGCONT);
+    }
+    let first_status = wait_for(&mut holder, Duration::from_secs(60), "the first simba exec");
+    let mut first_err = String::new();
+    while let Ok(line) = holder_err.recv_timeout(Duration::from_secs(5)) {
+        first_err.push_str(&line);
+        first_err.push('\n');
+    }
+    match fault {
+        Fault::Kill => assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&first_status),
+            Some(9)
+        ),
+        // Continued after its deadline: it finds the group killed by its guardian.
+        Fault::Stop => {
+            assert_eq!(first_status.code(), Some(LOST), "{first_err}");
+            assert!(
+                first_err.contains("killed (SIGKILL) at the local lease deadline"),
+                "{first_err}"
+            );
+        }
+    }
+
+    let records = lines(&log);
+    assert!(
+        !records.iter().any(|l| l.starts_with("alive ")),
+        "the second command saw processes of the first group alive: {records:#?}"
+    );
+    let survivors: Vec<i32> = group.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(
+        survivors.is_empty(),
+        "survivors of the first group: {survivors:?}"
+    );
+    // (kind, tag, fence, nanos)
+    let parsed: Vec<(String, String, u64, u128)> = records
+        .iter()
+        .map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [kind, tag, fence, nanos] => (
+                kind.to_owned(),
+                tag.to_owned(),
+                fence.parse().unwrap_or_else(|_| panic!("bad line {l:?}")),
+                nanos.parse().unwrap_or_else(|_| panic!("bad line {l:?}")),
+            ),
+            _ => panic!("bad line {l:?} in {records:#?}"),
+        })
+        .collect();
+    let of = |second: bool| {
+        parsed
+            .iter()
+            .filter(move |(_, tag, ..)| (tag == "second") == second)
+    };
+    let first_start = of(false).map(|p| p.3).min().expect("first job records");
+    let first_end = of(false).map(|p| p.3).max().expect("first job records");
+    let first_fence = of(false).map(|p| p.2).max().expect("first job records");
+    let find = |kind: &str| {
+        of(true)
+            .find(|p| p.0 == kind)
+            .unwrap_or_else(|| panic!("no {kind} of the second command in {records:#?}"))
+    };
+    let (second_start, second_end, second_fence) =
+        (find("start").3, find("end").3, find("start").2);
+    let base = Instant::now();
+    let zero = first_start.min(at_fault);
+    let at = |ns: u128| base + Duration::from_nanos(u64::try_from(ns - zero).expect("short"));
+    let runs = [
+        Interval {
+            contender: "first job".to_owned(),
+            fence: first_fence,
+            start: at(first_start),
+            end: Some(at(first_end)),
+            reason: None,
+        },
+        Interval {
+            contender: "second job".to_owned(),
+            fence: second_fence,
+            start: at(second_start),
+            end: Some(at(second_end)),
+            reason: None,
+        },
+    ];
+    assert_safe(&runs);
+    let since_fault =
+        |ns: u128| Duration::from_nanos(u64::try_from(ns.saturating_sub(at_fault)).expect("short"));
+    let handover = Handover {
+        next_started: since_fault(second_start),
+        first_last_seen: since_fault(first_end),
+    };
+    eprintln!("{test}: {fault:?} of simba exec on {url}: {handover:?}");
+    handover
+}

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Mutex as StdMutex;
 
-use tokio::task::JoinHandle;
+use crate::rt::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -83,7 +83,7 @@ impl ServiceRunner {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let what = what.into();
-        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+        let handle = crate::rt::Handle::try_current().map_err(|_| {
             Error::InvalidState("start() must be called inside a tokio runtime".into())
         })?;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, debug, info, warn};
 
@@ -14,6 +14,7 @@ use crate::backend::OwnershipTracker;
 use crate::error::{Error, LossReason, Result};
 use crate::metrics::FailureKind;
 use crate::owner::{ContendPeriod, MutexOwner};
+use crate::rt::{sleep_until, timeout};
 use crate::store::{LeaseReply, LeaseStore, StoreEvent};
 
 /// The span of one store call: `simba_call` at DEBUG with `op`, `backend`, `mutex`,
@@ -33,7 +34,7 @@ fn call_span<S: LeaseStore>(shared: &Shared<S>, op: &'static str, fence: Option<
 
 /// What a subscription came back with (bounded by the request timeout).
 type Subscribed =
-    std::result::Result<Result<Option<mpsc::Receiver<StoreEvent>>>, tokio::time::error::Elapsed>;
+    std::result::Result<Result<Option<mpsc::Receiver<StoreEvent>>>, crate::rt::Elapsed>;
 
 /// What one attempt (acquire, renew or read) came back with.
 enum Outcome {
