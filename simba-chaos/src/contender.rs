@@ -9,11 +9,11 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use simba_core::{ContendServiceFactory, LeaseConfig, LockGuard, Locker, LossReason};
+use simba_core::connect::{ConnectOptions, Connection, Connectors};
+use simba_core::{LeaseConfig, LockGuard, Locker, LossReason};
 use simba_test_kit::chaos::ResourceClient;
 
 fn var(name: &str) -> Result<String> {
@@ -41,23 +41,25 @@ fn lease() -> Result<LeaseConfig> {
     })
 }
 
-/// A factory for the backend of `url`, through the backend crates themselves.
-async fn connect(url: &str, lease: LeaseConfig) -> Result<Arc<dyn ContendServiceFactory>> {
-    let scheme = url.split_once("://").map_or("", |(s, _)| s);
-    let factory: Arc<dyn ContendServiceFactory> = match scheme {
-        "redis" | "redis-sentinel" => Arc::new(simba_redis::factory(url, lease).await?),
-        "sqlite" | "mysql" | "postgres" => Arc::new(simba_jdbc::factory(url, lease).await?),
-        "zk" => {
-            let connect = url.trim_start_matches("zk://");
-            // ZooKeeper has sessions, not leases: the session timeout plays the part of
-            // ttl + transition.
-            let config = simba_zookeeper::ZkConfig::new(connect)
-                .with_session_timeout(lease.ttl + lease.transition);
-            Arc::new(simba_zookeeper::ZkFactory::connect(config).await?)
-        }
-        other => anyhow::bail!("simba-chaos has no backend for the scheme {other:?}"),
-    };
-    Ok(factory)
+/// The backends a contender can run against: every URL form of the backend crates
+/// (`redis`, `rediss`, Cluster and Sentinel; `postgres`, `mysql`, `mariadb`, `sqlite`;
+/// `zk` with credentials and a chroot).
+fn connectors() -> Connectors {
+    Connectors::new(vec![
+        &simba_redis::CONNECTOR,
+        &simba_jdbc::CONNECTOR,
+        &simba_zookeeper::CONNECTOR,
+    ])
+}
+
+/// Connects to the backend of `url` with the run's lease (on ZooKeeper, whose ownership
+/// lasts as long as a session, the session timeout is `ttl + transition`).
+async fn connect(url: &str, lease: LeaseConfig) -> Result<Box<dyn Connection>> {
+    let connectors = connectors();
+    connectors
+        .connect(url, &ConnectOptions::new().with_lease(lease))
+        .await
+        .with_context(|| format!("connecting to {}", connectors.redact(url)))
 }
 
 fn roll(n: u64) -> u64 {
@@ -83,7 +85,9 @@ pub(crate) async fn run() -> Result<()> {
     let unsafe_mode = var("SIMBA_CHAOS_UNSAFE").is_ok_and(|v| v == "1");
     let lease_config = lease()?;
     let lease = lease_config.ttl + lease_config.transition;
-    let factory = connect(&var("SIMBA_BACKEND")?, lease_config).await?;
+    let factory = connect(&var("SIMBA_BACKEND")?, lease_config)
+        .await?
+        .factory();
     let mut resource = ResourceClient::connect(addr, &id)
         .await
         .context("the fenced resource")?;
@@ -135,5 +139,32 @@ pub(crate) async fn run() -> Result<()> {
             }
         }
         tokio::time::sleep(Duration::from_millis(roll(20))).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connectors;
+
+    /// The TLS, Cluster, MariaDB and ZooKeeper-with-credentials forms are among them: a
+    /// contender connects whatever URL the run was given.
+    #[test]
+    fn every_backend_url_form_reaches_its_connector() {
+        let connectors = connectors();
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "rediss://127.0.0.1:6380",
+            "redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001",
+            "redis-sentinel://127.0.0.1:26379?sentinelServiceName=simba",
+            "mariadb://app:secret@127.0.0.1:3306/simba",
+            "mysql://app:secret@127.0.0.1:3306/simba",
+            "postgres://app:secret@127.0.0.1:5432/simba",
+            "sqlite:///tmp/simba-chaos.db",
+            "zk://app:secret@127.0.0.1:2181/chaos",
+        ] {
+            if let Err(e) = connectors.validate(url) {
+                panic!("{url}: {e}");
+            }
+        }
     }
 }

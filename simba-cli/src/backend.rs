@@ -159,9 +159,9 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-/// Lease timing asked for on the command line.
+/// The lease options given on the command line (`--ttl`, `--transition`, …).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Timing {
+pub(crate) struct LeaseArgs {
     /// `--ttl`.
     pub(crate) ttl: Option<Duration>,
     /// `--transition`.
@@ -173,7 +173,7 @@ pub(crate) struct Timing {
     pub(crate) jitter: Option<(i64, i64)>,
 }
 
-impl Timing {
+impl LeaseArgs {
     /// The connect options of this timing: a chosen ttl or transition sets the lease (and
     /// a session backend's session timeout); a poll alone leaves the rest to the backend.
     fn options(self) -> ConnectOptions {
@@ -272,7 +272,7 @@ fn create_private_dir(dir: &Path) -> Result<(), Failure> {
 }
 
 /// Connects to the backend of `url` with `timing`.
-pub(crate) async fn connect(url: &str, timing: Timing) -> Result<Backend, Failure> {
+pub(crate) async fn connect(url: &str, timing: LeaseArgs) -> Result<Backend, Failure> {
     let connector = check(url)?;
     let shown = redact(url);
     let options = timing.options();
@@ -382,17 +382,17 @@ mod tests {
 
     #[test]
     fn timing_sets_the_lease_only_when_chosen() {
-        let poll = Timing {
+        let poll = LeaseArgs {
             waiter_poll: Some(Duration::from_millis(50)),
-            ..Timing::default()
+            ..LeaseArgs::default()
         }
         .options();
         assert_eq!(poll.session_timeout(), None);
         assert_eq!(poll.lease().waiter_poll, Some(Duration::from_millis(50)));
-        let chosen = Timing {
+        let chosen = LeaseArgs {
             ttl: Some(Duration::from_secs(8)),
             transition: Some(Duration::from_secs(2)),
-            ..Timing::default()
+            ..LeaseArgs::default()
         }
         .options();
         assert_eq!(chosen.session_timeout(), Some(Duration::from_secs(10)));

@@ -78,19 +78,19 @@ async fn dispatch(cli: Cli) -> Outcome {
     match cli.command {
         Command::Exec(args) => {
             args.lease.check().map_err(Failure::usage)?;
-            let timing = backend::Timing {
+            let timing = backend::LeaseArgs {
                 ttl: args.lease.ttl,
                 transition: args.lease.transition,
-                ..backend::Timing::default()
+                ..backend::LeaseArgs::default()
             };
             exec::run(connect(&url, timing).await?, args, cli.verbose > 0).await
         }
         Command::Owner(args) => show::owner(connect(&url, Default::default()).await?, args).await,
         Command::Watch(args) => {
             // The observer reads at --interval where the backend cannot push changes.
-            let timing = backend::Timing {
+            let timing = backend::LeaseArgs {
                 waiter_poll: Some(args.interval),
-                ..backend::Timing::default()
+                ..backend::LeaseArgs::default()
             };
             show::watch(connect(&url, timing).await?, args).await
         }
@@ -98,7 +98,7 @@ async fn dispatch(cli: Cli) -> Outcome {
     }
 }
 
-async fn connect(url: &str, timing: backend::Timing) -> Result<backend::Backend, Failure> {
+async fn connect(url: &str, timing: backend::LeaseArgs) -> Result<backend::Backend, Failure> {
     let backend = backend::connect(url, timing).await?;
     tracing::debug!(?backend, "connected");
     Ok(backend)

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use simba_core::connect::Connection;
-use simba_core::{MutexOwner, RetrievalService, SilentRetriever, validate_mutex_name};
+use simba_core::{MutexOwner, RetrievalService, SilentRetriever, check_common_mutex_name};
 use tokio::sync::watch;
 
 use crate::backend::Backend;
@@ -55,7 +55,7 @@ enum Source {
 impl Source {
     /// `observe`: follow changes (watch) rather than read once (owner).
     async fn open(backend: &Backend, mutex: &str, observe: bool) -> Result<Source, Failure> {
-        validate_mutex_name(mutex).map_err(|e| Failure::simba(e, "bad mutex name"))?;
+        check_common_mutex_name(mutex).map_err(|e| Failure::simba(e, "bad mutex name"))?;
         let reader = backend.has_leases().then(|| backend.conn.clone());
         if let Some(reader) = reader.as_ref().filter(|_| !observe) {
             return Ok(Source::Read(reader.clone()));

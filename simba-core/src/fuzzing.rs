@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::id::{
-    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, validate_contender_id, validate_mutex_name,
+    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, check_common_contender_id, check_common_mutex_name,
 };
 use crate::redact::{is_secret_key, redact_url_with};
 
@@ -22,11 +22,11 @@ pub fn names(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else {
         return;
     };
-    if validate_mutex_name(s).is_ok() {
+    if check_common_mutex_name(s).is_ok() {
         assert!(s.len() <= MAX_MUTEX_NAME_LEN && !s.is_empty(), "{s:?}");
         assert!(!s.chars().any(char::is_control), "{s:?}");
     }
-    if validate_contender_id(s).is_ok() {
+    if check_common_contender_id(s).is_ok() {
         assert!(s.len() <= MAX_CONTENDER_ID_LEN && !s.is_empty(), "{s:?}");
         assert!(!s.chars().any(char::is_control), "{s:?}");
     }

@@ -126,7 +126,7 @@ fn unprintable(s: &str) -> Option<String> {
 ///
 /// # Errors
 /// [`Error::InvalidName`] saying what is wrong.
-pub fn validate_mutex_name(name: &str) -> Result<()> {
+pub fn check_common_mutex_name(name: &str) -> Result<()> {
     let fail = |reason: String| {
         Err(Error::InvalidName {
             name: shorten(name),
@@ -160,7 +160,7 @@ pub fn validate_mutex_name(name: &str) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::InvalidContenderId`] saying what is wrong.
-pub fn validate_contender_id(id: &str) -> Result<()> {
+pub fn check_common_contender_id(id: &str) -> Result<()> {
     let fail = |reason: String| {
         Err(Error::InvalidContenderId {
             id: shorten(id),
@@ -198,23 +198,23 @@ mod tests {
         let b = generate_contender_id();
         assert_ne!(a, b);
         assert!(a.contains(&format!(":{}@", std::process::id())), "{a}");
-        validate_contender_id(&a).expect("generated id is valid");
+        check_common_contender_id(&a).expect("generated id is valid");
     }
 
     #[test]
     fn names_are_validated() {
-        assert!(validate_mutex_name("orders-migration").is_ok());
-        assert!(validate_mutex_name("ünïcode/ok:1").is_ok());
+        assert!(check_common_mutex_name("orders-migration").is_ok());
+        assert!(check_common_mutex_name("ünïcode/ok:1").is_ok());
         assert!(
-            validate_mutex_name("x{y}").is_ok(),
+            check_common_mutex_name("x{y}").is_ok(),
             "braces are Redis's rule, not core's"
         );
         for bad in ["", " lead", "trail ", "a\nb", "a\u{7}"] {
-            let err = validate_mutex_name(bad).expect_err(bad);
+            let err = check_common_mutex_name(bad).expect_err(bad);
             assert!(matches!(err, Error::InvalidName { .. }), "{bad:?}: {err}");
         }
         let long = "n".repeat(MAX_MUTEX_NAME_LEN + 1);
-        let msg = validate_mutex_name(&long)
+        let msg = check_common_mutex_name(&long)
             .expect_err("too long")
             .to_string();
         assert!(msg.contains("longer than the limit"), "{msg}");
@@ -224,11 +224,11 @@ mod tests {
     #[test]
     fn contender_ids_are_validated() {
         for bad in ["", "held@@b", "a b", "a\tb"] {
-            assert!(validate_contender_id(bad).is_err(), "{bad:?}");
+            assert!(check_common_contender_id(bad).is_err(), "{bad:?}");
         }
-        assert!(validate_contender_id("a@b").is_ok());
+        assert!(check_common_contender_id("a@b").is_ok());
         assert!(
-            validate_contender_id("a@@b").is_ok(),
+            check_common_contender_id("a@@b").is_ok(),
             "`@@` is Redis's rule, not core's"
         );
     }
@@ -252,14 +252,14 @@ mod tests {
             '\u{061C}',
         ] {
             let name = format!("deploy{c}log");
-            let err = validate_mutex_name(&name).expect_err(&name);
+            let err = check_common_mutex_name(&name).expect_err(&name);
             assert!(matches!(err, Error::InvalidName { .. }), "{name:?}: {err}");
             let msg = err.to_string();
             assert!(
                 msg.contains(&format!("U+{:04X}", u32::from(c))) && msg.contains("invisible"),
                 "{msg}"
             );
-            let err = validate_contender_id(&name).expect_err(&name);
+            let err = check_common_contender_id(&name).expect_err(&name);
             assert!(
                 matches!(err, Error::InvalidContenderId { .. }),
                 "{name:?}: {err}"
@@ -267,8 +267,8 @@ mod tests {
         }
         // Visible non-ASCII text stays valid: accents, CJK, Arabic and Hebrew letters, emoji.
         for ok in ["crème-brûlée", "注文", "طلب", "הזמנה", "job-🚀"] {
-            assert!(validate_mutex_name(ok).is_ok(), "{ok}");
-            assert!(validate_contender_id(ok).is_ok(), "{ok}");
+            assert!(check_common_mutex_name(ok).is_ok(), "{ok}");
+            assert!(check_common_contender_id(ok).is_ok(), "{ok}");
         }
     }
 }

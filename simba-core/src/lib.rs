@@ -27,8 +27,8 @@ pub mod tls;
 
 pub use error::{Error, LossReason, Result};
 pub use id::{
-    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, generate_contender_id, validate_contender_id,
-    validate_mutex_name,
+    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, check_common_contender_id, check_common_mutex_name,
+    generate_contender_id,
 };
 pub use lease::{
     LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,

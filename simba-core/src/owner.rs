@@ -72,7 +72,7 @@ impl MutexOwner {
 /// hold ([`LeaseStore::release_after`](crate::backend::LeaseStore::release_after)):
 /// `held@@<the releaser's id>`.
 ///
-/// Contender ids cannot start with it ([`validate_contender_id`](crate::validate_contender_id)),
+/// Contender ids cannot start with it ([`check_common_contender_id`](crate::check_common_contender_id)),
 /// so no contender ever has this id: nobody can renew
 /// or release the hold, and everyone (the releaser included) can take the mutex only once
 /// the hold's `transition_at` has passed.
@@ -253,7 +253,7 @@ mod tests {
         let cut = held_owner_id(&long);
         assert!(cut.len() <= crate::MAX_CONTENDER_ID_LEN && cut.starts_with(HELD_PREFIX));
         assert!(
-            crate::validate_contender_id(&cut).is_err(),
+            crate::check_common_contender_id(&cut).is_err(),
             "never a contender's id"
         );
     }

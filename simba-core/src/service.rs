@@ -119,7 +119,7 @@ impl ContenderStatus {
 /// [`LockGuard`](crate::LockGuard) and [`LeaderScheduler`](crate::LeaderScheduler) rely on.
 /// The status is one [`ContenderStatus`] in a `tokio::sync::watch` channel
 /// ([`status`](ContendService::status)); a session-style backend gets all of the rules
-/// below from [`ServiceRunner`](crate::backend::ServiceRunner) and
+/// below from [`ServiceHandle`](crate::backend::ServiceHandle) and
 /// [`OwnershipTracker`](crate::backend::OwnershipTracker), which the lease engine uses too.
 ///
 /// **Start and stop**
@@ -267,6 +267,9 @@ pub trait RetrievalService: Send + Sync + fmt::Debug {
 
 /// Makes contend and retrieval services for one backend. Object-safe, so a program can
 /// choose the backend at run time (`Arc<dyn ContendServiceFactory>`).
+///
+/// A backend implements it through [`ServiceFactory`](crate::backend::ServiceFactory),
+/// which gives the defaults of the checks below and boxes the services.
 pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     /// The backend's name.
     fn backend(&self) -> &'static str;
@@ -277,30 +280,24 @@ pub trait ContendServiceFactory: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) saying why not (ZooKeeper has
     /// sessions, not leases).
-    fn check_hold(&self) -> Result<()> {
-        Err(unsupported_hold(self.backend()))
-    }
+    fn check_hold(&self) -> Result<()>;
 
     /// Checks a mutex name for this backend: the rules every backend shares
-    /// ([`validate_mutex_name`](crate::validate_mutex_name)) and what this backend cannot
+    /// ([`check_common_mutex_name`](crate::check_common_mutex_name)) and what this backend cannot
     /// accept besides. [`Locker::new`](crate::Locker::new) calls it.
     ///
     /// # Errors
     /// [`Error::InvalidName`](crate::Error::InvalidName) saying why.
-    fn check_mutex_name(&self, mutex: &str) -> Result<()> {
-        crate::validate_mutex_name(mutex)
-    }
+    fn check_mutex_name(&self, mutex: &str) -> Result<()>;
 
     /// Checks a contender id for this backend: the rules every backend shares
-    /// ([`validate_contender_id`](crate::validate_contender_id)) and what this backend
+    /// ([`check_common_contender_id`](crate::check_common_contender_id)) and what this backend
     /// cannot accept besides. [`Locker::with_contender_id`](crate::Locker::with_contender_id)
     /// calls it.
     ///
     /// # Errors
     /// [`Error::InvalidContenderId`](crate::Error::InvalidContenderId) saying why.
-    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
-        crate::validate_contender_id(contender_id)
-    }
+    fn check_contender_id(&self, contender_id: &str) -> Result<()>;
 
     /// A new contend service for `mutex`, reporting to `contender`. Not started.
     ///

@@ -120,8 +120,8 @@ pub enum StoreEvent {
 ///   unsubscribes. A store that may have lost messages sends [`StoreEvent::Resync`].
 /// - `leave(m, c)` tells the store that `c` no longer waits for `m` (wait queues).
 /// - `check_mutex_name(m)` / `check_contender_id(c)` refuse what only this backend cannot
-///   accept, beyond the rules every backend shares ([`validate_mutex_name`](crate::validate_mutex_name),
-///   [`validate_contender_id`](crate::validate_contender_id), which the engine applies
+///   accept, beyond the rules every backend shares ([`check_common_mutex_name`](crate::check_common_mutex_name),
+///   [`check_common_contender_id`](crate::check_common_contender_id), which the engine applies
 ///   first). The engine calls them when it makes a service, so bad input is a typed error
 ///   before anything reaches the backend. The defaults accept everything.
 ///

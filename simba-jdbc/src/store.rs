@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
-use simba_core::{Error, MutexOwner, Result, validate_contender_id, validate_mutex_name};
+use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_common_mutex_name};
 use tokio::sync::mpsc;
 use tracing::debug;
 
@@ -229,7 +229,7 @@ impl Inner {
     }
 
     fn check_name(&self, mutex: &str) -> Result<()> {
-        validate_mutex_name(mutex)?;
+        check_common_mutex_name(mutex)?;
         let chars = mutex.chars().count();
         let max = self.config.max_name_len();
         if chars > max {
@@ -252,7 +252,7 @@ impl Inner {
     }
 
     fn check_contender(&self, contender: &str) -> Result<()> {
-        validate_contender_id(contender)?;
+        check_common_contender_id(contender)?;
         if contender.chars().count() > OWNER_COLUMN_LEN {
             return Err(Error::InvalidContenderId {
                 id: contender.chars().take(64).collect(),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::{ContendService, ContendServiceFactory, SilentContender};
-use simba_test_kit::suite::{Harness, Timing};
+use simba_test_kit::suite::{Harness, SuiteTiming};
 use simba_test_kit::support::{expect_status, unique_name};
 use tokio::time::Instant;
 
@@ -45,7 +45,7 @@ fn service(f: &Arc<dyn ContendServiceFactory>, m: &str) -> Arc<dyn ContendServic
 }
 
 /// Release by the owner → the waiter owns. Returns the time from `stop` returning.
-async fn handoff(h: &SqlHarness, timing: Timing, bound: Duration) -> Duration {
+async fn handoff(h: &SqlHarness, timing: SuiteTiming, bound: Duration) -> Duration {
     let m = unique_name("handoff");
     let a = service(&h.factory(timing).await.expect("factory"), &m);
     let b = service(&h.factory(timing).await.expect("factory"), &m);
@@ -70,7 +70,7 @@ async fn handoff(h: &SqlHarness, timing: Timing, bound: Duration) -> Duration {
 
 /// The owner goes silent (partition) → the waiter owns. Returns the time from the partition.
 async fn failover(h: &SqlHarness) -> Duration {
-    let timing = Timing::SHORT;
+    let timing = SuiteTiming::SHORT;
     let bound = h.capabilities(timing).failover_bound;
     let m = unique_name("failover");
     let (fa, fault) = h.faulty_factory(timing).await.expect("faulty factory");
@@ -99,7 +99,7 @@ async fn failover(h: &SqlHarness) -> Duration {
 }
 
 /// A poll period after a release: the waiter wakes at the old lease's end plus jitter.
-fn poll_bound(timing: Timing) -> Duration {
+fn poll_bound(timing: SuiteTiming) -> Duration {
     timing.ttl + timing.transition + Duration::from_millis(2500)
 }
 
@@ -107,7 +107,7 @@ fn poll_bound(timing: Timing) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_handoff_is_pushed() {
     let h = SqlHarness::postgres().await;
-    let long = Timing {
+    let long = SuiteTiming {
         ttl: Duration::from_secs(10),
         transition: Duration::from_secs(6),
     };
@@ -121,7 +121,7 @@ async fn postgres_handoff_is_pushed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_handoff_and_failover() {
     let h = SqlHarness::mysql().await;
-    handoff(&h, Timing::SHORT, poll_bound(Timing::SHORT)).await;
+    handoff(&h, SuiteTiming::SHORT, poll_bound(SuiteTiming::SHORT)).await;
     failover(&h).await;
 }
 
@@ -129,6 +129,6 @@ async fn mysql_handoff_and_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_handoff_and_failover() {
     let h = SqlHarness::sqlite();
-    handoff(&h, Timing::SHORT, poll_bound(Timing::SHORT)).await;
+    handoff(&h, SuiteTiming::SHORT, poll_bound(SuiteTiming::SHORT)).await;
     failover(&h).await;
 }

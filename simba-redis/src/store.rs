@@ -11,7 +11,7 @@ use fred::types::config::{
 };
 use fred::types::{Builder, Value, scripts::Script};
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, held_owner_id, hold_millis};
-use simba_core::{Error, Result, validate_contender_id, validate_mutex_name};
+use simba_core::{Error, Result, check_common_contender_id, check_common_mutex_name};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -612,7 +612,7 @@ fn check(mutex: &str, contender_id: &str) -> Result<()> {
 /// The shared rules, and no `{` or `}`: they would make a Redis Cluster hash tag of part
 /// of the name (every key of a mutex must hash to one slot: `P:{M}`).
 fn check_name(mutex: &str) -> Result<()> {
-    validate_mutex_name(mutex)?;
+    check_common_mutex_name(mutex)?;
     if mutex.contains(['{', '}']) {
         return Err(Error::InvalidName {
             name: mutex.to_owned(),
@@ -624,7 +624,7 @@ fn check_name(mutex: &str) -> Result<()> {
 
 /// The shared rules, and no [`MESSAGE_SEPARATOR`] (`@@`): messages are `event@@id`.
 fn check_id(contender_id: &str) -> Result<()> {
-    validate_contender_id(contender_id)?;
+    check_common_contender_id(contender_id)?;
     if contender_id.contains(MESSAGE_SEPARATOR) {
         return Err(Error::InvalidContenderId {
             id: contender_id.to_owned(),
@@ -762,7 +762,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
-        validate_mutex_name(mutex)?;
+        check_common_mutex_name(mutex)?;
         let reply = self
             .eval("owner script", &self.inner.scripts.owner, mutex, vec![])
             .await?;

@@ -7,7 +7,7 @@ use simba_core::fault::{Behavior, FaultControl, FaultStore};
 use simba_core::{ContendServiceFactory, LeaseConfig, LeaseServiceFactory, MemoryStore};
 
 use crate::store_cases::StoreSource;
-use crate::suite::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
+use crate::suite::{Fault, FaultyFactory, Harness, SetupError, SuiteCapabilities, SuiteTiming};
 
 /// Runs the suite on any in-process [`LeaseStore`] that clones as a shared handle;
 /// "separate processes" are separate factories over it. Faults hang every call of a
@@ -41,14 +41,14 @@ impl MemoryHarness {
 }
 
 /// The lease config the lease harnesses use for a timing.
-pub fn lease_config(timing: Timing) -> LeaseConfig {
+pub fn lease_config(timing: SuiteTiming) -> LeaseConfig {
     crate::support::lease(timing.ttl, timing.transition)
 }
 
-/// Capabilities of a lease backend with the given timing.
-pub fn lease_capabilities(timing: Timing, pushes_release: bool) -> Capabilities {
+/// The capabilities of a lease backend with the given timing.
+pub fn lease_capabilities(timing: SuiteTiming, pushes_release: bool) -> SuiteCapabilities {
     let lease = timing.ttl + timing.transition;
-    Capabilities {
+    SuiteCapabilities {
         pushes_release,
         // A waiter's poll comes at most a jitter period (1 s) after the lease ends.
         failover_bound: lease + std::time::Duration::from_millis(1500),
@@ -76,13 +76,13 @@ impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
         self.name.clone()
     }
 
-    fn capabilities(&self, timing: Timing) -> Capabilities {
+    fn capabilities(&self, timing: SuiteTiming) -> SuiteCapabilities {
         lease_capabilities(timing, self.pushes_release)
     }
 
     fn factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
             let f = LeaseServiceFactory::new(self.store.clone(), lease_config(timing))?;
@@ -90,7 +90,10 @@ impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
         })
     }
 
-    fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
+    fn faulty_factory(
+        &self,
+        timing: SuiteTiming,
+    ) -> BoxFuture<'_, Result<FaultyFactory, SetupError>> {
         Box::pin(async move {
             let store = FaultStore::new(self.store.clone());
             let fault = HangFault(store.control());

@@ -5,30 +5,27 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use simba_core::backend::{BoxFuture, OwnershipTracker, Reporter, ServiceRunner, ServiceStatus};
-use simba_core::metrics::FailureKind;
-use simba_core::{
-    ContendService, Contender, ContenderStatus, LossReason, MutexOwner, MutexState, Result,
+use simba_core::backend::{
+    BoxFuture, ContendHandle, OwnershipTracker, Reporter, ServiceHandle, ServiceStatus,
 };
-use tokio::sync::{mpsc, watch};
+use simba_core::metrics::FailureKind;
+use simba_core::{Contender, LossReason, MutexOwner, MutexState, Result};
+use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
-use zookeeper_async::{CreateMode, WatchedEvent, ZkError, ZkResult};
+use zookeeper_async::{CreateMode, Stat, ZkError, ZkResult};
 
-use crate::common::{new_token, node_prefix, owner_at, owner_of, sleep_until_opt, sort_latch};
+use crate::common::{new_token, node_prefix, owner_at, owner_of, sort_latch};
+use crate::recipe::{self, Recipe, Schedule};
 use crate::session::{BACKEND, Core, Fail, Orphan, OwnerMark, Session, View};
 
 /// After this many immediate re-checks in a row, wait a retry interval before the next.
 const MAX_RECHECKS: u32 = 10;
 
-pub(crate) struct Shared {
-    pub(crate) session: Arc<Session>,
-    pub(crate) mutex: String,
-    pub(crate) contender_id: String,
+struct Shared {
+    session: Arc<Session>,
     /// The server-side path of the mutex node (`{chroot}{root}/{encoded mutex}`).
-    pub(crate) parent: String,
-    pub(crate) out: ServiceStatus,
+    parent: String,
 }
 
 /// A contend service on ZooKeeper: the leader-latch recipe.
@@ -55,16 +52,14 @@ pub(crate) struct Shared {
 ///   cannot be done now, the session deletes the node as soon as it can.
 pub struct ZkContendService {
     shared: Arc<Shared>,
-    runner: ServiceRunner,
+    handle: ServiceHandle,
 }
 
 impl fmt::Debug for ZkContendService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkContendService")
-            .field("mutex", &self.shared.mutex)
-            .field("contender_id", &self.shared.contender_id)
-            .field("path", &self.shared.parent)
-            .field("status", &self.shared.out.current())
+            .field("path", &self.path())
+            .field("service", &self.handle)
             .finish()
     }
 }
@@ -84,16 +79,13 @@ impl ZkContendService {
             &contender_id,
             mutex_label,
         );
-        ZkContendService {
-            shared: Arc::new(Shared {
-                session,
-                mutex,
-                contender_id,
-                parent,
-                out,
-            }),
-            runner: ServiceRunner::new(),
-        }
+        let shared = Arc::new(Shared { session, parent });
+        let driver = shared.clone();
+        let handle = ServiceHandle::new(out, move |tracker, stop| {
+            let (latch, watches) = Latch::new(driver.clone(), tracker);
+            Box::pin(recipe::run(latch, watches, stop))
+        });
+        ZkContendService { shared, handle }
     }
 
     /// The server-side path of this mutex's node, under which the latch nodes live.
@@ -104,47 +96,72 @@ impl ZkContendService {
     /// A receiver of the last owner change this service observed (waiters learn of a new
     /// owner when their predecessor changes, not on every change).
     pub fn owner_state(&self) -> watch::Receiver<MutexState> {
-        self.shared.out.owner_state()
+        self.handle.service_status().owner_state()
     }
 }
 
-impl ContendService for ZkContendService {
-    fn mutex(&self) -> &str {
-        &self.shared.mutex
-    }
-
-    fn contender_id(&self) -> &str {
-        &self.shared.contender_id
-    }
-
-    fn start(&self) -> Result<()> {
-        let shared = self.shared.clone();
-        let what = format!("contend service for mutex {:?}", shared.mutex);
-        self.runner.start(what, move |stop| {
-            let tracker = shared.out.begin();
-            let span = tracing::debug_span!(
-                "simba",
-                backend = BACKEND,
-                mutex = %shared.mutex,
-                contender = %shared.contender_id
-            );
-            Driver::new(shared, tracker, stop).run().instrument(span)
-        })
-    }
-
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signalled now, so that dropping the returned future still stops; the driver
-        // deletes what it created (dropping the service does the same, in the background).
-        self.runner.stop()
+impl ContendHandle for ZkContendService {
+    fn handle(&self) -> &ServiceHandle {
+        &self.handle
     }
 
     /// Not supported: ZooKeeper has sessions, not leases (the service keeps running).
-    fn stop_holding_until(&self, _until: tokio::time::Instant) -> BoxFuture<'_, Result<()>> {
+    fn stop_holding_until(&self, _until: Instant) -> BoxFuture<'_, Result<()>> {
         Box::pin(async { Err(crate::common::hold_unsupported()) })
     }
+}
 
-    fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.shared.out.status()
+impl Recipe for Latch {
+    type Step = Step;
+
+    fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    fn schedule(&mut self) -> &mut Schedule {
+        &mut self.schedule
+    }
+
+    fn sync(&mut self, view: View) {
+        self.follow_session(view);
+        if self.deadline_passed() {
+            self.expire();
+        }
+        self.publish_deadline();
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.local_deadline()
+    }
+
+    /// As often as the session probes, so the published deadline keeps up.
+    fn republish_every(&self) -> Option<Duration> {
+        let every = self.core.timing().session_timeout / 10;
+        Some(every.max(Duration::from_millis(10)))
+    }
+
+    fn not_ready(&mut self, view: View) {
+        self.count_not_ready(view);
+    }
+
+    fn check(&mut self) -> impl Future<Output = Result<Step>> + Send {
+        self.pass()
+    }
+
+    fn after_check(&mut self, step: Result<Step>) {
+        self.apply_step(step);
+    }
+
+    fn on_watch(&mut self) {
+        debug!("watch fired");
+        if self.predecessor_owns {
+            // The owner's node changed or went: the handoff to this waiter begins.
+            self.tracker.handoff_begins();
+        }
+    }
+
+    fn shutdown(self, ready: bool) -> impl Future<Output = ()> + Send {
+        self.close(ready)
     }
 }
 
@@ -160,6 +177,19 @@ struct Node {
     epoch: u64,
 }
 
+impl Node {
+    fn new(name: String, path: String, token: String, stat: &Stat, epoch: u64) -> Self {
+        Node {
+            name,
+            path,
+            token,
+            czxid: stat.czxid,
+            ctime: stat.ctime,
+            epoch,
+        }
+    }
+}
+
 /// The outcome of a check that did not fail.
 enum Step {
     /// Decided: owner, or waiting on the predecessor's watch.
@@ -168,106 +198,13 @@ enum Step {
     Recheck,
 }
 
-struct Driver {
-    stop: CancellationToken,
-    view: watch::Receiver<View>,
-    events: mpsc::UnboundedReceiver<u64>,
-    latch: Latch,
-}
-
-impl Driver {
-    fn new(shared: Arc<Shared>, tracker: OwnershipTracker, stop: CancellationToken) -> Self {
-        let core = shared.session.core().clone();
-        let view = core.view();
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let owner_mark = OwnerMark::new(core.clone());
-        let latch = Latch {
-            shared,
-            epoch: core.epoch(),
-            core,
-            events: events_tx,
-            generation: 0,
-            link: 0,
-            node: None,
-            pending: None,
-            stale: Vec::new(),
-            tracker,
-            known_lowest: None,
-            dirty: true,
-            retry_at: None,
-            rechecks: 0,
-            failures: 0,
-            predecessor_owns: false,
-            last_fail: StdMutex::new(None),
-            owner_mark,
-        };
-        Driver {
-            stop,
-            view,
-            events,
-            latch,
-        }
-    }
-
-    async fn run(mut self) {
-        // As often as the session probes, so the published deadline keeps up.
-        let every = self.latch.core.timing().session_timeout / 10;
-        let mut republish = tokio::time::interval(every.max(Duration::from_millis(10)));
-        republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            if self.stop.is_cancelled() {
-                break;
-            }
-            let view = *self.view.borrow_and_update();
-            self.latch.sync(view);
-            if self.latch.deadline_passed() {
-                self.latch.expire();
-                continue;
-            }
-            self.latch.publish_deadline();
-            let deadline = self.latch.deadline();
-            let latch = &mut self.latch;
-            let due = latch.dirty && latch.retry_at.is_none_or(|t| t <= Instant::now());
-            if due && !view.ready {
-                latch.not_ready(view);
-                continue;
-            }
-            if due {
-                let step = tokio::select! {
-                    biased;
-                    () = self.stop.cancelled() => break,
-                    () = sleep_until_opt(deadline) => continue,
-                    step = latch.check() => step,
-                };
-                latch.after_check(step);
-                continue;
-            }
-            let retry_at = latch.retry_at.filter(|_| latch.dirty);
-            tokio::select! {
-                biased;
-                () = self.stop.cancelled() => break,
-                () = sleep_until_opt(deadline) => {}
-                _ = self.view.changed() => {}
-                Some(generation) = self.events.recv() => latch.on_event(generation),
-                () = sleep_until_opt(retry_at) => {}
-                _ = republish.tick() => {}
-            }
-        }
-        let ready = self.view.borrow().ready;
-        self.latch.shutdown(ready).await;
-    }
-}
-
 struct Latch {
     shared: Arc<Shared>,
     core: Arc<Core>,
-    /// Watch callbacks send their generation here.
-    events: mpsc::UnboundedSender<u64>,
-    /// The generation of the latest check; callbacks of older ones are ignored.
-    generation: u64,
-    /// The session epoch and link last seen.
+    /// When the next check is due.
+    schedule: Schedule,
+    /// The session epoch last seen.
     epoch: u64,
-    link: u64,
     node: Option<Node>,
     /// The token of a create whose answer was lost (the node may exist).
     pending: Option<String>,
@@ -277,11 +214,8 @@ struct Latch {
     tracker: OwnershipTracker,
     /// The name of the lowest node whose data `known` holds.
     known_lowest: Option<String>,
-    /// A check is needed.
-    dirty: bool,
-    retry_at: Option<Instant>,
+    /// Checks in a row that asked for another at once.
     rechecks: u32,
-    failures: u32,
     /// The node this waiter watches is the owner's: its watch firing starts a handoff.
     predecessor_owns: bool,
     /// The kind of the last failed request (for the backend-error metric).
@@ -292,6 +226,32 @@ struct Latch {
 }
 
 impl Latch {
+    fn new(shared: Arc<Shared>, tracker: OwnershipTracker) -> (Self, recipe::Watches) {
+        let core = shared.session.core().clone();
+        let (schedule, watches) = Schedule::new();
+        let owner_mark = OwnerMark::new(core.clone());
+        let latch = Latch {
+            shared,
+            epoch: core.epoch(),
+            core,
+            schedule,
+            node: None,
+            pending: None,
+            stale: Vec::new(),
+            tracker,
+            known_lowest: None,
+            rechecks: 0,
+            predecessor_owns: false,
+            last_fail: StdMutex::new(None),
+            owner_mark,
+        };
+        (latch, watches)
+    }
+
+    fn contender_id(&self) -> &str {
+        self.tracker.service_status().contender_id()
+    }
+
     fn parent(&self) -> &str {
         &self.shared.parent
     }
@@ -310,8 +270,8 @@ impl Latch {
             "simba_call",
             op,
             backend = BACKEND,
-            mutex = %self.shared.mutex,
-            contender = %self.shared.contender_id,
+            mutex = %self.tracker.service_status().mutex(),
+            contender = %self.contender_id(),
             path,
             fence = self.tracker.held().map(|h| h.fence),
             outcome = tracing::field::Empty,
@@ -351,12 +311,11 @@ impl Latch {
     /// Applies what the session says: an expired session takes the node (and the
     /// ownership) with it, a new link needs a new check, a lost connection makes the owner
     /// suspect.
-    fn sync(&mut self, view: View) {
+    fn follow_session(&mut self, view: View) {
         let epoch = self.core.epoch().max(view.epoch);
         if epoch != self.epoch {
             self.epoch = epoch;
-            self.dirty = true;
-            self.retry_at = None;
+            self.schedule.wake();
             self.stale.retain(|n| n.epoch == epoch);
             if self.node.as_ref().is_some_and(|n| n.epoch != epoch) {
                 self.node = None;
@@ -368,22 +327,17 @@ impl Latch {
             self.known_lowest = None;
             self.tracker.lose(LossReason::SessionLost, MutexOwner::NONE);
         }
-        if view.link != self.link {
-            self.link = view.link;
-            self.dirty = true;
-            self.retry_at = None;
-        }
         if !view.ready {
             self.mark_suspect("not connected to ZooKeeper");
         }
     }
 
-    fn deadline(&self) -> Option<Instant> {
+    fn local_deadline(&self) -> Option<Instant> {
         self.tracker.is_held().then(|| self.core.deadline())
     }
 
     fn deadline_passed(&self) -> bool {
-        self.deadline().is_some_and(|d| Instant::now() >= d)
+        self.local_deadline().is_some_and(|d| Instant::now() >= d)
     }
 
     /// No write was confirmed in time: the leader may expire the session any moment.
@@ -400,28 +354,15 @@ impl Latch {
             self.stale.push(node);
         }
         self.known_lowest = None;
-        self.dirty = true;
-        self.retry_at = None;
-    }
-
-    fn on_event(&mut self, generation: u64) {
-        if generation == self.generation {
-            debug!(generation, "watch fired");
-            if self.predecessor_owns {
-                // The owner's node changed or went: the handoff to this waiter begins.
-                self.tracker.handoff_begins();
-            }
-            self.dirty = true;
-            self.retry_at = None;
-        }
+        self.schedule.wake();
     }
 
     fn mark_suspect(&mut self, why: &str) {
         self.tracker.mark_suspect(&why);
     }
 
-    fn not_ready(&mut self, view: View) {
-        self.retry_at = Some(Instant::now() + self.core.timing().retry);
+    fn count_not_ready(&mut self, view: View) {
+        self.schedule.retry_after(self.core.timing().retry);
         let why = if view.closed {
             "the ZooKeeper session is closed"
         } else {
@@ -433,28 +374,26 @@ impl Latch {
         );
     }
 
-    fn after_check(&mut self, step: Result<Step>) {
+    fn apply_step(&mut self, step: Result<Step>) {
         match step {
             Ok(Step::Recheck) => {
                 self.rechecks += 1;
-                self.dirty = true;
-                self.retry_at = (self.rechecks > MAX_RECHECKS)
-                    .then(|| Instant::now() + self.core.timing().retry);
+                if self.rechecks > MAX_RECHECKS {
+                    self.schedule.retry_after(self.core.timing().retry);
+                } else {
+                    self.schedule.wake();
+                }
             }
             Ok(Step::Settled) => {
                 self.rechecks = 0;
-                self.failures = 0;
-                self.dirty = false;
-                self.retry_at = None;
+                self.schedule.settled();
                 self.tracker.count_attempt(None);
             }
             Err(e) => {
                 self.rechecks = 0;
-                self.failures = self.failures.saturating_add(1);
-                self.dirty = true;
-                self.retry_at = Some(Instant::now() + self.core.timing().retry);
+                let failures = self.schedule.failed(self.core.timing().retry);
                 self.mark_suspect("a ZooKeeper call failed");
-                if self.failures == 1 {
+                if failures == 1 {
                     warn!("contending failed, retrying: {e}");
                 } else {
                     debug!("contending failed again: {e}");
@@ -472,8 +411,8 @@ impl Latch {
 
     /// One pass of the recipe: make sure our node exists, list the children, then own or
     /// watch the predecessor.
-    async fn check(&mut self) -> Result<Step> {
-        self.generation += 1;
+    async fn pass(&mut self) -> Result<Step> {
+        let on_event = self.schedule.begin_check();
         self.predecessor_owns = false;
         *self.last_fail.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let core = self.core.clone();
@@ -533,12 +472,6 @@ impl Latch {
         let Some(index) = sorted.iter().position(|c| *c == node.name) else {
             self.vanished(&node);
             return Ok(Step::Recheck);
-        };
-        let generation = self.generation;
-        let tx = self.events.clone();
-        // Callbacks run in the client's watch task: a non-blocking send, never a panic.
-        let on_event = move |_e: WatchedEvent| {
-            let _ = tx.send(generation);
         };
         if index == 0 {
             match self
@@ -641,14 +574,7 @@ impl Latch {
                 {
                     Ok(Some(stat)) => {
                         debug!(%path, "found the node of a create whose answer was lost");
-                        let node = Node {
-                            name,
-                            path,
-                            token,
-                            czxid: stat.czxid,
-                            ctime: stat.ctime,
-                            epoch: core.epoch(),
-                        };
+                        let node = Node::new(name, path, token, &stat, core.epoch());
                         self.pending = None;
                         self.node = Some(node.clone());
                         return Ok(Some(node));
@@ -660,7 +586,7 @@ impl Latch {
         }
         let token = self.pending.get_or_insert_with(new_token).clone();
         let prefix = format!("{parent}/{}", node_prefix(&token));
-        let data = self.shared.contender_id.as_bytes().to_vec();
+        let data = self.contender_id().as_bytes().to_vec();
         match self
             .traced(
                 "create",
@@ -676,14 +602,7 @@ impl Latch {
                 self.pending = None;
                 let name = path.rsplit('/').next().unwrap_or_default().to_owned();
                 debug!(%path, czxid = stat.czxid, "latch node created");
-                let node = Node {
-                    name,
-                    path,
-                    token,
-                    czxid: stat.czxid,
-                    ctime: stat.ctime,
-                    epoch,
-                };
+                let node = Node::new(name, path, token, &stat, epoch);
                 self.node = Some(node.clone());
                 Ok(Some(node))
             }
@@ -713,7 +632,7 @@ impl Latch {
     /// Our node is the lowest: we own (or still own) the mutex.
     fn own(&mut self, node: &Node) {
         let owner = owner_at(
-            self.shared.contender_id.clone(),
+            self.contender_id().to_owned(),
             node.ctime,
             node.czxid,
             self.core.timing().session_timeout,
@@ -731,7 +650,7 @@ impl Latch {
     /// the session timeout, so the published value lags the real one by about that much,
     /// which only makes it earlier (safe).
     fn publish_deadline(&mut self) {
-        let deadline = self.deadline();
+        let deadline = self.local_deadline();
         self.tracker.set_deadline(deadline);
         // The next in line confirms too, so that it can own at once when the owner goes.
         self.owner_mark
@@ -739,7 +658,7 @@ impl Latch {
     }
 
     /// Stop: report the release first, then delete the node (or leave it to the session).
-    async fn shutdown(mut self, ready: bool) {
+    async fn close(mut self, ready: bool) {
         self.tracker.lose(LossReason::Released, MutexOwner::NONE);
         let core = self.core.clone();
         let parent = self.shared.parent.clone();

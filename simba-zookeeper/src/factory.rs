@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::backend::{ServiceFactory, contender_id_for};
-use simba_core::{Contender, MutexRetriever, Result, validate_mutex_name};
+use simba_core::{Contender, MutexRetriever, Result, check_common_mutex_name};
 
 use crate::config::{ZkConfig, encode_name};
 use crate::contend::ZkContendService;
@@ -92,7 +92,7 @@ impl ZkFactory {
     /// # Errors
     /// [`Error::InvalidName`](simba_core::Error::InvalidName) for a bad name.
     pub fn mutex_path(&self, mutex: &str) -> Result<String> {
-        validate_mutex_name(mutex)?;
+        check_common_mutex_name(mutex)?;
         Ok(format!(
             "{}/{}",
             self.session.core().base(),

@@ -10,6 +10,7 @@ mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod recipe;
 mod retrieve;
 mod session;
 

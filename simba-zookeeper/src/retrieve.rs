@@ -1,25 +1,19 @@
 //! [`ZkRetrievalService`]: observe a mutex's owner by watching the latch's children.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
-use simba_core::backend::{BoxFuture, OwnershipTracker, Reporter, ServiceRunner, ServiceStatus};
-use simba_core::{MutexOwner, MutexRetriever, MutexState, Result, RetrievalService};
-use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, warn};
-use zookeeper_async::{WatchedEvent, ZkError};
+use simba_core::backend::{
+    OwnershipTracker, Reporter, RetrievalHandle, ServiceHandle, ServiceStatus,
+};
+use simba_core::{MutexOwner, MutexRetriever, Result};
+use tracing::{debug, warn};
+use zookeeper_async::ZkError;
 
-use crate::common::{owner_of, sleep_until_opt, sort_latch};
-use crate::session::{BACKEND, Core, Fail, Session, View};
-
-struct Shared {
-    session: Arc<Session>,
-    mutex: String,
-    parent: String,
-    out: ServiceStatus,
-}
+use crate::common::{owner_of, sort_latch};
+use crate::recipe::{self, Recipe, Schedule};
+use crate::session::{BACKEND, Core, Fail, Session};
 
 /// Observes the owner of a mutex on ZooKeeper without contending.
 ///
@@ -29,16 +23,16 @@ struct Shared {
 /// again (the client loses watches on reconnect). While disconnected it keeps reporting
 /// the last owner it saw.
 pub struct ZkRetrievalService {
-    shared: Arc<Shared>,
-    runner: ServiceRunner,
+    /// The server-side path of the mutex node.
+    parent: String,
+    handle: ServiceHandle,
 }
 
 impl fmt::Debug for ZkRetrievalService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkRetrievalService")
-            .field("mutex", &self.shared.mutex)
-            .field("path", &self.shared.parent)
-            .field("state", &self.shared.out.current_owner())
+            .field("path", &self.path())
+            .field("service", &self.handle)
             .finish()
     }
 }
@@ -57,163 +51,84 @@ impl ZkRetrievalService {
             "",
             mutex_label,
         );
-        ZkRetrievalService {
-            shared: Arc::new(Shared {
-                session,
-                mutex,
-                parent,
-                out,
-            }),
-            runner: ServiceRunner::new(),
-        }
+        let path = parent.clone();
+        let handle = ServiceHandle::new(out, move |tracker, stop| {
+            let (schedule, watches) = Schedule::new();
+            let observer = Observer {
+                core: session.core().clone(),
+                parent: path.clone(),
+                schedule,
+                tracker,
+                known_lowest: None,
+            };
+            Box::pin(recipe::run(observer, watches, stop))
+        });
+        ZkRetrievalService { parent, handle }
     }
 
     /// The server-side path of this mutex's node.
     pub fn path(&self) -> &str {
-        &self.shared.parent
+        &self.parent
     }
 }
 
-impl RetrievalService for ZkRetrievalService {
-    fn mutex(&self) -> &str {
-        &self.shared.mutex
-    }
-
-    fn start(&self) -> Result<()> {
-        let shared = self.shared.clone();
-        let what = format!("retrieval service for mutex {:?}", shared.mutex);
-        self.runner.start(what, move |stop| {
-            let tracker = shared.out.begin();
-            let span =
-                tracing::debug_span!("simba-retriever", backend = BACKEND, mutex = %shared.mutex);
-            Observer::new(shared, tracker, stop).run().instrument(span)
-        })
-    }
-
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signalled now, so that dropping the returned future still stops; the driver
-        // deletes what it created (dropping the service does the same, in the background).
-        self.runner.stop()
-    }
-
-    fn state(&self) -> watch::Receiver<MutexState> {
-        self.shared.out.owner_state()
+impl RetrievalHandle for ZkRetrievalService {
+    fn handle(&self) -> &ServiceHandle {
+        &self.handle
     }
 }
 
 struct Observer {
-    stop: CancellationToken,
-    view: watch::Receiver<View>,
-    events: mpsc::UnboundedReceiver<u64>,
-    inner: Inner,
-}
-
-struct Inner {
-    shared: Arc<Shared>,
     core: Arc<Core>,
-    tx: mpsc::UnboundedSender<u64>,
-    generation: u64,
-    link: u64,
+    /// The server-side path of the mutex node.
+    parent: String,
+    /// When the next check is due.
+    schedule: Schedule,
     /// Publishes the owner changes (and calls the retriever).
     tracker: OwnershipTracker,
     known_lowest: Option<String>,
-    dirty: bool,
-    retry_at: Option<Instant>,
-    failures: u32,
+}
+
+impl Recipe for Observer {
+    /// Whether the check settled the owner (`false`: check again now).
+    type Step = bool;
+
+    fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    fn schedule(&mut self) -> &mut Schedule {
+        &mut self.schedule
+    }
+
+    fn check(&mut self) -> impl Future<Output = Result<bool>> + Send {
+        self.pass()
+    }
+
+    fn after_check(&mut self, r: Result<bool>) {
+        match r {
+            Ok(true) => self.schedule.settled(),
+            Ok(false) => {
+                self.schedule.reset_failures();
+                self.schedule.wake();
+            }
+            Err(e) => {
+                if self.schedule.failed(self.core.timing().retry) == 1 {
+                    warn!("observing the owner failed, retrying: {e}");
+                } else {
+                    debug!("observing the owner failed again: {e}");
+                }
+            }
+        }
+    }
 }
 
 impl Observer {
-    fn new(shared: Arc<Shared>, tracker: OwnershipTracker, stop: CancellationToken) -> Self {
-        let core = shared.session.core().clone();
-        let (tx, events) = mpsc::unbounded_channel();
-        Observer {
-            stop,
-            view: core.view(),
-            events,
-            inner: Inner {
-                shared,
-                core,
-                tx,
-                generation: 0,
-                link: 0,
-                tracker,
-                known_lowest: None,
-                dirty: true,
-                retry_at: None,
-                failures: 0,
-            },
-        }
-    }
-
-    async fn run(mut self) {
-        loop {
-            if self.stop.is_cancelled() {
-                break;
-            }
-            let view = *self.view.borrow_and_update();
-            let inner = &mut self.inner;
-            if view.link != inner.link {
-                inner.link = view.link;
-                inner.dirty = true;
-                inner.retry_at = None;
-            }
-            let due =
-                inner.dirty && view.ready && inner.retry_at.is_none_or(|t| t <= Instant::now());
-            if due {
-                let r = tokio::select! {
-                    biased;
-                    () = self.stop.cancelled() => break,
-                    r = inner.check() => r,
-                };
-                inner.after_check(r);
-                continue;
-            }
-            let retry_at = inner.retry_at.filter(|_| inner.dirty);
-            tokio::select! {
-                biased;
-                () = self.stop.cancelled() => break,
-                _ = self.view.changed() => {}
-                Some(generation) = self.events.recv() => {
-                    if generation == inner.generation {
-                        inner.dirty = true;
-                        inner.retry_at = None;
-                    }
-                }
-                () = sleep_until_opt(retry_at) => {}
-            }
-        }
-    }
-}
-
-impl Inner {
-    fn after_check(&mut self, r: Result<bool>) {
-        match r {
-            Ok(settled) => {
-                self.failures = 0;
-                self.dirty = !settled;
-                self.retry_at = None;
-            }
-            Err(e) => {
-                self.failures = self.failures.saturating_add(1);
-                if self.failures == 1 {
-                    warn!("observing the owner failed, retrying: {e}");
-                }
-                self.dirty = true;
-                self.retry_at = Some(Instant::now() + self.core.timing().retry);
-            }
-        }
-    }
-
     /// Lists (and watches) the children and reads the owner. `Ok(false)`: check again now.
-    async fn check(&mut self) -> Result<bool> {
-        self.generation += 1;
+    async fn pass(&mut self) -> Result<bool> {
+        let on_event = self.schedule.begin_check();
         let core = self.core.clone();
-        let parent = self.shared.parent.clone();
-        let generation = self.generation;
-        let tx = self.tx.clone();
-        let on_event = move |_e: WatchedEvent| {
-            let _ = tx.send(generation);
-        };
+        let parent = self.parent.clone();
         let children = match core
             .call(core.zk().get_children_w(&parent, on_event.clone()))
             .await

@@ -212,9 +212,9 @@ pub(crate) struct Orphan {
     pub(crate) token: String,
 }
 
-/// Timing derived from the configuration.
+/// The timing of a session, derived from the configuration and the granted session timeout.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Timing {
+pub(crate) struct SessionTiming {
     pub(crate) session_timeout: Duration,
     pub(crate) drift_margin: Duration,
     /// What an owner's deadline gives up for touches that a follower has not passed on to
@@ -229,11 +229,11 @@ pub(crate) struct Timing {
     stale_after: Duration,
 }
 
-impl Timing {
-    /// Timing for a session whose server-side timeout is `t`.
+impl SessionTiming {
+    /// The timing of a session whose server-side timeout is `t`.
     fn new(config: &ZkConfig, t: Duration) -> Self {
         let probe_interval = t / 10;
-        Timing {
+        SessionTiming {
             session_timeout: t,
             // Validated below half the requested timeout; a lower negotiated one keeps it
             // below a quarter.
@@ -252,7 +252,7 @@ pub(crate) struct Core {
     zk: ZooKeeper,
     link: Arc<Link>,
     view: watch::Sender<View>,
-    timing: Timing,
+    timing: SessionTiming,
     resolved: Resolved,
     acl: Vec<Acl>,
     auth: Option<Vec<u8>>,
@@ -276,7 +276,7 @@ impl Core {
         &self.zk
     }
 
-    pub(crate) fn timing(&self) -> Timing {
+    pub(crate) fn timing(&self) -> SessionTiming {
         self.timing
     }
 
@@ -651,7 +651,7 @@ pub(crate) async fn connect(config: &ZkConfig) -> Result<Session> {
             source: None,
         });
     }
-    let timing = Timing::new(config, session_timeout);
+    let timing = SessionTiming::new(config, session_timeout);
     // The chroot is handled here (every path is prefixed with it), so the client gets the
     // bare addresses: that lets simba create the chroot node, and watch paths stay whole.
     let connect_string = addrs.join(",");

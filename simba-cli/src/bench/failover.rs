@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::stats::Samples;
 use super::{Ctx, Row, Section, ms, num};
-use crate::backend::{Backend, Timing};
+use crate::backend::{Backend, LeaseArgs};
 use crate::duration::show;
 
 /// How long the owner process may take to start its command (it then owns).
@@ -66,7 +66,7 @@ pub(super) async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     };
     for (mode, jitter) in modes {
         let waiter = ctx
-            .connect(Timing {
+            .connect(LeaseArgs {
                 ttl: Some(ttl),
                 transition: Some(transition),
                 waiter_poll: Some(ctx.args.poll),

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::backend::{self, Backend, Timing};
+use crate::backend::{self, Backend, LeaseArgs};
 use crate::cli::{BenchArgs, Scenario};
 use crate::status::{Failure, Outcome, Status};
 
@@ -38,7 +38,7 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     /// Connects anew (own connections) with `timing`.
-    pub(crate) async fn connect(&self, timing: Timing) -> anyhow::Result<Backend> {
+    pub(crate) async fn connect(&self, timing: LeaseArgs) -> anyhow::Result<Backend> {
         backend::connect(&self.url, timing)
             .await
             .map_err(|f| f.error)
@@ -46,10 +46,10 @@ impl Ctx {
 
     /// The default lease, with waiters polling every `--poll` where the backend cannot
     /// push a release.
-    pub(crate) fn timing(&self) -> Timing {
-        Timing {
+    pub(crate) fn timing(&self) -> LeaseArgs {
+        LeaseArgs {
             waiter_poll: Some(self.args.poll),
-            ..Timing::default()
+            ..LeaseArgs::default()
         }
     }
 

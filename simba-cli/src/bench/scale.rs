@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::stats::{self, Samples};
 use super::{Ctx, Floors, Row, Section, ms, num, us};
-use crate::backend::{Backend, Timing};
+use crate::backend::{Backend, LeaseArgs};
 use crate::duration::show;
 
 /// Services started at once; the next batch starts when this one is settled.
@@ -103,7 +103,7 @@ async fn held(ctx: &Ctx, main: &Backend, s: &mut Section) -> anyhow::Result<()> 
     let rss0 = stats::rss_mib();
     let conn0 = settled_connections(main.conn.as_ref()).await;
     let b = ctx
-        .connect(Timing {
+        .connect(LeaseArgs {
             ttl: Some(ttl),
             transition: Some(transition),
             ..ctx.timing()
@@ -235,9 +235,9 @@ async fn waiters(ctx: &Ctx, floors: &Floors, s: &mut Section) -> anyhow::Result<
     let w = ctx.args.scale_waiters as usize;
     ctx.progress(format!("scale: {w} waiters on one mutex"));
     let b = ctx
-        .connect(Timing {
+        .connect(LeaseArgs {
             waiter_poll: Some(ctx.args.scale_poll),
-            ..Timing::default()
+            ..LeaseArgs::default()
         })
         .await?;
     let mutex = ctx.mutex("scale-waiters");

@@ -23,31 +23,21 @@ pub trait ServiceFactory: Send + Sync + fmt::Debug {
     /// The backend's name ([`ContendServiceFactory::backend`]).
     fn backend(&self) -> &'static str;
 
-    /// Whether this backend can keep a released mutex held
-    /// ([`ContendServiceFactory::check_hold`]). The default says it cannot.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) saying why not.
+    /// [`ContendServiceFactory::check_hold`]; by default the backend cannot hold.
     fn check_hold(&self) -> Result<()> {
         Err(unsupported_hold(self.backend()))
     }
 
-    /// [`ContendServiceFactory::check_mutex_name`]; the default applies the rules every
-    /// backend shares.
-    ///
-    /// # Errors
-    /// [`Error::InvalidName`](crate::Error::InvalidName) saying why.
+    /// [`ContendServiceFactory::check_mutex_name`]; by default the rules every backend
+    /// shares.
     fn check_mutex_name(&self, mutex: &str) -> Result<()> {
-        crate::validate_mutex_name(mutex)
+        crate::check_common_mutex_name(mutex)
     }
 
-    /// [`ContendServiceFactory::check_contender_id`]; the default applies the rules every
-    /// backend shares.
-    ///
-    /// # Errors
-    /// [`Error::InvalidContenderId`](crate::Error::InvalidContenderId) saying why.
+    /// [`ContendServiceFactory::check_contender_id`]; by default the rules every backend
+    /// shares.
     fn check_contender_id(&self, contender_id: &str) -> Result<()> {
-        crate::validate_contender_id(contender_id)
+        crate::check_common_contender_id(contender_id)
     }
 
     /// A new contend service for `mutex`, reporting to `contender`; not started.

@@ -20,8 +20,14 @@
 //!   protocol written in [`ContendService`'s contract](crate::ContendService#contract). They
 //!   do it with the same parts the lease engine is built from, so no state machine is
 //!   written twice:
-//!   - [`ServiceRunner`]: the background task — start, stop, restart, stop on drop, with
-//!     a [`CancellationToken`](tokio_util::sync::CancellationToken) as the stop signal;
+//!   - [`ServiceHandle`]: the service itself — identity, status, start, stop, restart —
+//!     around the backend's driver ([`DriverFn`]) and the state it shares with it; a
+//!     service type made of one implements [`ContendHandle`] or [`RetrievalHandle`] and
+//!     gets [`ContendService`](crate::ContendService) or
+//!     [`RetrievalService`](crate::RetrievalService) from them;
+//!   - [`ServiceRunner`]: the background task under it — start, stop, restart, stop on
+//!     drop, with a [`CancellationToken`](tokio_util::sync::CancellationToken) as the stop
+//!     signal;
 //!   - [`ServiceStatus`] and [`OwnershipTracker`]: the ownership state machine and the
 //!     only writer of the status — acquired, renewed, suspect, lost, attempts counted,
 //!     callbacks before status;
@@ -33,10 +39,12 @@
 //! when its answers stop, and when the ownership ended.
 
 mod factory;
+mod handle;
 mod ownership;
 mod runner;
 
 pub use factory::ServiceFactory;
+pub use handle::{ContendHandle, DriverFn, RetrievalHandle, ServiceHandle};
 pub use ownership::{OwnershipTracker, Reporter, ServiceStatus};
 pub use runner::ServiceRunner;
 
@@ -45,11 +53,11 @@ pub use crate::service::BoxFuture;
 pub use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 
 use crate::error::Result;
-use crate::id::{generate_contender_id, validate_contender_id};
+use crate::id::{check_common_contender_id, generate_contender_id};
 use crate::service::Contender;
 
 /// The id `contender` contends with: its own ([`Contender::contender_id`]) after
-/// [`validate_contender_id`], or a new one from
+/// [`check_common_contender_id`], or a new one from
 /// [`generate_contender_id`].
 ///
 /// # Errors
@@ -57,7 +65,7 @@ use crate::service::Contender;
 pub fn contender_id_for(contender: &dyn Contender) -> Result<String> {
     match contender.contender_id() {
         Some(id) => {
-            validate_contender_id(&id)?;
+            check_common_contender_id(&id)?;
             Ok(id)
         }
         None => Ok(generate_contender_id()),

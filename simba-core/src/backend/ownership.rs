@@ -85,6 +85,27 @@ impl ServiceStatus {
         self
     }
 
+    /// The backend that names the service ([`with_identity`](Self::with_identity);
+    /// `"unknown"` without it).
+    pub fn backend(&self) -> &'static str {
+        if self.identity.backend.is_empty() {
+            "unknown"
+        } else {
+            self.identity.backend
+        }
+    }
+
+    /// The mutex of the service ([`with_identity`](Self::with_identity)).
+    pub fn mutex(&self) -> &str {
+        &self.identity.mutex
+    }
+
+    /// The contender id of the service ([`with_identity`](Self::with_identity)); empty for
+    /// a retrieval service that has none.
+    pub fn contender_id(&self) -> &str {
+        &self.identity.contender
+    }
+
     /// The metric labels of this service.
     pub(crate) fn labels(&self) -> &Labels {
         &self.identity.labels
@@ -118,8 +139,10 @@ impl ServiceStatus {
 
     /// Starts a run of the service's driver: publishes `running`, clears `held`,
     /// `deadline`, `attempts` and `last_error` (the last owner change and the last loss
-    /// stay), and returns the tracker the driver reports through. Call it from the
-    /// [`ServiceRunner::start`](super::ServiceRunner::start) closure, so that the status
+    /// stay), and returns the tracker the driver reports through.
+    /// [`ServiceHandle::start`](super::ServiceHandle::start) calls it (a service built on
+    /// a bare [`ServiceRunner`](super::ServiceRunner) calls it from the
+    /// [`ServiceRunner::start`](super::ServiceRunner::start) closure), so that the status
     /// says "running" when `start` returns.
     pub fn begin(&self) -> OwnershipTracker {
         self.status.send_modify(|s| {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{LeaseConfig, LeaseContendService, LeaseRetrievalService};
 use crate::backend::{Reporter, ServiceFactory, contender_id_for};
 use crate::error::Result;
-use crate::id::{validate_contender_id, validate_mutex_name};
+use crate::id::{check_common_contender_id, check_common_mutex_name};
 #[cfg(doc)]
 use crate::service::ContendServiceFactory;
 use crate::service::{Contender, MutexRetriever};
@@ -111,13 +111,13 @@ impl<S: LeaseStore> ServiceFactory for LeaseServiceFactory<S> {
 
     /// The shared rules, then the store's ([`LeaseStore::check_mutex_name`]).
     fn check_mutex_name(&self, mutex: &str) -> Result<()> {
-        validate_mutex_name(mutex)?;
+        check_common_mutex_name(mutex)?;
         self.store.check_mutex_name(mutex)
     }
 
     /// The shared rules, then the store's ([`LeaseStore::check_contender_id`]).
     fn check_contender_id(&self, contender_id: &str) -> Result<()> {
-        validate_contender_id(contender_id)?;
+        check_common_contender_id(contender_id)?;
         self.store.check_contender_id(contender_id)
     }
 

@@ -6,7 +6,7 @@
 //! - `driver`: the task behind a service — when to call the store, what an answer means,
 //!   the local lease deadline. It reports through the
 //!   [`OwnershipTracker`](crate::backend::OwnershipTracker) and runs in a
-//!   [`ServiceRunner`](crate::backend::ServiceRunner), as session backends do.
+//!   [`ServiceHandle`](crate::backend::ServiceHandle), as session backends do.
 
 mod config;
 mod driver;

@@ -5,19 +5,15 @@ use std::fmt;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::LeaseConfig;
 use super::driver::Driver;
-use crate::backend::{Reporter, ServiceRunner, ServiceStatus};
+use crate::backend::{ContendHandle, Reporter, RetrievalHandle, ServiceHandle, ServiceStatus};
 use crate::error::{Error, LossReason, Result};
 use crate::id::generate_contender_id;
-use crate::owner::MutexState;
-use crate::service::{
-    BoxFuture, ContendService, ContenderStatus, MutexRetriever, RetrievalService,
-};
+use crate::service::{BoxFuture, MutexRetriever};
 use crate::store::LeaseStore;
 
 /// A stop that keeps the mutex held until `until`, and where its outcome goes.
@@ -54,16 +50,13 @@ pub(super) struct Shared<S> {
 /// - results that arrive after `stop` are ignored.
 pub struct LeaseContendService<S> {
     shared: Arc<Shared<S>>,
-    runner: ServiceRunner,
+    handle: ServiceHandle,
 }
 
 impl<S: LeaseStore> fmt::Debug for LeaseContendService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseContendService")
-            .field("backend", &self.shared.store.backend())
-            .field("mutex", &self.shared.mutex)
-            .field("contender_id", &self.shared.contender_id)
-            .field("status", &self.shared.out.current())
+        f.debug_tuple("LeaseContendService")
+            .field(&self.handle)
             .finish()
     }
 }
@@ -82,76 +75,42 @@ impl<S: LeaseStore> LeaseContendService<S> {
             &contender_id,
             config.metrics_mutex_label,
         );
-        LeaseContendService {
-            shared: Arc::new(Shared {
-                hold: StdMutex::new(None),
-                store,
-                mutex,
-                contender_id,
-                config,
-                out,
-            }),
-            runner: ServiceRunner::new(),
-        }
-    }
-
-    fn start_inner(&self) -> Result<()> {
-        let shared = self.shared.clone();
-        let what = if shared.out.contends() {
-            format!("contend service for mutex {:?}", shared.mutex)
-        } else {
-            format!("retrieval service for mutex {:?}", shared.mutex)
-        };
-        self.runner.start(what, move |stop| {
-            let tracker = shared.out.begin();
-            let span = tracing::debug_span!(
-                "simba",
-                backend = shared.store.backend(),
-                mutex = %shared.mutex,
-                contender = %shared.contender_id
-            );
-            Driver::new(shared, tracker, stop).run().instrument(span)
-        })
+        let shared = Arc::new(Shared {
+            hold: StdMutex::new(None),
+            store,
+            mutex,
+            contender_id,
+            config,
+            out: out.clone(),
+        });
+        let driver = shared.clone();
+        let handle = ServiceHandle::new(out, move |tracker, stop| {
+            Box::pin(Driver::new(driver.clone(), tracker, stop).run())
+        });
+        LeaseContendService { shared, handle }
     }
 }
 
-impl<S: LeaseStore> ContendService for LeaseContendService<S> {
-    fn mutex(&self) -> &str {
-        &self.shared.mutex
-    }
-
-    fn contender_id(&self) -> &str {
-        &self.shared.contender_id
-    }
-
-    fn start(&self) -> Result<()> {
-        self.start_inner()
-    }
-
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // Signalled now, so that dropping the returned future still stops.
-        self.runner.stop()
+impl<S: LeaseStore> ContendHandle for LeaseContendService<S> {
+    fn handle(&self) -> &ServiceHandle {
+        &self.handle
     }
 
     fn stop_holding_until(&self, until: Instant) -> BoxFuture<'_, Result<()>> {
         if let Err(e) = crate::store::hold_millis(until.saturating_duration_since(Instant::now())) {
             return Box::pin(async { Err(e) });
         }
+        let shared = &self.shared;
         let (reply, outcome) = oneshot::channel();
-        *self.shared.hold.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(HoldRequest { until, reply });
+        *shared.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(HoldRequest { until, reply });
         // Signalled at once, so that dropping the returned future still stops and holds.
-        let stopped = self.runner.stop_task();
+        let stopped = self.handle.stop_task();
         if stopped.is_none() {
-            self.shared
-                .hold
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            shared.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
-        let mutex = self.shared.mutex.clone();
+        let mutex = shared.mutex.clone();
         // Not running: the ownership ended before (e.g. lost, and the service stopped).
-        let ended = self.shared.out.current().last_loss.map(|l| l.reason);
+        let ended = shared.out.current().last_loss.map(|l| l.reason);
         Box::pin(async move {
             let Some(stopped) = stopped else {
                 return Err(match ended {
@@ -164,10 +123,6 @@ impl<S: LeaseStore> ContendService for LeaseContendService<S> {
                 .await
                 .unwrap_or_else(|_| Err(Error::Shutdown { mutex }))
         })
-    }
-
-    fn status(&self) -> watch::Receiver<ContenderStatus> {
-        self.shared.out.status()
     }
 }
 
@@ -210,18 +165,8 @@ impl<S: LeaseStore> fmt::Debug for LeaseRetrievalService<S> {
     }
 }
 
-impl<S: LeaseStore> RetrievalService for LeaseRetrievalService<S> {
-    fn mutex(&self) -> &str {
-        &self.0.shared.mutex
-    }
-    fn start(&self) -> Result<()> {
-        self.0.start_inner()
-    }
-    fn stop(&self) -> BoxFuture<'_, Result<()>> {
-        // One stop path for both services: signalled at once, awaited in the future.
-        ContendService::stop(&self.0)
-    }
-    fn state(&self) -> watch::Receiver<MutexState> {
-        self.0.shared.out.owner_state()
+impl<S: LeaseStore> RetrievalHandle for LeaseRetrievalService<S> {
+    fn handle(&self) -> &ServiceHandle {
+        &self.0.handle
     }
 }

@@ -12,7 +12,7 @@ use simba_test_kit::memory::{HangFault, lease_capabilities, lease_config};
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
 use simba_test_kit::support::unique_name;
 
 /// The shared parts of the TLS test files.
@@ -171,14 +171,14 @@ impl Harness for SqlHarness {
         self.name.to_owned()
     }
 
-    fn capabilities(&self, timing: Timing) -> Capabilities {
+    fn capabilities(&self, timing: SuiteTiming) -> SuiteCapabilities {
         // failover: ttl + transition + 1.5 s; loss: ttl + transition + 500 ms.
         lease_capabilities(timing, self.pushes_release)
     }
 
     fn factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
             let store = self.store().await?;
@@ -189,7 +189,7 @@ impl Harness for SqlHarness {
 
     fn faulty_factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
         Box::pin(async move {
             match &self.place {

@@ -11,7 +11,7 @@ use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
 use simba_test_kit::support::{init_tracing, unique_name};
 
 /// What the kit's connector check expects of Redis, plain or over TLS.
@@ -88,13 +88,13 @@ impl Harness for RedisHarness {
         "redis".to_owned()
     }
 
-    fn capabilities(&self, timing: Timing) -> Capabilities {
+    fn capabilities(&self, timing: SuiteTiming) -> SuiteCapabilities {
         lease_capabilities(timing, true)
     }
 
     fn factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
             let url = self.url(self.server.url());
@@ -106,7 +106,7 @@ impl Harness for RedisHarness {
 
     fn faulty_factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
         Box::pin(async move {
             let proxy = FaultProxy::start(self.server.socket_addr()?).await?;
@@ -373,13 +373,13 @@ impl Harness for ClusterHarness {
         format!("redis-cluster{kind}({} nodes)", self.cluster.nodes().len())
     }
 
-    fn capabilities(&self, timing: Timing) -> Capabilities {
+    fn capabilities(&self, timing: SuiteTiming) -> SuiteCapabilities {
         lease_capabilities(timing, true)
     }
 
     fn factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
             let store = RedisStore::connect(test_config(&self.url, &self.prefix)).await?;
@@ -390,7 +390,7 @@ impl Harness for ClusterHarness {
 
     fn faulty_factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<simba_test_kit::suite::FaultyFactory, SetupError>> {
         Box::pin(async move {
             let nodes = self

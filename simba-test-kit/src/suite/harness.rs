@@ -9,26 +9,28 @@ use simba_core::backend::BoxFuture;
 /// Errors of setting a backend up for a case (not case failures).
 pub type SetupError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// The timing a case asks a factory for.
+/// The lease timing a conformance case asks a [`Harness`] factory for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
+pub struct SuiteTiming {
     /// Lease backends: the ttl. Session backends: ignored.
     pub ttl: Duration,
     /// Lease backends: the transition. Session backends: ignored.
     pub transition: Duration,
 }
 
-impl Timing {
+impl SuiteTiming {
     /// The suite's usual short timing: ttl 1 s, transition 500 ms.
-    pub const SHORT: Timing = Timing {
+    pub const SHORT: SuiteTiming = SuiteTiming {
         ttl: Duration::from_millis(1000),
         transition: Duration::from_millis(500),
     };
 }
 
-/// What a backend can do, so cases can hold it to the right promise.
+/// What a backend can do, so cases can hold it to the right promise, with the bounds the
+/// suite allows it (a connected backend describes itself with
+/// [`simba_core::connect::Capabilities`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
+pub struct SuiteCapabilities {
     /// Waiters are told of a release by a push (pub/sub, NOTIFY, watches), so a handoff
     /// must not wait for a poll period.
     pub pushes_release: bool,
@@ -60,14 +62,17 @@ pub trait Harness: Send + Sync {
     fn name(&self) -> String;
 
     /// What the backend can do, for the given timing.
-    fn capabilities(&self, timing: Timing) -> Capabilities;
+    fn capabilities(&self, timing: SuiteTiming) -> SuiteCapabilities;
 
     /// A new factory with the given timing.
     fn factory(
         &self,
-        timing: Timing,
+        timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>>;
 
     /// A new factory whose traffic goes through a fault point.
-    fn faulty_factory(&self, timing: Timing) -> BoxFuture<'_, Result<FaultyFactory, SetupError>>;
+    fn faulty_factory(
+        &self,
+        timing: SuiteTiming,
+    ) -> BoxFuture<'_, Result<FaultyFactory, SetupError>>;
 }

@@ -6,11 +6,11 @@
 //! name, so cases can share one server and run in parallel.
 //!
 //! Where time is the subject (failover, loss on outage), bounds come from the harness's
-//! [`Capabilities`] and are generous on purpose: the machine may be loaded by other tests.
+//! [`SuiteCapabilities`] and are generous on purpose: the machine may be loaded by other tests.
 
 mod harness;
 
-pub use harness::{Capabilities, Fault, FaultyFactory, Harness, SetupError, Timing};
+pub use harness::{Fault, FaultyFactory, Harness, SetupError, SuiteCapabilities, SuiteTiming};
 
 use std::fmt;
 use std::future::Future;
@@ -130,7 +130,7 @@ macro_rules! __expand_cases {
 }
 
 /// A longer timing for cases that must tell a release apart from a lease expiry.
-const LONG: Timing = Timing {
+const LONG: SuiteTiming = SuiteTiming {
     ttl: Duration::from_secs(5),
     transition: Duration::from_secs(2),
 };
@@ -145,14 +145,14 @@ async fn within<T>(
         .map_err(|_| CaseError(format!("{what}: not within {bound:?}")))
 }
 
-fn acquire_bound(caps: &Capabilities) -> Duration {
+fn acquire_bound(caps: &SuiteCapabilities) -> Duration {
     caps.failover_bound + Duration::from_secs(2)
 }
 
 /// A single contender acquires a free mutex, gets a fence, and gives it up on stop.
 pub async fn start(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
-    let f = h.factory(Timing::SHORT).await?;
+    let caps = h.capabilities(SuiteTiming::SHORT);
+    let f = h.factory(SuiteTiming::SHORT).await?;
     let history = History::new();
     let id = generate_contender_id();
     let svc = f.create_contend_service(&unique_name("start"), history.contender(&id))?;
@@ -205,9 +205,9 @@ pub async fn start(h: &dyn Harness) -> CaseResult {
 /// A stopped service can start again and re-acquires with a larger fence; while it is
 /// stopped another contender can take the mutex.
 pub async fn restart(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
-    let f = h.factory(Timing::SHORT).await?;
-    let g = h.factory(Timing::SHORT).await?;
+    let caps = h.capabilities(SuiteTiming::SHORT);
+    let f = h.factory(SuiteTiming::SHORT).await?;
+    let g = h.factory(SuiteTiming::SHORT).await?;
     let m = unique_name("restart");
     let history = History::new();
     let a = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
@@ -243,9 +243,9 @@ pub async fn restart(h: &dyn Harness) -> CaseResult {
 
 /// The owner keeps its ownership, with the same fence, across many ttl periods.
 pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
-    let f = h.factory(Timing::SHORT).await?;
-    let g = h.factory(Timing::SHORT).await?;
+    let caps = h.capabilities(SuiteTiming::SHORT);
+    let f = h.factory(SuiteTiming::SHORT).await?;
+    let g = h.factory(SuiteTiming::SHORT).await?;
     let m = unique_name("guard");
     let history = History::new();
     let a = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
@@ -255,7 +255,7 @@ pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
     let b = g.create_contend_service(&m, history.contender(generate_contender_id()))?;
     b.start()?;
     // Time is the subject: hold through three whole leases while a rival contends.
-    let lease = Timing::SHORT.ttl + Timing::SHORT.transition;
+    let lease = SuiteTiming::SHORT.ttl + SuiteTiming::SHORT.transition;
     let lost = wait_status(&*a, "", lease * 3, |s| s.held.is_none()).await;
     ensure!(
         lost.is_err(),
@@ -281,10 +281,10 @@ pub async fn guard_past_ttl(h: &dyn Harness) -> CaseResult {
 /// Ten contenders over two factories: exactly one owner at any instant while owners stop
 /// and come back.
 pub async fn multi_contend(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let factories = [
-        h.factory(Timing::SHORT).await?,
-        h.factory(Timing::SHORT).await?,
+        h.factory(SuiteTiming::SHORT).await?,
+        h.factory(SuiteTiming::SHORT).await?,
     ];
     let m = unique_name("multi");
     let history = History::new();
@@ -343,12 +343,12 @@ fn join<T: fmt::Display>(v: &[T]) -> String {
 /// Scheduled work runs only on the leader, is cancelled when it stops, and moves to the
 /// other scheduler.
 pub async fn schedule(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let m = unique_name("schedule");
     let runs: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
     let mut schedulers = Vec::new();
     for who in 0..2 {
-        let f = h.factory(Timing::SHORT).await?;
+        let f = h.factory(SuiteTiming::SHORT).await?;
         let runs = runs.clone();
         let s = LeaderScheduler::new(
             f.as_ref(),
@@ -427,10 +427,10 @@ pub async fn schedule(h: &dyn Harness) -> CaseResult {
 
 /// `acquire_timeout` on a held mutex gives up with [`Error::Timeout`] after about the wait.
 pub async fn locker_timeout(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let m = unique_name("timeout");
-    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
-    let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let a = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
+    let b = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
     let ga = within("acquire a free mutex", acquire_bound(&caps), a.acquire()).await??;
     let wait = Duration::from_millis(400);
     let t0 = Instant::now();
@@ -459,8 +459,8 @@ pub async fn locker_timeout(h: &dyn Harness) -> CaseResult {
 /// `try_acquire` succeeds on a free mutex and says [`Error::WouldBlock`] on a held one.
 pub async fn try_acquire(h: &dyn Harness) -> CaseResult {
     let m = unique_name("try");
-    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
-    let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let a = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
+    let b = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
     let bound = Duration::from_secs(10);
     let ga = within("try_acquire", bound, a.try_acquire()).await??;
     let r = within("try_acquire of a held mutex", bound, b.try_acquire()).await?;
@@ -511,8 +511,8 @@ pub async fn guard_drop_releases(h: &dyn Harness) -> CaseResult {
 /// When the backend stops answering, the owner's loss signal fires within the lease,
 /// without waiting for an answer.
 pub async fn lost_signal_on_outage(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
-    let (f, fault) = h.faulty_factory(Timing::SHORT).await?;
+    let caps = h.capabilities(SuiteTiming::SHORT);
+    let (f, fault) = h.faulty_factory(SuiteTiming::SHORT).await?;
     let a = Locker::new(f, &unique_name("outage"))?;
     let guard = within("acquire", acquire_bound(&caps), a.acquire()).await??;
     fault.partition().await?;
@@ -542,9 +542,9 @@ pub async fn lost_signal_on_outage(h: &dyn Harness) -> CaseResult {
 /// The owner goes silent (crash, partition): a waiter owns within the failover bound, and
 /// never before the old owner stopped believing it owned.
 pub async fn failover_after_crash(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
-    let (fa, fault) = h.faulty_factory(Timing::SHORT).await?;
-    let fb = h.factory(Timing::SHORT).await?;
+    let caps = h.capabilities(SuiteTiming::SHORT);
+    let (fa, fault) = h.faulty_factory(SuiteTiming::SHORT).await?;
+    let fb = h.factory(SuiteTiming::SHORT).await?;
     let m = unique_name("failover");
     let history = History::new();
     let a = fa.create_contend_service(&m, history.contender(generate_contender_id()))?;
@@ -582,11 +582,11 @@ pub async fn failover_after_crash(h: &dyn Harness) -> CaseResult {
 
 /// Fences strictly increase across acquisitions by different contenders.
 pub async fn fences_increase(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let m = unique_name("fence");
     let lockers = [
-        Locker::new(h.factory(Timing::SHORT).await?, &m)?,
-        Locker::new(h.factory(Timing::SHORT).await?, &m)?,
+        Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?,
+        Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?,
     ];
     let mut fences = Vec::new();
     for i in 0..6 {
@@ -646,10 +646,10 @@ pub async fn handoff_without_poll(h: &dyn Harness) -> CaseResult {
 /// `Locker`s are never inside at once, and every ownership, local handoffs included, has a
 /// new fence.
 pub async fn in_process_exclusion(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let bound = acquire_bound(&caps);
     let m = unique_name("local");
-    let f = h.factory(Timing::SHORT).await?;
+    let f = h.factory(SuiteTiming::SHORT).await?;
     let a = Locker::new(f.clone(), &m)?;
     let g = within("acquire", bound, a.acquire()).await??;
     let r = within(
@@ -734,11 +734,11 @@ pub async fn in_process_exclusion(h: &dyn Harness) -> CaseResult {
 /// ownership is a new one (a greater fence) that the old release cannot free, so another
 /// process cannot take the mutex while the new guard says it holds it.
 pub async fn reacquire_after_drop(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let bound = acquire_bound(&caps);
     let m = unique_name("reacquire");
-    let a = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
-    let other = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let a = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
+    let other = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
     for round in 0..10 {
         let g = within("acquire", bound, a.acquire()).await??;
         let fence = g.fence();
@@ -769,18 +769,18 @@ pub async fn reacquire_after_drop(h: &dyn Harness) -> CaseResult {
 
 /// A retrieval service sees each new owner.
 pub async fn retriever_sees_changes(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let m = unique_name("retriever");
     let r = h
-        .factory(Timing::SHORT)
+        .factory(SuiteTiming::SHORT)
         .await?
         .create_retrieval_service(&m, Arc::new(SilentRetriever))?;
     r.start()?;
     let mut rx = r.state();
-    let bound = acquire_bound(&caps) + Timing::SHORT.ttl + Timing::SHORT.transition;
+    let bound = acquire_bound(&caps) + SuiteTiming::SHORT.ttl + SuiteTiming::SHORT.transition;
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let f = h.factory(Timing::SHORT).await?;
+        let f = h.factory(SuiteTiming::SHORT).await?;
         let svc = f.create_contend_service(&m, Arc::new(simba_core::SilentContender))?;
         let id = svc.contender_id().to_owned();
         svc.start()?;
@@ -850,11 +850,11 @@ pub async fn retriever_sees_release(h: &dyn Harness) -> CaseResult {
 /// soon after. Backends without leases (ZooKeeper) refuse it with a typed error and
 /// release.
 pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
-    let caps = h.capabilities(Timing::SHORT);
+    let caps = h.capabilities(SuiteTiming::SHORT);
     let m = unique_name("hold");
-    let fa = h.factory(Timing::SHORT).await?;
+    let fa = h.factory(SuiteTiming::SHORT).await?;
     let a = Locker::new(fa.clone(), &m)?;
-    let b = Locker::new(h.factory(Timing::SHORT).await?, &m)?;
+    let b = Locker::new(h.factory(SuiteTiming::SHORT).await?, &m)?;
     let g = within("acquire", acquire_bound(&caps), a.acquire()).await??;
     let fence = g.fence();
     if let Err(e) = fa.check_hold() {
@@ -903,7 +903,7 @@ pub async fn hold_at_least(h: &dyn Harness) -> CaseResult {
 
 /// Bad names and ids are refused with typed errors, before anything reaches the backend.
 pub async fn bad_input(h: &dyn Harness) -> CaseResult {
-    let f = h.factory(Timing::SHORT).await?;
+    let f = h.factory(SuiteTiming::SHORT).await?;
     let long = "x".repeat(simba_core::MAX_MUTEX_NAME_LEN + 1);
     for bad in [
         "",
@@ -953,7 +953,7 @@ pub async fn safety_under_partitions(h: &dyn Harness) -> CaseResult {
     let history = History::new();
     let mut parts = Vec::new();
     for _ in 0..3 {
-        let (f, fault) = h.faulty_factory(Timing::SHORT).await?;
+        let (f, fault) = h.faulty_factory(SuiteTiming::SHORT).await?;
         let svc = f.create_contend_service(&m, history.contender(generate_contender_id()))?;
         svc.start()?;
         parts.push((svc, fault, AtomicBool::new(false)));

@@ -8,7 +8,7 @@ use simba_core::ContendServiceFactory;
 use simba_core::backend::BoxFuture;
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
-use simba_test_kit::suite::{Capabilities, Fault, Harness, SetupError, Timing};
+use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
 use simba_test_kit::support::{init_tracing, unique_name};
 use simba_zookeeper::{ZkConfig, ZkFactory};
 
@@ -81,8 +81,8 @@ impl Harness for ZkHarness {
         "zookeeper".to_owned()
     }
 
-    fn capabilities(&self, _timing: Timing) -> Capabilities {
-        Capabilities {
+    fn capabilities(&self, _timing: SuiteTiming) -> SuiteCapabilities {
+        SuiteCapabilities {
             // Waiters watch their predecessor's node.
             pushes_release: true,
             // The server expires a silent owner's session after the session timeout (plus
@@ -95,7 +95,7 @@ impl Harness for ZkHarness {
 
     fn factory(
         &self,
-        _timing: Timing,
+        _timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
         Box::pin(async move {
             let f = ZkFactory::connect(test_config(self.server.url(), &self.root, SESSION)).await?;
@@ -105,7 +105,7 @@ impl Harness for ZkHarness {
 
     fn faulty_factory(
         &self,
-        _timing: Timing,
+        _timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
         Box::pin(async move {
             let proxy = FaultProxy::start(self.server.socket_addr()?).await?;
