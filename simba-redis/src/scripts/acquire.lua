@@ -190,7 +190,7 @@ if not queued then
     local arrival = tonumber(t[1]) - 0.5 + tonumber(t[2]) / 1000000
     redis.call('ZADD', queue_key, string.format('%.6f', arrival), id)
 elseif tonumber(queued) >= 100000000000 then
-    -- Queued in milliseconds by an earlier version of this script: keep the place.
+    -- A score in milliseconds: convert it to seconds, keeping the place.
     redis.call('ZADD', queue_key, 'XX', string.format('%.3f', tonumber(queued) / 1000 - 0.5), id)
 end
 redis.call('ZADD', expires_key, s(now + keep), id)
