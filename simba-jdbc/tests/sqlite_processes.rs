@@ -346,7 +346,12 @@ async fn many_mutex_names_leave_one_lock_file() {
     }
     let files: Vec<String> = std::fs::read_dir(dir.path())
         .expect("read dir")
-        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .collect();
     let extra: Vec<&String> = files
         .iter()
@@ -362,6 +367,8 @@ async fn many_mutex_names_leave_one_lock_file() {
         "{NAMES} mutex names left files beside the database: {extra:?} (all: {} files)",
         files.len()
     );
-    assert!(files.contains(&"names.db-simba.locks".to_owned()), "{files:?}");
+    assert!(
+        files.contains(&"names.db-simba.locks".to_owned()),
+        "{files:?}"
+    );
 }
-

@@ -222,8 +222,10 @@ mod tests {
             let key = FileKey::new("/tmp/x.db", hash);
             assert!(key.entry >= 0 && key.entry % 2 == 0, "{key:?}");
             assert_eq!(key.lock, key.entry + 1, "{key:?}");
-            assert!(key.lock <= libc::off_t::MAX, "{key:?}");
         }
+        // The last slot ends at off_t's last byte (no wrap, no fallback to slot 0).
+        assert_eq!(FileKey::new("/tmp/x.db", SLOTS - 1).lock, libc::off_t::MAX);
+        assert_eq!(FileKey::new("/tmp/x.db", u64::MAX).lock, libc::off_t::MAX);
         let a = FileKey::new("/tmp/x.db", 7);
         let b = FileKey::new("/tmp/x.db", 8);
         assert_ne!(a.entry, b.entry);
@@ -233,7 +235,9 @@ mod tests {
     fn two_descriptions_exclude_each_other_and_a_duplicate_shares_the_lock() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let db = dir.path().join("t.db");
-        let db = db.to_str().unwrap_or_else(|| panic!("temp path is not UTF-8"));
+        let db = db
+            .to_str()
+            .unwrap_or_else(|| panic!("temp path is not UTF-8"));
         let key = FileKey::new(db, 42);
         let other = FileKey::new(db, 43);
         let held = try_lock(&key)
@@ -263,7 +267,9 @@ mod tests {
     fn a_waiter_holding_the_entry_keeps_a_try_out() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let db = dir.path().join("t.db");
-        let db = db.to_str().unwrap_or_else(|| panic!("temp path is not UTF-8"));
+        let db = db
+            .to_str()
+            .unwrap_or_else(|| panic!("temp path is not UTF-8"));
         let key = FileKey::new(db, 5);
         let held = try_lock(&key)
             .unwrap_or_else(|e| panic!("{e}"))
@@ -296,7 +302,9 @@ mod tests {
     fn earlier_files_are_swept_unless_held() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let db = dir.path().join("t.db");
-        let db_s = db.to_str().unwrap_or_else(|| panic!("temp path is not UTF-8"));
+        let db_s = db
+            .to_str()
+            .unwrap_or_else(|| panic!("temp path is not UTF-8"));
         let name = |h: &str, ext: &str| dir.path().join(format!("t.db-simba-{h}.{ext}"));
         for p in [
             name("00000000000000aa", "lock"),
@@ -310,7 +318,10 @@ mod tests {
         let held = File::open(name("00000000000000bb", "lock")).unwrap_or_else(|e| panic!("{e}"));
         held.lock().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(sweep_earlier(db_s), 2);
-        assert!(name("00000000000000bb", "lock").exists(), "a held file was removed");
+        assert!(
+            name("00000000000000bb", "lock").exists(),
+            "a held file was removed"
+        );
         assert!(!name("00000000000000aa", "lock").exists());
         assert!(other.exists(), "another database's file was removed");
     }
