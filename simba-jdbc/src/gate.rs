@@ -8,8 +8,9 @@
 //!   `pg_advisory_unlock`) on a 64-bit key hashed from the table and the mutex;
 //! - MySQL / MariaDB: `GET_LOCK` / `RELEASE_LOCK` on a name hashed from the database, the
 //!   table and the mutex;
-//! - SQLite: `flock` on a lock file next to the database file, behind a second "entry"
-//!   lock file that keeps the order (see the crate README).
+//! - SQLite: on Linux an OFD byte-range lock on a byte per mutex in one lock file next to
+//!   the database file, behind a second "entry" byte that keeps the order (elsewhere
+//!   `flock` on a lock file and an entry file per mutex; see the crate README).
 //!
 //! Each store keeps one [`Gate`] per mutex in use: a process-local FIFO of its contenders
 //! in front of the native lock, so that a process waits on the server with at most one
@@ -106,7 +107,7 @@ struct State {
     /// Consecutive failed waits, for the back-off.
     failures: u32,
     /// A cancelled lock-file wait of this process still blocks in its thread (SQLite): it
-    /// holds the entry file, so no other process can take the lock before it, and when it
+    /// holds the entry, so no other process can take the lock before it, and when it
     /// returns the lock it goes to whoever here wants it then (see `Gates::linger`).
     lingering: bool,
     /// Contenders that acquired here and have not released or left: they are pushed;
@@ -288,10 +289,10 @@ impl Gates {
                 return Pass::Unlocked;
             }
             if s.lingering {
-                // A cancelled wait of this process still blocks on the lock file, holding
-                // the entry file: a try would find the entry taken, and no other process
-                // can get the lock before that wait. It returns the lock at once if the
-                // lock file is free (the lock then goes to the first contender queued
+                // A cancelled wait of this process still blocks on the lock, holding the
+                // entry: a try would find the entry taken, and no other process can get
+                // the lock before that wait. It returns the lock at once if the lock is
+                // free (the lock then goes to the first contender queued
                 // here), and not while another process holds it: queue, and give it a
                 // moment (below).
                 s.enqueue(id);

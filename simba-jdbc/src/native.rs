@@ -38,7 +38,7 @@ pub(crate) enum Waited {
     /// Given up (cancelled); nothing of it is left.
     GaveUp,
     /// Given up, but a blocking lock-file call of it cannot be interrupted: it still waits,
-    /// holding the entry file, and returns the lock when the lock file is free.
+    /// holding the entry, and returns the lock when the lock is free.
     Lingering(JoinHandle<Result<FileLock, String>>),
 }
 
@@ -66,6 +66,9 @@ pub(crate) struct Locks {
     shared: AtomicUsize,
     /// Idle sessions for blocking waits.
     spare: StdMutex<Vec<Session>>,
+    /// Whether the lock files of earlier builds were swept (SQLite, first lock call).
+    #[cfg(feature = "sqlite")]
+    swept: std::sync::Once,
 }
 
 impl Locks {
@@ -76,6 +79,26 @@ impl Locks {
             holder: tokio::sync::Mutex::new(None),
             shared: AtomicUsize::new(0),
             spare: StdMutex::new(Vec::new()),
+            #[cfg(feature = "sqlite")]
+            swept: std::sync::Once::new(),
+        }
+    }
+
+    /// On this store's first lock-file call, removes the per-name lock files that earlier
+    /// builds left beside the database (`crate::sqlite::sweep_earlier`), best effort, on
+    /// a blocking thread that nobody waits for.
+    fn sweep_once(&self) {
+        #[cfg(feature = "sqlite")]
+        if let Kind::Files { prefix } = &self.kind {
+            self.swept.call_once(|| {
+                let prefix = prefix.clone();
+                drop(tokio::task::spawn_blocking(move || {
+                    let removed = crate::sqlite::sweep_earlier(&prefix);
+                    if removed > 0 {
+                        debug!(removed, database = %prefix, "removed lock files of earlier builds");
+                    }
+                }));
+            });
         }
     }
 
@@ -88,7 +111,10 @@ impl Locks {
     pub(crate) async fn try_lock(&self, key: &Key) -> Result<Option<Held>, String> {
         match key {
             Key::Local => Ok(Some(Held::Local)),
-            Key::File(files) => files.try_lock().await.map(|f| f.map(Held::File)),
+            Key::File(files) => {
+                self.sweep_once();
+                files.try_lock().await.map(|f| f.map(Held::File))
+            }
             Key::Session(_) => {
                 if self.shared.load(Ordering::Relaxed) >= MAX_SHARED_LOCKS {
                     return Err(format!(
@@ -138,6 +164,7 @@ impl Locks {
         match key {
             Key::Local => Ok(Waited::Got(Held::Local)),
             Key::File(files) => {
+                self.sweep_once();
                 let mut blocking = files.wait();
                 tokio::select! {
                     r = &mut blocking => r
@@ -254,7 +281,8 @@ pub(crate) enum Kind {
     /// Lock files; `prefix` is the database file's path.
     #[cfg(feature = "sqlite")]
     Files {
-        /// The database file: lock files are `{prefix}-simba-{hash}.lock` / `.entry`.
+        /// The database file: the lock file is `{prefix}-simba.locks` (on Linux; elsewhere
+        /// `{prefix}-simba-{hash}.lock` / `.entry`).
         prefix: String,
     },
     /// No other process can reach the database (`sqlite::memory:`): the local queue is all.

@@ -289,3 +289,86 @@ async fn two_processes_never_both_own() {
         by_process("p2")
     );
 }
+
+/// Many mutex names, each acquired by one store while another waits for it, leave one lock
+/// file beside the database (Linux: byte-range locks in `{db}-simba.locks`), not a file
+/// or two per name.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_mutex_names_leave_one_lock_file() {
+    const NAMES: usize = 60;
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("names.db");
+    let url = format!("sqlite://{}", db.display());
+    let store = SqlStore::connect(SqlConfig::new(&url))
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let first = LeaseServiceFactory::new(store, lease_config()).expect("factory");
+    let second = LeaseServiceFactory::new(
+        SqlStore::connect(SqlConfig::new(&url))
+            .await
+            .expect("connect"),
+        lease_config(),
+    )
+    .expect("factory");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..NAMES {
+        let name = format!("name-{i}");
+        let mut turns = Vec::new();
+        for (factory, who) in [(&first, "a"), (&second, "b")] {
+            let recorder = Arc::new(Recorder {
+                id: format!("{who}-{i}"),
+                log: log.clone(),
+            });
+            let svc = factory.contend_service(&name, recorder).expect("service");
+            svc.start().expect("start");
+            // Each contender gives the mutex up as soon as it holds it: one takes it at
+            // once, the other waits (a blocking lock wait) and gets it after.
+            turns.push(tokio::spawn(async move {
+                let mut status = svc.status();
+                let held = status.wait_for(|s| s.held.is_some()).await.is_ok();
+                svc.stop().await.expect("stop");
+                held
+            }));
+        }
+        for turn in turns {
+            // Generous: two acquisitions and releases on a loaded 2-core machine.
+            let held = tokio::time::timeout(Duration::from_secs(20), turn)
+                .await
+                .unwrap_or_else(|_| panic!("a contender never held {name}"))
+                .expect("turn task");
+            assert!(held, "a contender's status ended before it held {name}");
+        }
+    }
+    let files: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let extra: Vec<&String> = files
+        .iter()
+        .filter(|n| {
+            !matches!(
+                n.as_str(),
+                "names.db" | "names.db-wal" | "names.db-shm" | "names.db-simba.locks"
+            )
+        })
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "{NAMES} mutex names left files beside the database: {extra:?} (all: {} files)",
+        files.len()
+    );
+    assert!(
+        files.contains(&"names.db-simba.locks".to_owned()),
+        "{files:?}"
+    );
+}

@@ -63,7 +63,7 @@ async fn woken(rx: &mut Receiver<StoreEvent>) -> Option<StoreEvent> {
 }
 
 /// How many sessions wait for a native lock of this harness: PostgreSQL and MariaDB say
-/// so in their catalogs, SQLite's lock files in `/proc/locks` (blocked requests start
+/// so in their catalogs, SQLite's lock file in `/proc/locks` (blocked requests start
 /// with `->`). Used to know that a waiter has reached the server's queue before the next
 /// one joins, so that the queue's order is the order of the test.
 async fn queued(h: &SqlHarness) -> usize {
@@ -115,7 +115,8 @@ fn sqlite_blocked(h: &SqlHarness) -> usize {
         .filter_map(|e| e.ok())
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            name.ends_with(".lock") || name.ends_with(".entry")
+            // Linux: the one `.locks` file; elsewhere a `.lock` and `.entry` per mutex.
+            name.ends_with(".locks") || name.ends_with(".lock") || name.ends_with(".entry")
         })
         .filter_map(|e| e.metadata().ok().map(|m| m.ino()))
         .collect();
@@ -124,7 +125,7 @@ fn sqlite_blocked(h: &SqlHarness) -> usize {
         .lines()
         .filter(|l| l.contains("->"))
         .filter(|l| {
-            // `N: -> FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END`
+            // `N: -> OFDLCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END` (or `FLOCK`)
             l.split_whitespace()
                 .find(|f| f.matches(':').count() == 2)
                 .and_then(|f| f.rsplit(':').next())
@@ -367,7 +368,7 @@ async fn sqlite_wait_queue() {
     killed_waiter_skipped(&h).await;
 }
 
-/// SQLite: when the owner's process is SIGKILLed, the kernel frees its lock file, and the
+/// SQLite: when the owner's process is SIGKILLed, the kernel frees its lock, and the
 /// waiter takes the mutex over at once (fence + 1), long before the owner's 30 s lease
 /// would have ended. (The time of this takeover is measured by `simba bench`; here the
 /// bound is generous: 5 s of a 30 s lease.)
@@ -423,7 +424,7 @@ async fn sqlite_takes_over_from_a_killed_owner() {
     assert!(store.release(m, "heir").await.expect("release"));
 }
 
-/// SQLite: a paused (SIGSTOP) owner process keeps its lock file, so nobody takes its
+/// SQLite: a paused (SIGSTOP) owner process keeps its lock, so nobody takes its
 /// mutex before its lease ends; after the end the waiter takes it by the lease.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

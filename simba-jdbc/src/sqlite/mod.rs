@@ -1,6 +1,11 @@
 //! SQLite: the connections of a store (diesel's `SqliteConnection` on blocking threads),
-//! its pool, and its native lock (lock files).
+//! its pool, and its native lock (on Linux byte-range locks in one lock file per
+//! database, elsewhere a lock file per mutex).
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) mod lock;
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+#[path = "lock_files.rs"]
 pub(crate) mod lock;
 
 use std::time::Duration;
@@ -12,7 +17,7 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use simba_core::Result;
 
-pub(crate) use lock::{FileKey, FileLock};
+pub(crate) use lock::{FileKey, FileLock, sweep_earlier};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;

@@ -166,6 +166,50 @@ impl SqlHarness {
     }
 }
 
+/// What a SQLite harness's directory may hold: the database, its WAL and shared-memory
+/// files, and the one lock file of the database (Linux; elsewhere a lock file per mutex).
+#[allow(dead_code)]
+pub fn sqlite_dir_files_allowed(name: &str) -> bool {
+    matches!(
+        name,
+        "simba.db" | "simba.db-wal" | "simba.db-shm" | "simba.db-simba.locks"
+    )
+}
+
+/// The files of `dir` that a SQLite harness's directory must not hold (see
+/// [`sqlite_dir_files_allowed`]).
+#[allow(dead_code)]
+pub fn sqlite_dir_extra_files(dir: &std::path::Path) -> Vec<String> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    entries
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| !sqlite_dir_files_allowed(n))
+        .collect()
+}
+
+/// Every case that used a SQLite harness leaves at most a constant number of files beside
+/// the database, however many mutex names it used (checked unless the case failed).
+impl Drop for SqlHarness {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if let Place::File(dir) = &self.place
+            && !std::thread::panicking()
+        {
+            let extra = sqlite_dir_extra_files(dir.path());
+            assert!(
+                extra.is_empty(),
+                "files beside the SQLite database besides the database, its WAL/SHM and its \
+                 lock file: {extra:?}"
+            );
+        }
+    }
+}
+
 impl Harness for SqlHarness {
     fn name(&self) -> String {
         self.name.to_owned()
