@@ -979,6 +979,14 @@ mod tests {
         assert!(!FaultKind::FollowerPartition.applies_to(ChaosBackend::Zookeeper));
         assert!(!FaultKind::Cut.applies_to(ChaosBackend::ZookeeperEnsemble));
         assert!(FaultKind::Pause.applies_to(ChaosBackend::ZookeeperEnsemble));
+        assert_eq!(
+            "redis-cluster".parse::<ChaosBackend>().ok(),
+            Some(ChaosBackend::RedisCluster)
+        );
+        assert!(FaultKind::Failover.applies_to(ChaosBackend::RedisCluster));
+        assert!(FaultKind::Cut.applies_to(ChaosBackend::RedisCluster));
+        assert!(!FaultKind::Delay.applies_to(ChaosBackend::RedisCluster));
+        assert!(!FaultKind::Failover.applies_to(ChaosBackend::Redis));
         let cfg = ChaosConfig::new(ChaosBackend::ZookeeperEnsemble, "x", Vec::new());
         assert!(cfg.faults.iter().all(|f| f.applies_to(cfg.backend)));
         assert_eq!(cfg.ttl + cfg.transition, Duration::from_secs(2));
