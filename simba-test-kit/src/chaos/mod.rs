@@ -49,8 +49,8 @@ pub enum ChaosBackend {
     /// ZooKeeper.
     Zookeeper,
     /// Redis behind Sentinel: a primary, two replicas of different `replica-priority` and
-    /// three sentinels ([`servers::redis_sentinel_with_replicas`]); the only target of
-    /// [`FaultKind::Failover`].
+    /// three sentinels ([`servers::redis_sentinel_with_replicas`]); a target of
+    /// [`FaultKind::Failover`], with [`RedisCluster`](Self::RedisCluster).
     RedisSentinel,
     /// Redis Cluster: three primaries with one replica each
     /// ([`servers::redis_cluster_with_replicas`]), contenders connected with
@@ -193,8 +193,8 @@ impl FromStr for FaultKind {
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition, \
-                     on redis-sentinel and redis-cluster failover, or on zookeeper-ensemble leader-kill, \
-                     follower-partition, contender-partition"
+                     on redis-sentinel and redis-cluster failover, or on zookeeper-ensemble \
+                     leader-kill, follower-partition, contender-partition"
                 )));
             }
         })
