@@ -3,7 +3,7 @@
 //! non-zero when X or Y is not 0 or N is too small.
 //!
 //! ```text
-//! simba-chaos --backend redis|redis-sentinel|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble
+//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble
 //!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
 //!             [--contenders 3]
 //!             [--min-handoffs N] [--unsafe]
@@ -13,7 +13,8 @@
 //! and has its own faults: `leader-kill,follower-partition,contender-partition,kill,pause`;
 //! `redis-sentinel` starts a primary, two replicas of different `replica-priority` and three
 //! sentinels, with the faults
-//! `failover,kill,pause`.
+//! `failover,kill,pause`; `redis-cluster` starts three primaries with a replica each
+//! (contenders use `replicaAcks=1`), with the faults `failover,kill,pause,cut`.
 //!
 //! ```text
 //! simba-chaos contender      # one contender process; the run starts these itself
@@ -43,10 +44,12 @@ fn parse_duration(s: &str) -> Option<Duration> {
 fn usage(msg: &str) -> ExitCode {
     eprintln!("simba-chaos: {msg}");
     eprintln!(
-        "usage: simba-chaos --backend redis|redis-sentinel|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble \
+        "usage: simba-chaos --backend \
+         redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble \
          [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
          [--contenders N] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\
+         redis-cluster: --faults failover,kill,pause,cut\n\
          zookeeper-ensemble (feature `containers`): --faults \
          leader-kill,follower-partition,contender-partition,kill,pause"
     );

@@ -59,6 +59,34 @@ async fn chaos_zookeeper() {
     check(config(ChaosBackend::Zookeeper)).await;
 }
 
+/// Redis Cluster (three primaries with a replica each, `replicaAcks=1`): the primary of
+/// the mutex's slot is failed over again and again (so the second failover promotes the
+/// first primary back), between kills, pauses and cuts of the owner. 30 s of faults after
+/// the cluster starts; the nextest filter `chaos` runs it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_redis_cluster_failover() {
+    let mut cfg = config(ChaosBackend::RedisCluster);
+    cfg.faults = vec![
+        FaultKind::Failover,
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Cut,
+    ];
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    for tail in &summary.log_tails {
+        println!("{tail}");
+    }
+    assert!(summary.passed(), "{summary}");
+    assert!(summary.fault_errors.is_empty(), "{summary}");
+    let failovers = summary
+        .faults_by_kind
+        .iter()
+        .find(|(k, _)| *k == FaultKind::Failover)
+        .map_or(0, |(_, n)| *n);
+    assert!(failovers >= 2, "fewer than two failovers: {summary}");
+}
+
 /// The checker and the fenced resource catch contenders that ignore their local deadline
 /// (as a library without one would) when an owner is paused past its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -374,6 +374,63 @@ async fn external_servers_refuse_control() {
     ));
 }
 
+/// Two failovers of one shard in a row: the second finds the roles from the servers, so
+/// it kills the node the first one promoted and promotes the first primary again, which
+/// was restarted as a replica. Each time the shard's new primary takes a write of its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_fails_over_twice_and_restarts_each_old_primary_as_replica() {
+    let cluster = within(
+        START,
+        "redis_cluster_with_replicas",
+        servers::redis_cluster_with_replicas(3),
+    )
+    .await
+    .expect("redis_cluster_with_replicas");
+    let shard = 1;
+    let mut key = None;
+    for n in 0..100 {
+        let k = format!("k{n}");
+        if cluster.shard_of_key(&k).await.expect("CLUSTER KEYSLOT") == shard {
+            key = Some(k);
+            break;
+        }
+    }
+    let key = key.expect("one of 100 keys hashes to the middle third of the slots");
+    let first = &cluster.nodes()[shard];
+    let second = &cluster.replicas()[shard];
+    assert_eq!(
+        cluster.primary_port(shard).await.expect("roles"),
+        first.port()
+    );
+    // (new primary, new replica) after each failover.
+    for (round, (primary, replica)) in [(second, first), (first, second)].into_iter().enumerate() {
+        cluster.freeze_replication(shard).await.expect("freeze");
+        within(
+            Duration::from_secs(90),
+            "failover",
+            cluster.kill_primary_and_fail_over(shard, Duration::from_secs(60)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("failover {round}: {e}"));
+        assert_eq!(
+            cluster.primary_port(shard).await.expect("roles"),
+            primary.port(),
+            "failover {round}"
+        );
+        let role = redis_cmd(primary, "ROLE\r\n", STEP).await.expect("ROLE");
+        assert!(role.contains("master"), "failover {round}: {role}");
+        let role = redis_cmd(replica, "ROLE\r\n", STEP).await.expect("ROLE");
+        assert!(role.contains("slave"), "failover {round}: {role}");
+        let set = redis_cmd(primary, &format!("SET {key} {round}\r\n"), STEP)
+            .await
+            .expect("SET");
+        assert_eq!(set, "+OK\r\n", "failover {round}");
+        within(STEP, "wait_ok", cluster.wait_ok(STEP))
+            .await
+            .unwrap_or_else(|e| panic!("failover {round}: {e}"));
+    }
+}
+
 #[tokio::test]
 async fn redis_cluster_of_three_primaries_is_ok() {
     let t = Instant::now();

@@ -49,9 +49,15 @@ pub enum ChaosBackend {
     /// ZooKeeper.
     Zookeeper,
     /// Redis behind Sentinel: a primary, two replicas of different `replica-priority` and
-    /// three sentinels ([`servers::redis_sentinel_with_replicas`]); the only target of
-    /// [`FaultKind::Failover`].
+    /// three sentinels ([`servers::redis_sentinel_with_replicas`]); a target of
+    /// [`FaultKind::Failover`], with [`RedisCluster`](Self::RedisCluster).
     RedisSentinel,
+    /// Redis Cluster: three primaries with one replica each
+    /// ([`servers::redis_cluster_with_replicas`]), contenders connected with
+    /// `replicaAcks=1`; the target of [`FaultKind::Failover`] on the primary of the
+    /// mutex's slot, and of [`FaultKind::Cut`] (the owner's connections closed by the
+    /// nodes, `CLIENT KILL`).
+    RedisCluster,
     /// A three-node ZooKeeper ensemble in containers (`servers::ZkEnsemble`,
     /// feature `containers`): the target of the faults that need hosts.
     ZookeeperEnsemble,
@@ -67,11 +73,12 @@ impl FromStr for ChaosBackend {
             "sqlite" => ChaosBackend::Sqlite,
             "zookeeper" | "zk" => ChaosBackend::Zookeeper,
             "redis-sentinel" => ChaosBackend::RedisSentinel,
+            "redis-cluster" => ChaosBackend::RedisCluster,
             "zookeeper-ensemble" | "zk-ensemble" => ChaosBackend::ZookeeperEnsemble,
             other => {
                 return Err(ChaosError::Usage(format!(
-                    "unknown backend {other:?}: use redis, redis-sentinel, mysql, postgres, \
-                     sqlite, zookeeper or zookeeper-ensemble"
+                    "unknown backend {other:?}: use redis, redis-sentinel, redis-cluster, mysql, \
+                     postgres, sqlite, zookeeper or zookeeper-ensemble"
                 )));
             }
         })
@@ -87,6 +94,7 @@ impl ChaosBackend {
             ChaosBackend::Zookeeper => Some(ServerKind::Zookeeper),
             ChaosBackend::Sqlite
             | ChaosBackend::RedisSentinel
+            | ChaosBackend::RedisCluster
             | ChaosBackend::ZookeeperEnsemble => None,
         }
     }
@@ -115,12 +123,15 @@ pub enum FaultKind {
     Delay,
     /// Hold the owner's traffic past its lease (ZooKeeper: session expiry).
     Partition,
-    /// Fail over the primary (backend `redis-sentinel` only): hold back the replica the
+    /// Fail over the primary. `redis-sentinel`: hold back the replica the
     /// sentinels prefer (lowest `replica-priority`) while the other one stays live — or,
     /// every other time, freeze both — wait for the next acquisition or renewal (which
     /// the held-back replica lacks), kill the primary and let the sentinels promote a
     /// replica (the held-back one, by its priority); the old primary comes back as a
-    /// replica.
+    /// replica. `redis-cluster`: the primary of the mutex's slot, with its replica frozen
+    /// every other time (live the other times), after the next acquisition or renewal (or
+    /// a lease): SIGKILL, `CLUSTER FAILOVER TAKEOVER` on the replica, the old primary back
+    /// as its replica.
     Failover,
     /// `zookeeper-ensemble`: kill the ensemble's leader (SIGKILL of its container), let
     /// the other two elect a new one, start it again.
@@ -139,19 +150,28 @@ impl FaultKind {
     fn applies_to(self, backend: ChaosBackend) -> bool {
         match self {
             FaultKind::Kill | FaultKind::Pause => true,
-            FaultKind::Failover => backend == ChaosBackend::RedisSentinel,
+            FaultKind::Failover => matches!(
+                backend,
+                ChaosBackend::RedisSentinel | ChaosBackend::RedisCluster
+            ),
             FaultKind::LeaderKill
             | FaultKind::FollowerPartition
             | FaultKind::ContenderPartition => backend == ChaosBackend::ZookeeperEnsemble,
             // The proxy and the private server's restart are not there on the ensemble,
             // whose connections go through Docker networks, nor behind Sentinel, whose
-            // contenders reach the deployment directly.
-            FaultKind::Restart | FaultKind::Cut | FaultKind::Delay | FaultKind::Partition => {
-                !matches!(
-                    backend,
-                    ChaosBackend::ZookeeperEnsemble | ChaosBackend::RedisSentinel
-                )
-            }
+            // contenders reach the deployment directly, nor on Cluster, whose clients follow
+            // the nodes' own addresses past any proxy: there the nodes close the owner's
+            // connections themselves (cut).
+            FaultKind::Cut => !matches!(
+                backend,
+                ChaosBackend::ZookeeperEnsemble | ChaosBackend::RedisSentinel
+            ),
+            FaultKind::Restart | FaultKind::Delay | FaultKind::Partition => !matches!(
+                backend,
+                ChaosBackend::ZookeeperEnsemble
+                    | ChaosBackend::RedisSentinel
+                    | ChaosBackend::RedisCluster
+            ),
         }
     }
 }
@@ -173,8 +193,8 @@ impl FromStr for FaultKind {
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition, \
-                     on redis-sentinel failover, or on zookeeper-ensemble leader-kill, \
-                     follower-partition, contender-partition"
+                     on redis-sentinel and redis-cluster failover, or on zookeeper-ensemble \
+                     leader-kill, follower-partition, contender-partition"
                 )));
             }
         })
@@ -349,6 +369,8 @@ struct Run<'a> {
     cfg: &'a ChaosConfig,
     /// The Sentinel deployment of [`ChaosBackend::RedisSentinel`].
     sentinel: Option<servers::RedisSentinel>,
+    /// The cluster of [`ChaosBackend::RedisCluster`] and the shard that serves the mutex.
+    cluster: Option<(servers::RedisCluster, usize)>,
     /// Failovers begun, to alternate their kind.
     failovers: usize,
     resource: FencedResource,
@@ -474,6 +496,20 @@ impl Run<'_> {
                 }
             }
             FaultKind::Cut => {
+                if let Some((cluster, _)) = &self.cluster {
+                    let Some(pid) = self.contenders[owner].child.as_ref().and_then(Child::id)
+                    else {
+                        return Ok(false);
+                    };
+                    let mut closed = 0;
+                    for (local, remote) in tcp_connections(pid) {
+                        if cluster.kill_client(remote.port(), local).await? {
+                            closed += 1;
+                        }
+                    }
+                    info!(closed, "the nodes closed the owner's connections");
+                    return Ok(closed > 0);
+                }
                 let Some(p) = &self.contenders[owner].proxy else {
                     return Ok(false);
                 };
@@ -496,6 +532,29 @@ impl Run<'_> {
                 sleep(self.lease().max(Duration::from_secs(2)) + Duration::from_secs(1)).await;
                 p.blackhole(false);
                 p.cut();
+            }
+            FaultKind::Failover if self.cluster.is_some() => {
+                let Some((cluster, shard)) = &self.cluster else {
+                    return Ok(false);
+                };
+                self.failovers += 1;
+                let frozen = self.failovers % 2 == 1;
+                if frozen {
+                    cluster.freeze_replication(*shard).await?;
+                }
+                // Right after the next acquisition, or within a lease (with the replica
+                // frozen no acquisition or renewal is confirmed meanwhile).
+                let before = self.resource.report().ownerships;
+                let until = Instant::now() + self.lease();
+                while self.resource.report().ownerships == before && Instant::now() < until {
+                    sleep(Duration::from_millis(2)).await;
+                }
+                let old = cluster.primary_port(*shard).await?;
+                cluster
+                    .kill_primary_and_fail_over(*shard, Duration::from_secs(60))
+                    .await?;
+                let new = cluster.primary_port(*shard).await?;
+                info!(frozen, old, new, "failed over");
             }
             FaultKind::Failover => {
                 let Some(d) = &self.sentinel else {
@@ -616,13 +675,24 @@ fn roll(n: u64) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) % n.max(1)
 }
 
-/// The ZooKeeper server (port 2181) process `pid` has an established TCP connection to,
-/// read from `/proc` (Linux): the socket inodes of its descriptors, looked up in its
-/// network namespace's `net/tcp`.
+/// The ZooKeeper server (port 2181) process `pid` has an established TCP connection to.
 #[cfg(feature = "containers")]
 fn zookeeper_peer(pid: u32) -> Option<std::net::SocketAddr> {
+    tcp_connections(pid)
+        .into_iter()
+        .map(|(_, remote)| remote)
+        .find(|remote| remote.port() == 2181)
+}
+
+/// The established TCP connections of process `pid`, `(local, remote)`, read from `/proc`
+/// (Linux; none elsewhere): the socket inodes of its descriptors, looked up in its
+/// network namespace's `net/tcp`.
+fn tcp_connections(pid: u32) -> Vec<(std::net::SocketAddr, std::net::SocketAddr)> {
     let mut inodes = std::collections::HashSet::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    for entry in fds.flatten() {
         if let Ok(target) = std::fs::read_link(entry.path()) {
             let target = target.to_string_lossy().into_owned();
             if let Some(inode) = target
@@ -633,21 +703,26 @@ fn zookeeper_peer(pid: u32) -> Option<std::net::SocketAddr> {
             }
         }
     }
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
-    table.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-        let (remote, state, inode) = (fields.get(2)?, fields.get(3)?, fields.get(9)?);
-        if *state != "01" || !inodes.contains(*inode) {
-            return None;
-        }
-        let addr = parse_proc_addr(remote)?;
-        (addr.port() == 2181).then_some(addr)
-    })
+    let Ok(table) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
+        return Vec::new();
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let (local, remote) = (fields.get(1)?, fields.get(2)?);
+            let (state, inode) = (fields.get(3)?, fields.get(9)?);
+            if *state != "01" || !inodes.contains(*inode) {
+                return None;
+            }
+            Some((parse_proc_addr(local)?, parse_proc_addr(remote)?))
+        })
+        .collect()
 }
 
 /// `0100007F:0885` (the address in host byte order, little-endian here) to `127.0.0.1:2181`.
-#[cfg(feature = "containers")]
 fn parse_proc_addr(text: &str) -> Option<std::net::SocketAddr> {
     let (ip, port) = text.split_once(':')?;
     let ip = u32::from_str_radix(ip, 16).ok()?;
@@ -707,6 +782,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         ));
     }
     let dir = tempfile::tempdir().map_err(io("temp dir"))?;
+    let mutex = format!("chaos-{}", std::process::id());
     let sentinel = match (cfg.backend, &cfg.url) {
         // Node 0 starts as the primary (priority 100); the replicas have 1 and 50, so
         // whichever node is the primary, its replicas differ in priority.
@@ -715,6 +791,24 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         }
         _ => None,
     };
+    let cluster = match (cfg.backend, &cfg.url) {
+        (ChaosBackend::RedisCluster, Some(_)) => {
+            return Err(ChaosError::Usage(
+                "redis-cluster starts its own cluster (its faults need it): leave out --url".into(),
+            ));
+        }
+        (ChaosBackend::RedisCluster, None) => {
+            let cluster = servers::redis_cluster_with_replicas(3).await?;
+            let shard = cluster.shard_of_key(&mutex).await?;
+            info!(shard, url = %cluster.cluster_url(), "cluster ok");
+            Some((cluster, shard))
+        }
+        _ => None,
+    };
+    // One replica per primary: 1 is every replica.
+    let cluster_url = cluster
+        .as_ref()
+        .map(|(c, _)| format!("{}&replicaAcks=1", c.cluster_url()));
     let server = match (cfg.backend.server_kind(), &cfg.url) {
         (None, _) => None,
         (Some(kind), Some(url)) => Some(TestServer::external(kind, url)?),
@@ -723,7 +817,6 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let resource = FencedResource::start()
         .await
         .map_err(io("start the fenced resource"))?;
-    let mutex = format!("chaos-{}", std::process::id());
     let mut contenders = Vec::new();
     for i in 0..cfg.contenders {
         #[cfg(feature = "containers")]
@@ -737,10 +830,11 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
             });
             continue;
         }
-        let (url, proxy) = match (&server, &sentinel, &cfg.url) {
-            (_, Some(d), _) => (d.url(), None),
-            (None, None, Some(url)) => (url.clone(), None),
-            (Some(s), _, _) => {
+        let (url, proxy) = match (&server, &sentinel, &cfg.url, &cluster_url) {
+            (_, _, _, Some(url)) => (url.clone(), None),
+            (_, Some(d), _, _) => (d.url(), None),
+            (None, None, Some(url), _) => (url.clone(), None),
+            (Some(s), _, _, _) => {
                 let upstream = s.socket_addr()?;
                 let proxy = FaultProxy::start(upstream)
                     .await
@@ -750,7 +844,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
                     Some(proxy),
                 )
             }
-            (None, None, None) => (
+            (None, None, None, None) => (
                 format!("sqlite://{}", dir.path().join("chaos.db").display()),
                 None,
             ),
@@ -766,6 +860,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let mut run = Run {
         cfg,
         sentinel,
+        cluster,
         failovers: 0,
         resource,
         mutex,
@@ -884,6 +979,14 @@ mod tests {
         assert!(!FaultKind::FollowerPartition.applies_to(ChaosBackend::Zookeeper));
         assert!(!FaultKind::Cut.applies_to(ChaosBackend::ZookeeperEnsemble));
         assert!(FaultKind::Pause.applies_to(ChaosBackend::ZookeeperEnsemble));
+        assert_eq!(
+            "redis-cluster".parse::<ChaosBackend>().ok(),
+            Some(ChaosBackend::RedisCluster)
+        );
+        assert!(FaultKind::Failover.applies_to(ChaosBackend::RedisCluster));
+        assert!(FaultKind::Cut.applies_to(ChaosBackend::RedisCluster));
+        assert!(!FaultKind::Delay.applies_to(ChaosBackend::RedisCluster));
+        assert!(!FaultKind::Failover.applies_to(ChaosBackend::Redis));
         let cfg = ChaosConfig::new(ChaosBackend::ZookeeperEnsemble, "x", Vec::new());
         assert!(cfg.faults.iter().all(|f| f.applies_to(cfg.backend)));
         assert_eq!(cfg.ttl + cfg.transition, Duration::from_secs(2));
@@ -891,7 +994,7 @@ mod tests {
 
     /// `/proc/net/tcp` prints an address as the hex of its network-order bytes read as a
     /// native integer.
-    #[cfg(all(feature = "containers", target_endian = "little"))]
+    #[cfg(target_endian = "little")]
     #[test]
     fn proc_addresses() {
         assert_eq!(

@@ -268,47 +268,168 @@ impl RedisCluster {
         &self.replicas
     }
 
-    /// Cuts primary `i` off from its replica: the replica is frozen (SIGSTOP) and the
-    /// primary drops its replication link, so writes from now on reach no replica.
-    pub async fn freeze_replication(&self, i: usize) -> Result<(), ServerError> {
+    /// The current roles of shard `i` (started as `nodes[i]` primary and `replicas[i]` its
+    /// replica; each failover swaps them): `(primary, its address, replica, its address)`,
+    /// read from the servers' `ROLE`. The primary is asked first through whichever of the
+    /// two answers: a frozen replica answers nothing.
+    async fn shard_roles(
+        &self,
+        i: usize,
+    ) -> Result<(&TestServer, SocketAddr, &TestServer, SocketAddr), ServerError> {
         let replica = self.replicas.get(i).ok_or_else(|| no_replica(i))?;
+        let pair = [
+            (&self.nodes[i], self.admin_addr(i)),
+            (replica, replica.socket_addr()?),
+        ];
+        let mut seen = Vec::new();
+        for (k, (server, addr)) in pair.iter().enumerate() {
+            let role = tokio::time::timeout(Duration::from_secs(2), command(*addr, &["ROLE"]))
+                .await
+                .map_err(|_| format!("{addr}: no answer to ROLE within 2 s"))
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let first = match &role {
+                Ok(Resp::Array(Some(items))) => items.first().and_then(Resp::text),
+                _ => None,
+            };
+            let (other, other_addr) = pair[1 - k];
+            match first.as_deref() {
+                Some("master") => return Ok((server, *addr, other, other_addr)),
+                Some("slave") => return Ok((other, other_addr, server, *addr)),
+                _ => seen.push(format!("{addr}: {role:?}")),
+            }
+        }
+        Err(ServerError::Start {
+            kind: KIND,
+            message: format!(
+                "shard {i}: neither node says whether it is primary or replica ({})",
+                seen.join("; ")
+            ),
+            log_tail: String::new(),
+        })
+    }
+
+    /// Which shard (index into [`nodes`](Self::nodes) and [`replicas`](Self::replicas))
+    /// serves `key`'s slot: the slot from `CLUSTER KEYSLOT`, asked of the first node that
+    /// answers; each shard keeps the slot range it was started with.
+    pub async fn shard_of_key(&self, key: &str) -> Result<usize, ServerError> {
+        let mut last = None;
+        let addrs = (0..self.nodes.len()).map(|i| self.admin_addr(i));
+        for addr in addrs {
+            let reply = tokio::time::timeout(
+                Duration::from_secs(2),
+                command(addr, &["CLUSTER", "KEYSLOT", key]),
+            )
+            .await;
+            match reply {
+                Ok(Ok(Resp::Integer(slot))) if (0..SLOTS as i64).contains(&slot) => {
+                    let n = self.nodes.len();
+                    return Ok((0..n)
+                        .find(|&i| (slot as usize) < (i + 1) * SLOTS / n)
+                        .unwrap_or(n - 1));
+                }
+                Ok(Ok(other)) => last = Some(format!("{addr}: {other:?}")),
+                Ok(Err(e)) => last = Some(e.to_string()),
+                Err(_) => last = Some(format!("{addr}: no answer within 2 s")),
+            }
+        }
+        Err(ServerError::Start {
+            kind: KIND,
+            message: format!(
+                "no node told the slot of {key:?}: {}",
+                last.unwrap_or_default()
+            ),
+            log_tail: String::new(),
+        })
+    }
+
+    /// The port of the node that is now the primary of shard `i` (see
+    /// [`shard_of_key`](Self::shard_of_key)).
+    pub async fn primary_port(&self, i: usize) -> Result<u16, ServerError> {
+        let (primary, ..) = self.shard_roles(i).await?;
+        Ok(primary.port())
+    }
+
+    /// Has the node listening on `port` (a primary or a replica) close its connection from
+    /// the client at `client` (`CLIENT KILL ADDR`); `Ok(false)` when `port` is not a node
+    /// of this cluster or the node has no such client.
+    pub async fn kill_client(&self, port: u16, client: SocketAddr) -> Result<bool, ServerError> {
+        let addr = if let Some(i) = self.nodes.iter().position(|n| n.port() == port) {
+            self.admin_addr(i)
+        } else if let Some(r) = self.replicas.iter().find(|r| r.port() == port) {
+            r.socket_addr()?
+        } else {
+            return Ok(false);
+        };
+        let client = client.to_string();
+        let raw: [&[u8]; 4] = [b"CLIENT", b"KILL", b"ADDR", client.as_bytes()];
+        match redis_command(addr, &raw).await {
+            Ok(Resp::Error(e)) if e.contains("No such client") => Ok(false),
+            Ok(Resp::Error(e)) => Err(ServerError::Start {
+                kind: KIND,
+                message: format!("CLIENT KILL ADDR {client} on {addr} failed: {e}"),
+                log_tail: String::new(),
+            }),
+            Ok(_) => Ok(true),
+            Err(e) => Err(ServerError::Start {
+                kind: KIND,
+                message: format!("CLIENT KILL ADDR {client} on {addr} failed: {e}"),
+                log_tail: String::new(),
+            }),
+        }
+    }
+
+    /// Cuts the primary of shard `i` off from its replica: the replica is frozen (SIGSTOP)
+    /// and the primary drops its replication link, so writes from now on reach no replica.
+    /// The roles are read from the servers, so this follows earlier failovers.
+    pub async fn freeze_replication(&self, i: usize) -> Result<(), ServerError> {
+        let (_, primary, replica, _) = self.shard_roles(i).await?;
         replica.pause().await?;
-        command(self.admin_addr(i), &["CLIENT", "KILL", "TYPE", "replica"]).await?;
+        command(primary, &["CLIENT", "KILL", "TYPE", "replica"]).await?;
         Ok(())
     }
 
-    /// Kills primary `i` (SIGKILL), resumes its replica if frozen, makes the replica take
-    /// over the primary's slots (`CLUSTER FAILOVER TAKEOVER`) and waits, within `timeout`,
-    /// until it is a primary that the other primaries route those slots to; then starts
+    /// Kills the primary of shard `i` (SIGKILL), resumes its replica if frozen, makes the
+    /// replica take over the shard's slots (`CLUSTER FAILOVER TAKEOVER`) and waits, within
+    /// `timeout`, until it is a primary that every other node knows as one; then starts
     /// the old primary again (with its data) and waits until it replicates the new one.
     /// Writes the old primary had not replicated are lost, as in a real failover.
-    /// Afterwards [`nodes`](Self::nodes)`[i]` is the replica and
-    /// [`replicas`](Self::replicas)`[i]` the primary.
+    ///
+    /// The roles are read from the servers (`ROLE`), not from the order the cluster was
+    /// started in: the first failover of shard `i` promotes
+    /// [`replicas`](Self::replicas)`[i]`, the next one [`nodes`](Self::nodes)`[i]` again.
     pub async fn kill_primary_and_fail_over(
         &self,
         i: usize,
         timeout: Duration,
     ) -> Result<(), ServerError> {
-        let replica = self.replicas.get(i).ok_or_else(|| no_replica(i))?;
-        self.nodes[i].kill().await?;
+        // A frozen replica does not answer ROLE, but the primary does.
+        let (old, old_addr, replica, addr) = self.shard_roles(i).await?;
+        old.kill().await?;
         let _ = replica.resume().await;
-        let addr = replica.socket_addr()?;
         command(addr, &["CLUSTER", "FAILOVER", "TAKEOVER"]).await?;
         let port = replica.port();
         let deadline = Instant::now() + timeout;
+        let others: Vec<SocketAddr> = (0..self.nodes.len())
+            .filter(|&j| j != i)
+            .flat_map(|j| {
+                let mut v = vec![self.admin_addr(j)];
+                v.extend(self.replicas.get(j).and_then(|r| r.socket_addr().ok()));
+                v
+            })
+            .collect();
         loop {
             let role = command(addr, &["ROLE"]).await;
             let promoted = matches!(&role, Ok(Resp::Array(Some(items)))
                 if items.first().and_then(Resp::text).as_deref() == Some("master"));
-            // The others must know: their CLUSTER SLOTS names the replica's port.
+            // The others must know: their CLUSTER NODES names the replica's port as a master.
             let mut known = promoted;
-            for j in (0..self.nodes.len()).filter(|&j| j != i) {
-                let slots = command(self.admin_addr(j), &["CLUSTER", "NODES"])
+            for other in &others {
+                let nodes = command(*other, &["CLUSTER", "NODES"])
                     .await
                     .ok()
                     .and_then(|r| r.text())
                     .unwrap_or_default();
-                known &= slots
+                known &= nodes
                     .lines()
                     .any(|l| l.contains(&format!(":{port}@")) && l.contains("master"));
             }
@@ -319,7 +440,7 @@ impl RedisCluster {
                 return Err(ServerError::Start {
                     kind: KIND,
                     message: format!(
-                        "the replica on port {port} did not take over from primary {i} \
+                        "the replica on port {port} did not take over shard {i} \
                          within {timeout:?} (ROLE: {role:?})"
                     ),
                     log_tail: replica.log_tail(20),
@@ -329,9 +450,8 @@ impl RedisCluster {
         }
         // The old primary comes back with its data and learns that it was failed over:
         // it becomes the new primary's replica, so that the new primary has one.
-        let old = &self.nodes[i];
         old.start().await?;
-        wait_replicating(old, self.admin_addr(i), deadline, "the old primary").await
+        wait_replicating(old, old_addr, deadline, "the old primary").await
     }
 
     /// Whether clients speak TLS to the nodes (started by [`redis_cluster_tls`]).
