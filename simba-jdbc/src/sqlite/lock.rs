@@ -17,6 +17,8 @@ use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 use tokio::task::JoinHandle;
 
+use super::open_lock_file as open;
+
 /// How many mutex slots the lock file has: slot `s` is the bytes `2s` (entry) and
 /// `2s + 1` (lock), so the highest byte, `2 × (SLOTS − 1) + 1`, stays within `off_t`.
 const SLOTS: u64 = (libc::off_t::MAX as u64).div_ceil(2);
@@ -24,18 +26,6 @@ const SLOTS: u64 = (libc::off_t::MAX as u64).div_ceil(2);
 /// The lock file of the database file `prefix`.
 fn lock_path(prefix: &str) -> PathBuf {
     format!("{prefix}-simba.locks").into()
-}
-
-fn open(path: &Path) -> Result<File, String> {
-    // std opens with O_CLOEXEC: a child process (simba exec's command) never inherits
-    // the lock.
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| format!("lock file {}: {e}", path.display()))
 }
 
 /// The byte at `offset`, to lock (`F_WRLCK`) or unlock (`F_UNLCK`).

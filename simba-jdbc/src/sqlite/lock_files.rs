@@ -3,22 +3,12 @@
 //! README), for the wait queue (`crate::gate`). These files are left in place: deleting
 //! one races with a process about to lock it.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
 use tokio::task::JoinHandle;
 
-fn open(path: &Path) -> Result<File, String> {
-    // std opens with O_CLOEXEC: a child process (simba exec's command) never inherits
-    // the lock.
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| format!("lock file {}: {e}", path.display()))
-}
+use super::open_lock_file as open;
 
 fn try_one(file: &File, path: &Path) -> Result<bool, String> {
     match file.try_lock() {

@@ -94,3 +94,15 @@ fn is_busy(e: &diesel::result::Error) -> bool {
     let text = e.to_string();
     text.contains("locked") || text.contains("busy")
 }
+
+/// Opens (creating it if needed) a lock file. std opens with O_CLOEXEC: a child process
+/// (simba exec's command) never inherits the lock.
+fn open_lock_file(path: &std::path::Path) -> std::result::Result<std::fs::File, String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("lock file {}: {e}", path.display()))
+}
