@@ -64,8 +64,8 @@ async fn woken(rx: &mut Receiver<StoreEvent>) -> Option<StoreEvent> {
 
 /// How many sessions wait for a native lock of this harness: PostgreSQL and MariaDB say
 /// so in their catalogs, SQLite's lock file in `/proc/locks` (blocked requests start
-/// with `->`). Used to know that a waiter has reached the server's queue before the next
-/// one joins, so that the queue's order is the order of the test.
+/// with `->`). The tests wait on it until a waiter has reached the server's queue before the
+/// next one joins, so that the queue's order is the order of the test.
 async fn queued(h: &SqlHarness) -> usize {
     match h.name().as_str() {
         #[cfg(feature = "postgres")]
