@@ -20,10 +20,20 @@
 //! simba-chaos contender      # one contender process; the run starts these itself
 //! ```
 //!
+//! ```text
+//! simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper [--processes 8]
+//!                  [--mutexes 1000] [--duration 60m] [--report FILE] …
+//! simba-chaos soak-worker    # one worker process of a soak; `soak` starts these itself
+//! ```
+//!
+//! `soak` churns many mutexes in several processes and records their resources every
+//! minute (see the `soak` module).
+//!
 //! Contenders are `simba-chaos contender` processes: this same binary, which links the
 //! backend crates directly (the `simba` command links no test tooling).
 
 mod contender;
+mod soak;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -61,6 +71,11 @@ async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("contender") {
         return contend().await;
     }
+    match std::env::args().nth(1).as_deref() {
+        Some("soak") => return soak_parent().await,
+        Some("soak-worker") => return soak_worker().await,
+        _ => {}
+    }
     orchestrate().await
 }
 
@@ -77,6 +92,36 @@ async fn contend() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("simba-chaos contender: {e:#}");
+            ExitCode::from(69)
+        }
+    }
+}
+
+/// The soak's parent: logs (warnings, or `SIMBA_LOG`) to stderr, the table to stdout.
+async fn soak_parent() -> ExitCode {
+    let filter = std::env::var("SIMBA_LOG").unwrap_or_else(|_| "warn".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    soak::soak(&args).await
+}
+
+/// A soak worker: logs to stderr, which the parent keeps per worker.
+async fn soak_worker() -> ExitCode {
+    let filter = std::env::var("SIMBA_LOG").unwrap_or_else(|_| "warn".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    match soak::worker::run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("simba-chaos soak-worker: {e:#}");
             ExitCode::from(69)
         }
     }
