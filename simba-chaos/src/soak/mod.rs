@@ -5,9 +5,9 @@
 //! simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper [--url URL]
 //!     [--processes 8] [--mutexes 1000] [--shared 8] [--duration 60m] [--sample-every 60s]
 //!     [--warmup 10] [--max-growth 5] [--count-slack 0] [--max-lost 0] [--report FILE]
-//!     [--ttl 20s] [--transition 5s] [--request-timeout 5s] [--acquire-timeout 3s]
-//!     [--hold 5s..55s] [--idle 0s..5s] [--shared-hold 100ms..2s] [--shared-idle 0s..1s]
-//!     [--write-every 5s] [--observe-every 10]
+//!     [--ttl 30s] [--transition 10s] [--request-timeout 5s] [--acquire-timeout 3s]
+//!     [--hold 10s..110s] [--idle 0s..10s] [--shared-hold 100ms..2s] [--shared-idle 0s..1s]
+//!     [--write-every 10s] [--observe-every 10] [--ramp 60s]
 //! ```
 //!
 //! The parent starts the server (a private one unless `--url`), a [`ledger`] (a fenced
@@ -94,6 +94,7 @@ pub(crate) struct Params {
     shared_idle: (Duration, Duration),
     write_every: Duration,
     observe_every: usize,
+    ramp: Duration,
     prefix: String,
 }
 
@@ -104,16 +105,17 @@ impl Default for Params {
         Params {
             mutexes: 1000,
             shared: 8,
-            ttl: s(20),
-            transition: s(5),
+            ttl: s(30),
+            transition: s(10),
             request_timeout: s(5),
             acquire_timeout: s(3),
-            hold: (s(5), s(55)),
-            idle: (s(0), s(5)),
+            hold: (s(10), s(110)),
+            idle: (s(0), s(10)),
             shared_hold: (ms(100), s(2)),
             shared_idle: (s(0), s(1)),
-            write_every: s(5),
+            write_every: s(10),
             observe_every: 10,
+            ramp: s(60),
             prefix: "soak".into(),
         }
     }
@@ -157,6 +159,7 @@ impl Params {
             "--shared-idle" => self.shared_idle = range()?,
             "--write-every" => self.write_every = dur()?,
             "--observe-every" => self.observe_every = count()?,
+            "--ramp" => self.ramp = dur()?,
             "--prefix" => self.prefix = value.to_owned(),
             _ => return Ok(false),
         }
@@ -195,6 +198,7 @@ impl Params {
             ("--shared-idle", show_range(self.shared_idle)),
             ("--write-every", show(self.write_every)),
             ("--observe-every", self.observe_every.to_string()),
+            ("--ramp", show(self.ramp)),
             ("--prefix", self.prefix.clone()),
         ]
         .into_iter()
@@ -220,9 +224,9 @@ impl Params {
 const USAGE: &str = "usage: simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper \
     [--url URL] [--processes 8] [--mutexes 1000] [--shared 8] [--duration 60m] \
     [--sample-every 60s] [--warmup 10] [--max-growth 5] [--count-slack 0] [--max-lost 0] \
-    [--report FILE] [--ttl 20s] [--transition 5s] [--request-timeout 5s] \
-    [--acquire-timeout 3s] [--hold 5s..55s] [--idle 0s..5s] [--shared-hold 100ms..2s] \
-    [--shared-idle 0s..1s] [--write-every 5s] [--observe-every 10]";
+    [--report FILE] [--ttl 30s] [--transition 10s] [--request-timeout 5s] \
+    [--acquire-timeout 3s] [--hold 10s..110s] [--idle 0s..10s] [--shared-hold 100ms..2s] \
+    [--shared-idle 0s..1s] [--write-every 10s] [--observe-every 10] [--ramp 60s]";
 
 fn parse(args: &[String]) -> Result<(Params, Run), String> {
     let mut p = Params::default();
@@ -658,8 +662,17 @@ async fn soak_run(params: &mut Params, run: &Run) -> anyhow::Result<bool> {
     let mut next_sample = t0 + run.sample_every;
     let mut dead: Vec<String> = Vec::new();
     let end = t0 + run.duration;
-    while Instant::now() < end && dead.is_empty() {
-        tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut interrupted = false;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    while Instant::now() < end && dead.is_empty() && !interrupted {
+        // SIGINT or SIGTERM end the run early: the workers and the server are still
+        // stopped, and the verdict covers what was sampled.
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = tokio::signal::ctrl_c() => interrupted = true,
+            _ = term.recv() => interrupted = true,
+        }
         for (w, peak) in workers.iter_mut().zip(period.iter_mut()) {
             if matches!(w.child.try_wait(), Ok(Some(_))) {
                 dead.push(format!("{} exited:\n{}", w.name, log_tail(&w.log)));
@@ -761,6 +774,12 @@ async fn soak_run(params: &mut Params, run: &Run) -> anyhow::Result<bool> {
     }
     let totals = ledger.check();
     drop(server);
+    if interrupted {
+        println!(
+            "interrupted after {:.1} minutes",
+            t0.elapsed().as_secs_f64() / 60.0
+        );
+    }
     let passed = verdict(run, params, &samples, &totals, &ledger, &dead, judge_server);
     if passed {
         let _ = std::fs::remove_dir_all(&dir);

@@ -165,8 +165,8 @@ async fn slot(ctx: Arc<Ctx>, i: usize) {
     } else {
         (p.hold, p.idle)
     };
-    // Spread the first acquisitions over the first idle period.
-    sleep(between(idle)).await;
+    // Spread the first acquisitions over the ramp.
+    sleep(between((Duration::ZERO, p.ramp))).await;
     // Nobody else contends for a private mutex: its acquisitions are bounded only against a
     // hang, and one that times out is an error.
     let wait = if shared {
