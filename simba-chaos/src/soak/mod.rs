@@ -691,7 +691,7 @@ async fn soak_run(params: &mut Params, run: &Run) -> anyhow::Result<bool> {
             server_peak = Some(server_peak.map_or(n, |p| p.max(n)));
         }
         let now = Instant::now();
-        if now + Duration::from_secs(1) >= next_sample || now + Duration::from_secs(1) >= end {
+        if now + Duration::from_secs(1) >= next_sample {
             let mut counters: Vec<(String, u64)> =
                 COUNTERS.iter().map(|k| ((*k).to_owned(), 0)).collect();
             for w in &workers {
