@@ -158,7 +158,9 @@ impl Locks {
         key: &Key,
         mut cancel: oneshot::Receiver<()>,
     ) -> Result<Waited, String> {
-        if cancel.try_recv().is_ok() {
+        // Fired, or its sender dropped: given up. A receiver that `try_recv` found closed
+        // is finished and must not be polled again (tokio panics "called after complete").
+        if !matches!(cancel.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
             return Ok(Waited::GaveUp);
         }
         match key {
@@ -477,6 +479,29 @@ mod no_files {
 
         pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, String>> {
             match *self {}
+        }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    /// A wait whose cancel sender is gone has been given up: it returns at once without
+    /// polling the finished receiver again (which panicked in a gate's wait task, and left
+    /// that mutex's acquisitions waiting for good; found by `simba-chaos soak` on
+    /// PostgreSQL).
+    #[tokio::test]
+    async fn a_wait_whose_canceller_is_gone_gives_up() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("t.db").display().to_string();
+        for kind in [Kind::Files { prefix: db }, Kind::Local] {
+            let locks = Locks::new(kind, Duration::from_secs(5));
+            let key = locks.kind.key("simba_mutex", "m");
+            let (tx, rx) = oneshot::channel::<()>();
+            drop(tx);
+            let waited = locks.wait(&key, rx).await;
+            assert!(matches!(waited, Ok(Waited::GaveUp)), "{:?}", waited.is_ok());
         }
     }
 }
