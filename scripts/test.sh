@@ -209,7 +209,14 @@ cargo build --workspace --all-targets --features simba-test-kit/containers,simba
 
 step "tests"
 cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/containers --profile ci --test-threads 3 \
-  -E 'not binary(containers)' --no-tests fail
+  -E 'not binary(containers) and not binary(soak)' --no-tests fail
+
+# The 3-minute soak (simba-chaos/tests/soak.rs: every backend at once, 15 worker processes)
+# in a step of its own: beside the other tests, its load would share the 2 cores with tests
+# whose subject is time (leases, failovers).
+step "soak (3 minutes, every backend)"
+cargo nextest run -p simba-chaos --features simba-test-kit/containers,simba-chaos/containers --profile ci \
+  -E 'binary(soak)' --no-tests fail
 
 step "doctests"
 cargo test --workspace --doc --quiet
