@@ -25,6 +25,12 @@ const SHORT: Lease = Lease {
     transition: Duration::from_millis(100),
 };
 
+/// A lease that outlasts the acquisitions of a whole test on a loaded machine.
+const LONG: Lease = Lease {
+    ttl: Duration::from_secs(60),
+    transition: Duration::from_secs(30),
+};
+
 async fn one_taken_over_in_a_batch(h: &SqlHarness) {
     let a = h.store().await.expect("store a");
     let b = h.store().await.expect("store b");
@@ -108,7 +114,7 @@ async fn many_concurrent_renewals_share_statements(h: &SqlHarness) {
     let a = h.store().await.expect("store a");
     let names: Vec<String> = (0..200).map(|i| format!("many-{i}")).collect();
     for m in &names {
-        let got = a.acquire(m, "a", LEASE).await.expect("acquire");
+        let got = a.acquire(m, "a", LONG).await.expect("acquire");
         assert!(got.owner.is_owner("a"), "{got:?}");
     }
     let counts0 = a.renewal_counts();
@@ -117,7 +123,7 @@ async fn many_concurrent_renewals_share_statements(h: &SqlHarness) {
         .map(|m| {
             let a = a.clone();
             let m = m.clone();
-            tokio::spawn(async move { a.guard(&m, "a", LEASE).await })
+            tokio::spawn(async move { a.guard(&m, "a", LONG).await })
         })
         .collect();
     for t in join_all(tasks).await {

@@ -125,6 +125,7 @@ impl Renewals {
         me: &str,
         lease: Lease,
     ) -> Result<LeaseReply> {
+        inner.gates.calling(mutex, me);
         let (tx, rx) = oneshot::channel();
         let pending = Pending {
             mutex: mutex.to_owned(),
