@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, SqlHarness};
+use common::SqlHarness;
 use futures_util::future::join_all;
 use simba_core::backend::{Lease, LeaseStore};
 
@@ -37,7 +37,7 @@ async fn one_taken_over_in_a_batch(h: &SqlHarness) {
     let names: Vec<String> = (0..N).map(|i| format!("batch-{i}")).collect();
     let mut before = Vec::new();
     for (i, m) in names.iter().enumerate() {
-        let lease = if i == TAKEN { SHORT } else { LEASE };
+        let lease = if i == TAKEN { SHORT } else { LONG };
         let got = a.acquire(m, "a", lease).await.expect("acquire");
         assert!(got.owner.is_owner("a"), "{m}: {got:?}");
         before.push(got.owner);
@@ -55,7 +55,7 @@ async fn one_taken_over_in_a_batch(h: &SqlHarness) {
         assert!(waited < 500, "the short lease did not run out: {seen:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let took = b.acquire(taken, "b", LEASE).await.expect("take over");
+    let took = b.acquire(taken, "b", LONG).await.expect("take over");
     assert!(took.owner.is_owner("b"), "b did not take over: {took:?}");
     // A renewal sets the lease from the database's `now`: let that move past the
     // acquisitions' millisecond, so that a renewed row is told apart by its ttl_at.
@@ -64,7 +64,7 @@ async fn one_taken_over_in_a_batch(h: &SqlHarness) {
     let counts0 = a.renewal_counts();
     // Every call is queued before the batch task first runs (this test's runtime has one
     // thread, and each `guard` queues without awaiting): one batch takes them all.
-    let replies = join_all(names.iter().map(|m| a.guard(m, "a", LEASE))).await;
+    let replies = join_all(names.iter().map(|m| a.guard(m, "a", LONG))).await;
     let counts1 = a.renewal_counts();
     assert_eq!(
         counts1.calls - counts0.calls,
@@ -101,7 +101,7 @@ async fn one_taken_over_in_a_batch(h: &SqlHarness) {
     let seen = a.owner(taken).await.expect("owner");
     assert!(seen.owner.is_owner("b"), "{seen:?}");
     // A renewal of a mutex without a row, in a batch, is an answer too: no owner.
-    let none = join_all(["batch-none-1", "batch-none-2"].map(|m| a.guard(m, "a", LEASE))).await;
+    let none = join_all(["batch-none-1", "batch-none-2"].map(|m| a.guard(m, "a", LONG))).await;
     for r in none {
         let r = r.expect("renew a mutex without a row");
         assert!(!r.owner.is_in_lease(r.now), "{r:?}");
