@@ -62,6 +62,13 @@ macro_rules! on_conn {
             }
         }
     }};
+    // Without taking a turn on SQLite: renewal batches, which must not queue behind
+    // thousands of acquisitions (they meet SQLite's busy handler instead, for the length
+    // of one statement).
+    (@unturned $inner:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
+    }};
     ($inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
         // SQLite: one call at a time per store (see `Inner::turns`).
@@ -141,7 +148,8 @@ struct Inner {
     /// with "busy" and retry after sleeps of 1 to 100 ms (its busy handler), so hundreds
     /// of concurrent acquisitions spent most of their time asleep. In turn, each call
     /// finds the write lock free (unless another process holds it: then the busy
-    /// handler waits as before). `None` elsewhere.
+    /// handler waits). Renewal batches do not take a turn (see `on_conn!`). `None`
+    /// elsewhere.
     turns: Option<tokio::sync::Mutex<()>>,
 }
 

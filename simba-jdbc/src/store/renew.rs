@@ -216,10 +216,14 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
     inner.renewals.batches.fetch_add(1, Ordering::Relaxed);
     // The statement is sent now: at or after every call's `called` (see the module's
     // documentation on the local deadline).
-    let rows: Result<Vec<BatchRow>> = run!(inner, what, |c| async {
-        c.exec(&update, &update_args).await?;
-        c.load_batch(&select, &select_args).await
-    });
+    let rows: Result<Vec<BatchRow>> = inner
+        .bounded(&what, inner.config.statement_timeout(), async {
+            on_conn!(@unturned inner, |c| async {
+                c.exec(&update, &update_args).await?;
+                c.load_batch(&select, &select_args).await
+            })
+        })
+        .await;
     inner
         .renewals
         .calls
