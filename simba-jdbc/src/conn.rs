@@ -46,6 +46,26 @@ pub(crate) struct OwnerRow {
     pub(crate) version: Option<i64>,
 }
 
+/// A row of the batched renewal's read: the database's time, and one row of the batch
+/// (all `None` when no row of the batch exists).
+#[derive(Debug, Clone, QueryableByName)]
+pub(crate) struct BatchRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) now_ms: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) mutex: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) owner_id: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) acquired_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) ttl_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) transition_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) version: Option<i64>,
+}
+
 pub(crate) fn bind_all<'a, DB>(sql: &str, args: &[Arg<'a>]) -> BoxedSqlQuery<'a, DB, SqlQuery>
 where
     DB: DieselBackend + HasSqlType<Text> + HasSqlType<BigInt>,
@@ -76,6 +96,12 @@ pub(crate) trait SqlConn: Send {
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a;
 
+    fn load_batch<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<BatchRow>>> + Send + 'a;
+
     fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a;
 }
 
@@ -100,6 +126,15 @@ macro_rules! impl_sql_conn {
             ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::conn::OwnerRow>>> + Send + 'a {
                 let q = $crate::conn::bind_all::<$db>(sql, args);
                 async move { diesel_async::RunQueryDsl::load::<$crate::conn::OwnerRow>(q, self).await }
+            }
+
+            fn load_batch<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [$crate::conn::Arg<'a>],
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::conn::BatchRow>>> + Send + 'a {
+                let q = $crate::conn::bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::load::<$crate::conn::BatchRow>(q, self).await }
             }
 
             fn batch<'a>(
@@ -184,25 +219,6 @@ impl Call<'_> {
             return Ok(c.load_owner(sql, args).await?.pop());
         }
         c.exec(sql, args).await?;
-        self.select(c).await
-    }
-
-    /// Renew: extends the lease only if `me` owns it within its lease; never takes it.
-    pub(crate) async fn renew<C: SqlConn>(
-        &self,
-        c: &mut C,
-        me: &str,
-        lease: Lease,
-    ) -> QueryResult<Option<OwnerRow>> {
-        let ttl = lease.ttl_ms();
-        let total = ttl.saturating_add(lease.transition_ms());
-        let args = [
-            Arg::Int(ttl),
-            Arg::Int(total),
-            Arg::Text(self.mutex),
-            Arg::Text(me),
-        ];
-        c.exec(&self.st.renew, &args).await?;
         self.select(c).await
     }
 

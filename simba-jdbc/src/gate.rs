@@ -97,6 +97,9 @@ struct State {
     owner_until: Option<Instant>,
     /// The timer that ends the ownership here at `owner_until`.
     expiry: Option<AbortHandle>,
+    /// The owner has an acquisition or renewal in flight (see [`Gates::calling`]): if its
+    /// ownership runs out here meanwhile, the native lock stays with it.
+    calling: Option<String>,
     /// The local waiter the held native lock was handed to (woken), until it takes the row.
     granted: Option<String>,
     held: Option<Held>,
@@ -260,6 +263,9 @@ impl Gates {
                 s.granted = None;
             }
             if s.is(&s.owner, id) || s.is(&s.granted, id) {
+                if s.is(&s.owner, id) {
+                    s.calling = Some(id.to_owned());
+                }
                 return if s.held.is_some() {
                     Pass::Locked
                 } else {
@@ -350,6 +356,17 @@ impl Gates {
         }
     }
 
+    /// `id` starts a renewal of `mutex`: if it owns it here, its ownership's expiry
+    /// keeps the native lock for it until the renewal's outcome (see `State::calling`).
+    pub(crate) fn calling(&self, mutex: &str, id: &str) {
+        if let Some(gate) = self.existing(mutex) {
+            let mut s = gate.lock();
+            if s.is(&s.owner, id) {
+                s.calling = Some(id.to_owned());
+            }
+        }
+    }
+
     /// Records what `id`'s acquisition or renewal came to: whether it owns the row now,
     /// and, if it does, until when (the call's start plus the whole lease).
     pub(crate) fn outcome(self: &Arc<Self>, mutex: &str, id: &str, owns: bool, until: Instant) {
@@ -362,6 +379,9 @@ impl Gates {
             }
         };
         let mut s = gate.lock();
+        if s.is(&s.calling, id) {
+            s.calling = None;
+        }
         if owns {
             if !s.is(&s.owner, id) {
                 s.owner_until = None;
@@ -407,6 +427,20 @@ impl Gates {
         if !s.is(&s.owner, id) || s.owner_until != Some(until) {
             return;
         }
+        if s.is(&s.calling, id) && s.held.is_some() && s.granted.is_none() {
+            // A call of the owner is in flight, and may renew the row (or take it, with
+            // the lock) after this instant: unlocking now would let another process take
+            // the lock, and with it (on SQLite) the row of a live owner. The lock stays
+            // with the contender as a grant; its call's outcome makes it owner again, or
+            // its release or leave lets the lock go.
+            debug!(mutex = %gate.mutex, "local ownership ran out with a call in flight; keeping the native lock for it");
+            s.owner = None;
+            s.owner_until = None;
+            s.expiry = None;
+            s.calling = None;
+            s.granted = Some(id.to_owned());
+            return;
+        }
         debug!(mutex = %gate.mutex, "local ownership ran out unrenewed; passing the native lock on");
         s.owner = None;
         s.owner_until = None;
@@ -429,6 +463,9 @@ impl Gates {
         };
         let task = {
             let mut s = gate.lock();
+            if s.is(&s.calling, id) {
+                s.calling = None;
+            }
             if s.is(&s.owner, id) {
                 s.owner = None;
                 s.owner_until = None;

@@ -38,7 +38,7 @@ pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};
 /// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
 pub use simba_core::tls::{TlsFailure, TlsProblem};
 pub use sql::{create_table_sql, lease_clock_sql};
-pub use store::SqlStore;
+pub use store::{RenewalCounts, SqlStore};
 
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 

@@ -53,7 +53,7 @@ pub(crate) fn quote_table(backend: Backend, table: &str) -> String {
 }
 
 /// Rewrites `?` placeholders as `$1, $2, …` for PostgreSQL.
-fn numbered(sql: &str) -> String {
+pub(crate) fn numbered(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 16);
     let mut n = 0;
     for c in sql.chars() {
@@ -103,8 +103,8 @@ pub(crate) struct Statements {
     /// lease ran out (never a released one before `grace` ms). Args: me, 0, me, me, ttl,
     /// ttl+transition, me, mutex, me, grace [, channel, payload, mutex].
     pub(crate) acquire_unlocked: String,
-    /// Args: ttl, ttl+transition, mutex, me.
-    pub(crate) renew: String,
+    /// The parts of the batched renewal ([`Statements::renew_batch`]).
+    pub(crate) batch: BatchParts,
     /// Args: mutex, me [, channel, payload].
     pub(crate) release: String,
     /// Args: holder, hold ms, hold ms, mutex, me [, channel, payload]. Hands `me`'s
@@ -168,10 +168,6 @@ impl Statements {
             format!("(transition_at <= {now} AND (owner_id <> '' OR transition_at <= {now} - ?))");
         let acquire_locked = update(&locked_take);
         let acquire_unlocked = update(&unlocked_take);
-        let renew = format!(
-            "UPDATE {t} SET ttl_at = {now} + ?, transition_at = {now} + ? \
-             WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
-        );
         // The release time stays in transition_at: waiters without the native lock leave a
         // released row alone for a grace period after it.
         let release = format!(
@@ -185,6 +181,19 @@ impl Statements {
             "UPDATE {t} SET owner_id = ?, ttl_at = {now} + ?, transition_at = {now} + ? \
              WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
         );
+        let batch = BatchParts {
+            postgres: backend == Backend::Postgres,
+            update: format!(
+                "UPDATE {t} SET ttl_at = {now} + ?, transition_at = {now} + ? \
+                 WHERE transition_at > {now} AND mutex IN "
+            ),
+            select: format!(
+                "SELECT n.now_ms AS now_ms, m.mutex AS mutex, m.owner_id AS owner_id, \
+                 m.acquired_at AS acquired_at, m.ttl_at AS ttl_at, \
+                 m.transition_at AS transition_at, m.version AS version \
+                 FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} m ON m.mutex IN "
+            ),
+        };
         let columns = "(mutex, acquired_at, ttl_at, transition_at, owner_id, version)";
         let insert = match backend {
             Backend::Mysql => format!(
@@ -236,7 +245,7 @@ impl Statements {
                     returns_row: true,
                     acquire_locked: returning(&acquire_locked),
                     acquire_unlocked: returning(&acquire_unlocked),
-                    renew: numbered(&renew),
+                    batch,
                     release: numbered(&format!(
                         "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
                     )),
@@ -256,7 +265,7 @@ impl Statements {
                 returns_row: false,
                 acquire_locked,
                 acquire_unlocked,
-                renew,
+                batch,
                 release,
                 release_after,
                 insert,
@@ -264,6 +273,59 @@ impl Statements {
                 migrate: create,
                 check,
             },
+        }
+    }
+}
+
+/// The text of the batched renewal, completed per batch size by
+/// [`Statements::renew_batch`].
+#[derive(Debug, Clone)]
+pub(crate) struct BatchParts {
+    postgres: bool,
+    /// `UPDATE … WHERE transition_at > NOW AND mutex IN `, followed by the list.
+    update: String,
+    /// The owner read of many rows with the database's time, followed by the list.
+    select: String,
+}
+
+impl Statements {
+    /// The two statements of a renewal of `n` ownerships at once (`n` ≥ 1):
+    ///
+    /// - the UPDATE, args `ttl, ttl+transition, mutex₁ … mutexₙ, mutex₁, me₁ … mutexₙ, meₙ`:
+    ///   `… WHERE transition_at > NOW AND mutex IN (…) AND ((mutex = ? AND owner_id = ?) OR …)`,
+    ///   the renewal of each pair exactly as the single renewal's `WHERE` (the `IN` list lets
+    ///   the database find the rows by the primary key);
+    /// - the read, args `mutex₁ … mutexₙ`: the database's time, and every row of the list
+    ///   (one row of NULLs beside the time when none exists).
+    pub(crate) fn renew_batch(&self, n: usize) -> (String, String) {
+        let list = |n: usize| {
+            let mut l = String::with_capacity(2 + 3 * n);
+            l.push('(');
+            for i in 0..n {
+                if i > 0 {
+                    l.push_str(", ");
+                }
+                l.push('?');
+            }
+            l.push(')');
+            l
+        };
+        let mut update = self.batch.update.clone();
+        update.push_str(&list(n));
+        update.push_str(" AND (");
+        for i in 0..n {
+            if i > 0 {
+                update.push_str(" OR ");
+            }
+            update.push_str("(mutex = ? AND owner_id = ?)");
+        }
+        update.push(')');
+        let mut select = self.batch.select.clone();
+        select.push_str(&list(n));
+        if self.batch.postgres {
+            (numbered(&update), numbered(&select))
+        } else {
+            (update, select)
         }
     }
 }
@@ -280,7 +342,6 @@ mod tests {
         assert!(!s.acquire_locked.contains("$13"), "{}", s.acquire_locked);
         assert!(s.acquire_unlocked.contains("$13") && !s.acquire_unlocked.contains("$14"));
         assert!(s.release.contains("$4") && !s.release.contains("$5"));
-        assert!(s.renew.contains("$4") && !s.renew.contains("$5"));
         assert!(s.release_after.contains("$7") && !s.release_after.contains("$8"));
     }
 
@@ -290,11 +351,30 @@ mod tests {
             let s = Statements::new(backend, "simba_mutex");
             assert_eq!(s.acquire_locked.matches('?').count(), 9);
             assert_eq!(s.acquire_unlocked.matches('?').count(), 10);
-            assert_eq!(s.renew.matches('?').count(), 4);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);
             assert_eq!(s.insert.matches('?').count(), 1);
             assert_eq!(s.select.matches('?').count(), 1);
+        }
+    }
+
+    #[test]
+    fn batch_renewal_placeholders_match_arguments() {
+        for backend in [Backend::Mysql, Backend::Sqlite, Backend::Postgres] {
+            let s = Statements::new(backend, "simba_mutex");
+            for n in [1usize, 2, 7] {
+                let (update, select) = s.renew_batch(n);
+                let args = 2 + 3 * n;
+                if backend == Backend::Postgres {
+                    assert!(update.contains(&format!("${args}")), "{update}");
+                    assert!(!update.contains(&format!("${}", args + 1)), "{update}");
+                    assert!(select.contains(&format!("${n}")), "{select}");
+                    assert!(!select.contains(&format!("${}", n + 1)), "{select}");
+                } else {
+                    assert_eq!(update.matches('?').count(), args, "{update}");
+                    assert_eq!(select.matches('?').count(), n, "{select}");
+                }
+            }
         }
     }
 

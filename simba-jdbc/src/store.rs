@@ -62,8 +62,20 @@ macro_rules! on_conn {
             }
         }
     }};
+    // Without taking a turn on SQLite: renewal batches, which must not queue behind
+    // thousands of acquisitions (they meet SQLite's busy handler instead, for the length
+    // of one statement).
+    (@unturned $inner:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
+    }};
     ($inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
+        // SQLite: one call at a time per store (see `Inner::turns`).
+        let _turn = match &inner.turns {
+            Some(turns) => Some(turns.lock().await),
+            None => None,
+        };
         on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
     }};
 }
@@ -113,6 +125,10 @@ macro_rules! run {
     }};
 }
 
+mod renew;
+
+pub use renew::RenewalCounts;
+
 struct Inner {
     kind: Backend,
     config: SqlConfig,
@@ -125,6 +141,16 @@ struct Inner {
     /// Close connections whose call failed or was cut off (not SQLite: its calls run to
     /// completion on a blocking thread, and an in-memory database lives in its connection).
     discard: bool,
+    /// Renewals waiting for their batch ([`renew`]).
+    renewals: renew::Renewals,
+    /// SQLite file databases: the store's calls take turns. SQLite has one writer at a
+    /// time; connections of one process that write at once do not queue for it but fail
+    /// with "busy" and retry after sleeps of 1 to 100 ms (its busy handler), so hundreds
+    /// of concurrent acquisitions spent most of their time asleep. In turn, each call
+    /// finds the write lock free (unless another process holds it: then the busy
+    /// handler waits). Renewal batches do not take a turn (see `on_conn!`). `None`
+    /// elsewhere.
+    turns: Option<tokio::sync::Mutex<()>>,
 }
 
 impl Inner {
@@ -386,6 +412,8 @@ impl SqlStore {
             inner: Arc::new(Inner {
                 kind,
                 discard: kind != Backend::Sqlite,
+                renewals: renew::Renewals::new(kind, config.pool_size()),
+                turns: (kind == Backend::Sqlite).then(|| tokio::sync::Mutex::new(())),
                 gates,
                 config,
                 dialect,
@@ -434,6 +462,12 @@ impl SqlStore {
         contender_id: &str,
     ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
         self.inner.gates.anchor(mutex, contender_id)
+    }
+
+    /// How many renewals this store answered, and in how many batched statements: with
+    /// many ownerships renewed at once, far fewer batches than calls.
+    pub fn renewal_counts(&self) -> RenewalCounts {
+        self.inner.renewals.counts()
     }
 
     /// The backend this store talks to.
@@ -522,21 +556,16 @@ impl LeaseStore for SqlStore {
     }
 
     /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
+    /// Concurrent renewals of this store share statements: one `UPDATE` renews every
+    /// ownership whose call waits, and each call gets its own row's answer (see the crate
+    /// README, *Renewals in batches*).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the renewal applied or not; a renewal changes nothing
+    /// but the lease of a row the contender owns.
     async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let sent = tokio::time::Instant::now();
-        let row = run!(inner, format!("renew mutex {mutex:?}"), |c| call.renew(
-            c,
-            contender_id,
-            lease
-        ))?;
-        let reply = inner.reply(row, None)?;
-        let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
-        inner
-            .gates
-            .outcome(mutex, contender_id, owns, sent + lease.total());
-        Ok(reply)
+        self.inner.start(mutex, Some(contender_id))?;
+        renew::Renewals::renew(&self.inner, mutex, contender_id, lease).await
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {

@@ -14,7 +14,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use super::Connector;
-use crate::conn::{Arg, OwnerRow, SqlConn};
+use crate::conn::{Arg, BatchRow, OwnerRow, SqlConn};
 
 pub(crate) struct FastConn {
     client: Client,
@@ -159,6 +159,35 @@ impl SqlConn for Handle {
                 .map(|r| {
                     Ok(OwnerRow {
                         now_ms: get(r, "now_ms")?,
+                        owner_id: get(r, "owner_id")?,
+                        acquired_at: get(r, "acquired_at")?,
+                        ttl_at: get(r, "ttl_at")?,
+                        transition_at: get(r, "transition_at")?,
+                        version: get(r, "version")?,
+                    })
+                })
+                .collect()
+        }
+    }
+
+    /// Not prepared nor cached: a batch's text changes with its size.
+    fn load_batch<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<BatchRow>>> + Send + 'a {
+        async move {
+            let rows = self
+                .0
+                .client
+                .query(sql, &params(args))
+                .await
+                .map_err(failed)?;
+            rows.iter()
+                .map(|r| {
+                    Ok(BatchRow {
+                        now_ms: get(r, "now_ms")?,
+                        mutex: get(r, "mutex")?,
                         owner_id: get(r, "owner_id")?,
                         acquired_at: get(r, "acquired_at")?,
                         ttl_at: get(r, "ttl_at")?,

@@ -39,8 +39,8 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    /// The pool of connections to the database at `path` (no I/O): WAL, and a busy
-    /// timeout of the statement timeout.
+    /// The pool of connections to the database at `path` (no I/O): WAL with
+    /// `synchronous = NORMAL`, and a busy timeout of the statement timeout.
     pub(crate) fn new(path: &str, memory: bool, config: &SqlConfig) -> Result<Store> {
         let size = config.pool_size();
         let timeout = config.statement_timeout();
@@ -71,6 +71,12 @@ impl Store {
                         Err(e) => return Err(setup(e)),
                     }
                 }
+                // A commit syncs the WAL only at checkpoints, not every time: see the
+                // crate README (*SQLite*, durability) for why a lock table may lose its
+                // last commits in a power loss.
+                conn.batch_execute("PRAGMA synchronous = NORMAL")
+                    .await
+                    .map_err(setup)?;
                 Ok(conn)
             })
         });
