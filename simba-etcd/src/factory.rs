@@ -113,12 +113,14 @@ impl EtcdFactory {
 
 /// A client on `config`'s endpoints that has answered one read.
 pub(crate) async fn connect_client(config: &EtcdConfig) -> Result<Client> {
-    // HTTP/2 pings find a dead connection (so the channel reconnects) within about a
-    // quarter of the lease.
+    // HTTP/2 pings find a dead connection (so the channel reconnects) within about
+    // three quarters of the lease; a slow link (an answer within half the lease) is not
+    // taken for a dead one. The owner's deadline does not depend on them.
     let ping = (config.lease_ttl / 4).max(Duration::from_millis(500));
+    let patience = (config.lease_ttl / 2).max(Duration::from_secs(1));
     let mut options = ConnectOptions::new()
         .with_connect_timeout(config.connect_timeout)
-        .with_keep_alive(ping, ping)
+        .with_keep_alive(ping, patience)
         .with_keep_alive_while_idle(true);
     if let Some((user, password)) = &config.user {
         options = options.with_user(user.clone(), password.clone());

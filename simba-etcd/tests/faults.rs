@@ -131,8 +131,9 @@ async fn short_cut_keeps_the_ownership() {
     assert!(v.is_empty(), "{v:?}");
 }
 
-/// Every request of the owner delayed by 300 ms (a slow link): it keeps owning, and its
-/// release still reaches the waiter promptly.
+/// Every chunk of the owner's connection delayed by 100 ms each way (a slow link; the
+/// proxy delays chunks one after the other, so it also limits the rate): it keeps owning,
+/// and its release still reaches the waiter promptly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_connection_keeps_the_ownership() {
     let etcd = server().await;
@@ -157,7 +158,7 @@ async fn delayed_connection_keeps_the_ownership() {
         .fence;
     b.start().expect("start");
     expect_status(&b, "b waits", ACQUIRE, |s| s.attempts > 0).await;
-    proxy.set_latency(Duration::from_millis(300));
+    proxy.set_latency(Duration::from_millis(100));
     // Three leases long: the length of the slow period is the subject.
     tokio::time::sleep(LEASE * 3).await;
     let st = a.status().borrow().clone();
@@ -165,8 +166,8 @@ async fn delayed_connection_keeps_the_ownership() {
     assert!(st.last_loss.is_none(), "{st:?}");
     assert!(!b.is_owner());
     a.stop().await.expect("stop");
-    // The revoke goes through the slow link: the handoff plus one delayed request.
-    expect_status(&b, "handoff", HANDOFF + Duration::from_millis(600), |s| {
+    // The revoke goes through the slow link: the handoff plus one delayed round trip.
+    expect_status(&b, "handoff", HANDOFF + Duration::from_millis(400), |s| {
         s.held.is_some()
     })
     .await;
