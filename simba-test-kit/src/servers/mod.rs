@@ -801,6 +801,7 @@ mod compose_tests {
             ServerKind::Mysql,
             ServerKind::Postgres,
             ServerKind::Zookeeper,
+            ServerKind::Etcd,
         ];
         let expected: Vec<String> = kinds
             .iter()
