@@ -62,6 +62,8 @@ command -v mariadbd >/dev/null || command -v mysqld >/dev/null || need_install+=
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
 command -v java >/dev/null || need_install+=(default-jre-headless)
 command -v etcd >/dev/null || need_install+=(etcd-server)
+# etcdctl: the kit's own test of its etcd servers.
+command -v etcdctl >/dev/null || need_install+=(etcd-client)
 # etcd-client's build script compiles etcd's .proto files with protoc and the
 # well-known types (google/protobuf/*.proto, in libprotobuf-dev).
 command -v protoc >/dev/null || need_install+=(protobuf-compiler)
