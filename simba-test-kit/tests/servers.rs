@@ -663,7 +663,10 @@ async fn etcd_health(server: &TestServer, limit: Duration) -> Result<String, Str
 
 /// `etcdctl` (v3 API) against `server`.
 async fn etcdctl(server: &TestServer, args: &[&str]) -> Result<String, String> {
-    let endpoint = format!("http://{}", server.socket_addr().map_err(|e| e.to_string())?);
+    let endpoint = format!(
+        "http://{}",
+        server.socket_addr().map_err(|e| e.to_string())?
+    );
     let out = within(
         STEP,
         "etcdctl",
@@ -690,9 +693,13 @@ async fn etcd_answers_health_and_keeps_data_across_restart() {
     let step = Duration::from_secs(5);
     let health = etcd_health(&server, step).await.expect("health");
     assert!(health.contains("\"health\":\"true\""), "{health}");
-    etcdctl(&server, &["put", "/simba", "hello"]).await.expect("put");
+    etcdctl(&server, &["put", "/simba", "hello"])
+        .await
+        .expect("put");
     let port = server.port();
-    within(STEP, "restart", server.restart()).await.expect("restart");
+    within(STEP, "restart", server.restart())
+        .await
+        .expect("restart");
     assert_eq!(server.port(), port);
     let data = etcdctl(&server, &["get", "/simba"]).await.expect("get");
     assert!(data.lines().any(|l| l == "hello"), "{data}");
@@ -700,8 +707,12 @@ async fn etcd_answers_health_and_keeps_data_across_restart() {
     within(STEP, "pause", server.pause()).await.expect("pause");
     let paused = etcd_health(&server, Duration::from_millis(500)).await;
     assert!(paused.is_err(), "paused server answered: {paused:?}");
-    within(STEP, "resume", server.resume()).await.expect("resume");
-    let health = etcd_health(&server, step).await.expect("health after resume");
+    within(STEP, "resume", server.resume())
+        .await
+        .expect("resume");
+    let health = etcd_health(&server, step)
+        .await
+        .expect("health after resume");
     assert!(health.contains("\"health\":\"true\""), "{health}");
 }
 
