@@ -7,7 +7,7 @@
 #                                 # fails on leftover containers
 #   scripts/containers.sh clean   # remove containers and networks labelled simba.test (leftovers)
 #
-# The images (simba/redis, simba/mariadb, simba/postgres, simba/zookeeper, tag $TAG) are
+# The images (simba/redis, simba/mariadb, simba/postgres, simba/zookeeper, simba/etcd, tag $TAG) are
 # built from Debian bookworm's packages with the Dockerfiles under docker/. Their base is
 # debian:bookworm-slim when the Docker engine can pull it; otherwise this script makes
 # simba/debian:bookworm itself with debootstrap from the Debian mirror apt uses on this
@@ -31,7 +31,7 @@ export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 DOCKER=${DOCKER:-docker}
 TAG=bookworm
-SERVICES=(redis mariadb postgres zookeeper)
+SERVICES=(redis mariadb postgres zookeeper etcd)
 LOCAL_BASE=simba/debian:$TAG
 PULL_BASE=debian:bookworm-slim
 # Changing how the debootstrap base is made: bump this to rebuild it.
@@ -225,7 +225,7 @@ cmd_test() {
   start=$(now)
   export SIMBA_TEST_SERVERS=containers
   # A server given by URL would win over containers: these runs are about containers.
-  unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER
+  unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER SIMBA_TEST_ETCD_URL
   # One run over the whole workspace with the feature on: the same build as the test
   # command's (scripts/test.sh), so nothing is compiled twice; the filter picks the kit's
   # container tests (the ZooKeeper ensemble among them), simba-chaos's zookeeper-ensemble
@@ -233,6 +233,7 @@ cmd_test() {
   local filter='binary(containers) | (package(simba-redis) & binary(conformance))'
   filter+=' | (package(simba-jdbc) & (binary(conformance_mysql) | binary(conformance_postgres)))'
   filter+=' | (package(simba-zookeeper) & binary(conformance))'
+  filter+=' | (package(simba-etcd) & binary(conformance))'
   log "cargo nextest run --workspace --features $CONTAINER_FEATURES -E '$filter' (servers: containers)"
   cargo nextest run --workspace --features "$CONTAINER_FEATURES" --profile "${SIMBA_NEXTEST_PROFILE:-default}" \
     -E "$filter" --no-tests fail || status=1

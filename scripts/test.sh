@@ -61,6 +61,13 @@ command -v mariadbd >/dev/null || command -v mysqld >/dev/null || need_install+=
 { [ -f /usr/share/java/zookeeper.jar ] || ls /usr/share/java/zookeeper-*.jar >/dev/null 2>&1; } || need_install+=(zookeeper)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
 command -v java >/dev/null || need_install+=(default-jre-headless)
+command -v etcd >/dev/null || need_install+=(etcd-server)
+# etcdctl: the kit's own test of its etcd servers.
+command -v etcdctl >/dev/null || need_install+=(etcd-client)
+# etcd-client's build script compiles etcd's .proto files with protoc and the
+# well-known types (google/protobuf/*.proto, in libprotobuf-dev).
+command -v protoc >/dev/null || need_install+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need_install+=(libprotobuf-dev)
 if [ ${#need_install[@]} -gt 0 ] && [ -z "${SIMBA_SKIP_INSTALL:-}" ]; then
   step "installing ${need_install[*]}"
   if [ "$(id -u)" = 0 ]; then
@@ -76,7 +83,7 @@ if [ ${#need_install[@]} -gt 0 ] && [ -z "${SIMBA_SKIP_INSTALL:-}" ]; then
     [ -n "$made_policy" ] && rm -f /usr/sbin/policy-rc.d
   else
     echo "missing: ${need_install[*]}. Run as root, or: sudo apt-get install ${need_install[*]}" >&2
-    echo "(or point SIMBA_TEST_REDIS_URL / SIMBA_TEST_MYSQL_URL / SIMBA_TEST_POSTGRES_URL / SIMBA_TEST_ZOOKEEPER at servers)" >&2
+    echo "(or point SIMBA_TEST_REDIS_URL / SIMBA_TEST_MYSQL_URL / SIMBA_TEST_POSTGRES_URL / SIMBA_TEST_ZOOKEEPER / SIMBA_TEST_ETCD_URL at servers)" >&2
     exit 1
   fi
 fi
@@ -157,13 +164,17 @@ for features in "" sqlite mysql postgres; do
   cargo clippy -p simba-jdbc --no-default-features ${features:+--features $features} --quiet -- -D warnings
 done
 cargo clippy -p simba-redis --quiet -- -D warnings
-for features in "" sqlite redis zookeeper; do
+for features in "" sqlite redis zookeeper etcd; do
   cargo clippy -p simba-cli --no-default-features ${features:+--features $features} --quiet -- -D warnings
 done
 
 step "dependency rules"
-if cargo tree -p simba-core -e normal --prefix none | grep -E '^(fred|diesel|zookeeper)' ; then
+if cargo tree -p simba-core -e normal --prefix none | grep -E '^(fred|diesel|zookeeper|etcd)' ; then
   echo "simba-core must not depend on a backend crate" >&2
+  exit 1
+fi
+if cargo tree -p simba-etcd -e normal --prefix none | grep -E '^(simba-(redis|jdbc|zookeeper)|fred|diesel|zookeeper) ' ; then
+  echo "simba-etcd must not depend on another backend" >&2
   exit 1
 fi
 # The product links no test tooling, with its default features or all of them.
@@ -196,7 +207,7 @@ step "cargo package (every published crate, verified)"
 # machine has neither).
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/simba-*
 cargo clean --quiet -p simba-core -p simba-test-kit -p simba-redis -p simba-jdbc \
-  -p simba-zookeeper -p simba-cli
+  -p simba-zookeeper -p simba-etcd -p simba-cli
 # simba-chaos and simba-docs (the guides' doctests, docs/) are not published.
 cargo package --workspace --exclude simba-chaos --exclude simba-docs --locked --allow-dirty --quiet
 

@@ -43,12 +43,13 @@ fn lease() -> Result<LeaseConfig> {
 
 /// The backends a contender can run against: every URL form of the backend crates
 /// (`redis`, `rediss`, Cluster and Sentinel; `postgres`, `mysql`, `mariadb`, `sqlite`;
-/// `zk` with credentials and a chroot).
+/// `zk` with credentials and a chroot; `etcd`).
 fn connectors() -> Connectors {
     Connectors::new(vec![
         &simba_redis::CONNECTOR,
         &simba_jdbc::CONNECTOR,
         &simba_zookeeper::CONNECTOR,
+        &simba_etcd::CONNECTOR,
     ])
 }
 

@@ -3,7 +3,7 @@
 //! non-zero when X or Y is not 0 or N is too small.
 //!
 //! ```text
-//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble
+//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd
 //!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
 //!             [--contenders 3]
 //!             [--min-handoffs N] [--unsafe]
@@ -55,7 +55,7 @@ fn usage(msg: &str) -> ExitCode {
     eprintln!("simba-chaos: {msg}");
     eprintln!(
         "usage: simba-chaos --backend \
-         redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble \
+         redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd \
          [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
          [--contenders N] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\

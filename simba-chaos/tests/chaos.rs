@@ -59,6 +59,11 @@ async fn chaos_zookeeper() {
     check(config(ChaosBackend::Zookeeper)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_etcd() {
+    check(config(ChaosBackend::Etcd)).await;
+}
+
 /// Redis Cluster (three primaries with a replica each, `replicaAcks=1`): the primary of
 /// the mutex's slot is failed over again and again (so the second failover promotes the
 /// first primary back), between kills, pauses and cuts of the owner. 30 s of faults after

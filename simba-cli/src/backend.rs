@@ -10,6 +10,7 @@
 //! | `mysql://USER:PASS@HOST[:PORT]/DB` | MySQL / MariaDB | `mysql` |
 //! | `postgres://USER:PASS@HOST[:PORT]/DB` | PostgreSQL | `postgres` |
 //! | `zk://[USER:PASS@]HOST:PORT[,HOST:PORT…][/CHROOT]` | ZooKeeper (a userinfo is digest auth) | `zookeeper` |
+//! | `etcd://[USER:PASS@]HOST:PORT[,HOST:PORT…][/PREFIX]` | etcd v3 (a userinfo is etcd auth) | `etcd` |
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +37,8 @@ fn compiled_in() -> Vec<&'static dyn Connector> {
         &simba_redis::CONNECTOR,
         #[cfg(feature = "zookeeper")]
         &simba_zookeeper::CONNECTOR,
+        #[cfg(feature = "etcd")]
+        &simba_etcd::CONNECTOR,
     ]
 }
 
@@ -84,6 +87,11 @@ const FEATURES: &[(&str, &[&str], bool)] = &[
             "zookeepers",
         ],
         cfg!(feature = "zookeeper"),
+    ),
+    (
+        "etcd",
+        &["etcd", "etcds", "etcd+tls"],
+        cfg!(feature = "etcd"),
     ),
 ];
 

@@ -521,3 +521,10 @@ fn processes_left_behind_by_the_command_are_stopped_before_the_release() {
     let left: i32 = lines(&pids)[0].trim().parse().expect("a pid");
     assert!(!alive(left), "the process left behind survived");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_simba_killed_or_stopped_the_group_is_gone_before_the_next_owner() {
+    let server = servers::etcd().await.expect("an etcd server");
+    let url = format!("{}/simba-cli-faults", server.url());
+    blocking(move || killed_and_stopped_on_a_lease_backend(&url, "guard-etcd")).await;
+}

@@ -653,6 +653,69 @@ async fn zookeeper_answers_four_letter_words_and_keeps_data_across_restart() {
     );
 }
 
+/// etcd's `GET /health` on the client port: the body, or why there was none.
+async fn etcd_health(server: &TestServer, limit: Duration) -> Result<String, String> {
+    let addr = server.socket_addr().map_err(|e| e.to_string())?;
+    let request = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let answer = exchange(addr, request.as_bytes(), limit, |_| false).await?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// `etcdctl` (v3 API) against `server`.
+async fn etcdctl(server: &TestServer, args: &[&str]) -> Result<String, String> {
+    let endpoint = format!(
+        "http://{}",
+        server.socket_addr().map_err(|e| e.to_string())?
+    );
+    let out = within(
+        STEP,
+        "etcdctl",
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(&endpoint)
+            .args(args)
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .map_err(|e| format!("etcdctl: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test]
+async fn etcd_answers_health_and_keeps_data_across_restart() {
+    let server = started("etcd_private", servers::etcd_private()).await;
+    assert_eq!(server.url(), format!("etcd://127.0.0.1:{}", server.port()));
+    let step = Duration::from_secs(5);
+    let health = etcd_health(&server, step).await.expect("health");
+    assert!(health.contains("\"health\":\"true\""), "{health}");
+    etcdctl(&server, &["put", "/simba", "hello"])
+        .await
+        .expect("put");
+    let port = server.port();
+    within(STEP, "restart", server.restart())
+        .await
+        .expect("restart");
+    assert_eq!(server.port(), port);
+    let data = etcdctl(&server, &["get", "/simba"]).await.expect("get");
+    assert!(data.lines().any(|l| l == "hello"), "{data}");
+
+    within(STEP, "pause", server.pause()).await.expect("pause");
+    let paused = etcd_health(&server, Duration::from_millis(500)).await;
+    assert!(paused.is_err(), "paused server answered: {paused:?}");
+    within(STEP, "resume", server.resume())
+        .await
+        .expect("resume");
+    let health = etcd_health(&server, step)
+        .await
+        .expect("health after resume");
+    assert!(health.contains("\"health\":\"true\""), "{health}");
+}
+
 // ---- all at once ------------------------------------------------------------------------
 
 #[tokio::test]

@@ -274,13 +274,27 @@ fn floor_section(f: &Floors) -> Section {
         format!("{} / {}", us(f.rtt.p50()), us(f.rtt.p99())),
         format!("{} samples", f.rtt.len()),
     ));
+    // etcd's probe (its round trip is a `put`) measures a watch delivery and a
+    // transaction lock where Redis's measures pub/sub and `SET NX PX`.
+    let etcd = f.rtt_what == "put";
     if let Some(p) = &f.pubsub {
         s.json.insert("pubsub_p50_us".into(), num(p.p50()));
         s.json.insert("pubsub_p99_us".into(), num(p.p99()));
+        let (what, how) = if etcd {
+            (
+                "put → watch delivered p50 / p99",
+                "a watch on another stream",
+            )
+        } else {
+            (
+                "PUBLISH → delivered p50 / p99",
+                "command → subscriber connection",
+            )
+        };
         s.rows.push(Row::new(
-            "PUBLISH → delivered p50 / p99",
+            what,
             format!("{} / {}", us(p.p50()), us(p.p99())),
-            "command → subscriber connection",
+            how,
         ));
     }
     if let Some(r) = &f.raw_lock {
@@ -289,7 +303,11 @@ fn floor_section(f: &Floors) -> Section {
         s.rows.push(Row::new(
             "raw lock p50 / p99",
             format!("{} / {}", us(r.p50()), us(r.p99())),
-            "SET NX PX + DEL",
+            if etcd {
+                "put-if-absent transaction + DELETE"
+            } else {
+                "SET NX PX + DEL"
+            },
         ));
     }
     s

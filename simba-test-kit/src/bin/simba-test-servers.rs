@@ -1,4 +1,4 @@
-//! Starts one private Redis, MariaDB, PostgreSQL and ZooKeeper from the locally installed
+//! Starts one private Redis, MariaDB, PostgreSQL, ZooKeeper and etcd from the locally installed
 //! binaries, writes their `SIMBA_TEST_*` variables to a file (or stdout), then a `READY`
 //! line, and keeps them until SIGTERM / SIGINT. `scripts/test.sh` shares them among all
 //! test processes this way.
@@ -49,6 +49,7 @@ async fn main() -> ExitCode {
         ServerKind::Mysql,
         ServerKind::Postgres,
         ServerKind::Zookeeper,
+        ServerKind::Etcd,
     ];
     let started = futures_util::future::join_all(kinds.iter().map(|k| servers::private(*k))).await;
     let mut held = Vec::new();

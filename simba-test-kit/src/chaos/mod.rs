@@ -48,6 +48,8 @@ pub enum ChaosBackend {
     Sqlite,
     /// ZooKeeper.
     Zookeeper,
+    /// etcd (one member, a private local server).
+    Etcd,
     /// Redis behind Sentinel: a primary, two replicas of different `replica-priority` and
     /// three sentinels ([`servers::redis_sentinel_with_replicas`]); a target of
     /// [`FaultKind::Failover`], with [`RedisCluster`](Self::RedisCluster).
@@ -72,13 +74,14 @@ impl FromStr for ChaosBackend {
             "postgres" | "postgresql" => ChaosBackend::Postgres,
             "sqlite" => ChaosBackend::Sqlite,
             "zookeeper" | "zk" => ChaosBackend::Zookeeper,
+            "etcd" => ChaosBackend::Etcd,
             "redis-sentinel" => ChaosBackend::RedisSentinel,
             "redis-cluster" => ChaosBackend::RedisCluster,
             "zookeeper-ensemble" | "zk-ensemble" => ChaosBackend::ZookeeperEnsemble,
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown backend {other:?}: use redis, redis-sentinel, redis-cluster, mysql, \
-                     postgres, sqlite, zookeeper or zookeeper-ensemble"
+                     postgres, sqlite, zookeeper, zookeeper-ensemble or etcd"
                 )));
             }
         })
@@ -92,6 +95,7 @@ impl ChaosBackend {
             ChaosBackend::Mysql => Some(ServerKind::Mysql),
             ChaosBackend::Postgres => Some(ServerKind::Postgres),
             ChaosBackend::Zookeeper => Some(ServerKind::Zookeeper),
+            ChaosBackend::Etcd => Some(ServerKind::Etcd),
             ChaosBackend::Sqlite
             | ChaosBackend::RedisSentinel
             | ChaosBackend::RedisCluster
@@ -257,8 +261,15 @@ impl ChaosConfig {
             contenders: 3,
             program: program.into(),
             args,
-            // ZooKeeper: ttl + transition is the session timeout, at least 2 s.
-            ttl: Duration::from_millis(if backend.is_zookeeper() { 1500 } else { 1000 }),
+            // ZooKeeper: ttl + transition is the session timeout, at least 2 s; etcd: the
+            // lease TTL, whole seconds, at least 2 s.
+            ttl: Duration::from_millis(
+                if backend.is_zookeeper() || backend == ChaosBackend::Etcd {
+                    1500
+                } else {
+                    1000
+                },
+            ),
             transition: Duration::from_millis(500),
             fault_every: Duration::from_secs(2),
             min_handoffs: 5,

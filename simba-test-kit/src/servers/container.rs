@@ -145,6 +145,7 @@ pub(crate) async fn start(kind: ServerKind) -> Result<TestServer, ServerError> {
         ServerKind::Mysql => format!("mysql://root:{PASSWORD}@{addr}/{DATABASE}"),
         ServerKind::Postgres => format!("postgres://postgres:{PASSWORD}@{addr}/{DATABASE}"),
         ServerKind::Zookeeper => addr.to_string(),
+        ServerKind::Etcd => format!("etcd://{addr}"),
     };
     Ok(TestServer {
         kind,

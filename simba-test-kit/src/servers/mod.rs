@@ -1,10 +1,11 @@
-//! Real servers for tests: Redis, MySQL/MariaDB, PostgreSQL and ZooKeeper.
+//! Real servers for tests: Redis, MySQL/MariaDB, PostgreSQL, ZooKeeper and etcd.
 //!
-//! A test asks for a server with [`redis`], [`mysql`], [`postgres`] or [`zookeeper`]. Each
+//! A test asks for a server with [`redis`], [`mysql`], [`postgres`], [`zookeeper`] or
+//! [`etcd`]. Each
 //! one resolves in this order:
 //!
 //! 1. the environment variable [`REDIS_URL_ENV`] / [`MYSQL_URL_ENV`] /
-//!    [`POSTGRES_URL_ENV`] / [`ZOOKEEPER_ENV`], if set and not empty;
+//!    [`POSTGRES_URL_ENV`] / [`ZOOKEEPER_ENV`] / [`ETCD_URL_ENV`], if set and not empty;
 //! 2. what [`SERVERS_ENV`] (`SIMBA_TEST_SERVERS`) selects:
 //!    - `containers`: a container of the kit's images (`simba/redis:bookworm`, ...; needs
 //!      the cargo feature `containers`, a Docker daemon and the images, which
@@ -19,7 +20,8 @@
 //! Tests never skip silently: a missing server is an error.
 //!
 //! Fault tests need to stop, restart, kill or pause the server. They use
-//! [`redis_private`], [`mysql_private`], [`postgres_private`] or [`zookeeper_private`],
+//! [`redis_private`], [`mysql_private`], [`postgres_private`], [`zookeeper_private`] or
+//! [`etcd_private`],
 //! which always start a private local instance and ignore the environment variables
 //! (including [`SERVERS_ENV`]).
 //! Only private instances support the control methods of [`TestServer`]; on other
@@ -39,6 +41,7 @@ use std::time::Duration;
 mod cluster;
 #[cfg(feature = "containers")]
 mod container;
+mod etcd;
 #[cfg(feature = "containers")]
 pub use container::LABEL;
 #[cfg(feature = "containers")]
@@ -57,6 +60,7 @@ pub fn image_name(kind: ServerKind) -> &'static str {
         ServerKind::Mysql => "simba/mariadb",
         ServerKind::Postgres => "simba/postgres",
         ServerKind::Zookeeper => "simba/zookeeper",
+        ServerKind::Etcd => "simba/etcd",
     }
 }
 mod mysql;
@@ -89,6 +93,8 @@ pub const MYSQL_URL_ENV: &str = "SIMBA_TEST_MYSQL_URL";
 pub const POSTGRES_URL_ENV: &str = "SIMBA_TEST_POSTGRES_URL";
 /// Environment variable with a ZooKeeper connect string, `host:port[,host:port][/chroot]`.
 pub const ZOOKEEPER_ENV: &str = "SIMBA_TEST_ZOOKEEPER";
+/// Environment variable with the URL of an existing etcd, e.g. `etcd://127.0.0.1:2379`.
+pub const ETCD_URL_ENV: &str = "SIMBA_TEST_ETCD_URL";
 /// Environment variable that selects where servers come from when no URL is set:
 /// `containers`, `local`, or unset/empty for local binaries with the container fallback.
 /// See the [module documentation](self).
@@ -112,6 +118,8 @@ pub enum ServerKind {
     Postgres,
     /// Apache ZooKeeper.
     Zookeeper,
+    /// etcd (v3 API).
+    Etcd,
 }
 
 impl ServerKind {
@@ -122,6 +130,7 @@ impl ServerKind {
             Self::Mysql => MYSQL_URL_ENV,
             Self::Postgres => POSTGRES_URL_ENV,
             Self::Zookeeper => ZOOKEEPER_ENV,
+            Self::Etcd => ETCD_URL_ENV,
         }
     }
 
@@ -132,6 +141,7 @@ impl ServerKind {
             Self::Mysql => 3306,
             Self::Postgres => 5432,
             Self::Zookeeper => 2181,
+            Self::Etcd => 2379,
         }
     }
 
@@ -142,6 +152,7 @@ impl ServerKind {
             Self::Mysql => "mysql://root@127.0.0.1:3306/simba",
             Self::Postgres => "postgres://postgres@127.0.0.1:5432/simba",
             Self::Zookeeper => "127.0.0.1:2181",
+            Self::Etcd => "etcd://127.0.0.1:2379",
         }
     }
 
@@ -152,6 +163,7 @@ impl ServerKind {
             Self::Mysql => "mariadb-server",
             Self::Postgres => "postgresql",
             Self::Zookeeper => "zookeeper",
+            Self::Etcd => "etcd-server",
         }
     }
 }
@@ -163,6 +175,7 @@ impl fmt::Display for ServerKind {
             Self::Mysql => "MySQL/MariaDB",
             Self::Postgres => "PostgreSQL",
             Self::Zookeeper => "ZooKeeper",
+            Self::Etcd => "etcd",
         })
     }
 }
@@ -559,6 +572,17 @@ pub async fn postgres_private() -> Result<TestServer, ServerError> {
     private(ServerKind::Postgres).await
 }
 
+/// An etcd server: [`ETCD_URL_ENV`], else a private local etcd, else a container (feature
+/// `containers`).
+pub async fn etcd() -> Result<TestServer, ServerError> {
+    resolve(ServerKind::Etcd).await
+}
+
+/// A private local etcd instance, ignoring [`ETCD_URL_ENV`]; fault tests control it.
+pub async fn etcd_private() -> Result<TestServer, ServerError> {
+    private(ServerKind::Etcd).await
+}
+
 /// A private local ZooKeeper instance, ignoring [`ZOOKEEPER_ENV`]; fault tests control it.
 pub async fn zookeeper_private() -> Result<TestServer, ServerError> {
     private(ServerKind::Zookeeper).await
@@ -777,6 +801,7 @@ mod compose_tests {
             ServerKind::Mysql,
             ServerKind::Postgres,
             ServerKind::Zookeeper,
+            ServerKind::Etcd,
         ];
         let expected: Vec<String> = kinds
             .iter()

@@ -1,5 +1,6 @@
 //! Minimal protocol clients that tell whether a server is ready: Redis `PING`, a MySQL
-//! login plus `SELECT 1`, a PostgreSQL start-up handshake, ZooKeeper's `srvr`.
+//! login plus `SELECT 1`, a PostgreSQL start-up handshake, ZooKeeper's `srvr`, etcd's
+//! `GET /health`.
 
 use std::net::SocketAddr;
 
@@ -26,6 +27,29 @@ pub(crate) async fn ready(kind: ServerKind, addr: SocketAddr) -> Result<(), Stri
                 Err(format!("srvr answered {:?}", answer.trim()))
             }
         }
+        ServerKind::Etcd => etcd_health(addr).await,
+    }
+}
+
+/// etcd's `GET /health` (HTTP/1.1 on the client port): ready when it says `"health":"true"`
+/// (a member with a leader).
+pub(crate) async fn etcd_health(addr: SocketAddr) -> Result<(), String> {
+    let mut stream = connect(addr).await?;
+    let request = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("sending GET /health: {e}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("reading the /health answer: {e}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    if answer.contains("\"health\":\"true\"") {
+        Ok(())
+    } else {
+        Err(format!("GET /health answered {:?}", answer.trim()))
     }
 }
 

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tokio::sync::Mutex;
 
-use super::{READY_TIMEOUT, ServerError, ServerKind, mysql, postgres, probe, redis, zookeeper};
+use super::{
+    READY_TIMEOUT, ServerError, ServerKind, etcd, mysql, postgres, probe, redis, zookeeper,
+};
 
 /// How to run one kind of server, with the binaries found on this machine.
 #[derive(Debug, Clone)]
@@ -24,6 +26,7 @@ pub(crate) enum Flavor {
     Mysql(mysql::Mysql),
     Postgres(postgres::Postgres),
     Zookeeper(zookeeper::Zookeeper),
+    Etcd(etcd::Etcd),
 }
 
 impl Flavor {
@@ -34,6 +37,7 @@ impl Flavor {
             ServerKind::Mysql => Self::Mysql(mysql::Mysql::detect()?),
             ServerKind::Postgres => Self::Postgres(postgres::Postgres::detect()?),
             ServerKind::Zookeeper => Self::Zookeeper(zookeeper::Zookeeper::detect()?),
+            ServerKind::Etcd => Self::Etcd(etcd::Etcd::detect()?),
         })
     }
 
@@ -43,6 +47,7 @@ impl Flavor {
             Self::Mysql(_) => ServerKind::Mysql,
             Self::Postgres(_) => ServerKind::Postgres,
             Self::Zookeeper(_) => ServerKind::Zookeeper,
+            Self::Etcd(_) => ServerKind::Etcd,
         }
     }
 
@@ -53,6 +58,7 @@ impl Flavor {
             Self::Mysql(m) => m.prepare(dir).await,
             Self::Postgres(p) => p.prepare(dir).await,
             Self::Zookeeper(z) => z.prepare(dir).await,
+            Self::Etcd(e) => e.prepare(dir).await,
         }
     }
 
@@ -64,6 +70,7 @@ impl Flavor {
             Self::Mysql(m) => m.command(dir, port),
             Self::Postgres(p) => Ok(p.command(dir, port)),
             Self::Zookeeper(z) => z.command(dir, port),
+            Self::Etcd(e) => e.command(dir, port),
         }
     }
 
@@ -80,6 +87,7 @@ impl Flavor {
                 format!("postgres://postgres@127.0.0.1:{port}/{}", super::DATABASE)
             }
             ServerKind::Zookeeper => format!("127.0.0.1:{port}"),
+            ServerKind::Etcd => format!("etcd://127.0.0.1:{port}"),
         }
     }
 
@@ -525,6 +533,7 @@ fn short_name(kind: ServerKind) -> &'static str {
         ServerKind::Mysql => "mariadb",
         ServerKind::Postgres => "postgres",
         ServerKind::Zookeeper => "zookeeper",
+        ServerKind::Etcd => "etcd",
     }
 }
 

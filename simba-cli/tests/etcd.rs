@@ -1,0 +1,54 @@
+//! `simba` against etcd.
+
+mod common;
+
+use common::*;
+use simba_test_kit::servers;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_and_watch_follow_exec_on_etcd() {
+    let server = servers::etcd().await.expect("an etcd server");
+    let url = format!("{}/simba-cli-test", server.url());
+    tokio::task::spawn_blocking(move || {
+        owner_and_watch_follow_exec(&url, "etcd-show");
+        concurrent_execs_never_overlap(Some(&url), &[], 2, "0.3", "etcd-overlap");
+        not_acquired_while_held(&url, "etcd-held");
+    })
+    .await
+    .expect("test body");
+}
+
+/// etcd leases end by themselves: a hold keeps the mutex after the command, and `simba
+/// owner` shows it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_at_least_keeps_the_mutex_on_etcd() {
+    let server = servers::etcd().await.expect("an etcd server");
+    let url = format!("{}/simba-cli-test", server.url());
+    tokio::task::spawn_blocking(move || {
+        let mutex = mutex_name("etcd-hold");
+        let once = || {
+            run(
+                simba(Some(&url)).args([
+                    "exec",
+                    &mutex,
+                    "--no-wait",
+                    "--hold-at-least",
+                    "20s",
+                    "--",
+                    "true",
+                ]),
+                std::time::Duration::from_secs(30),
+                "simba exec --hold-at-least on etcd",
+            )
+        };
+        let first = once();
+        assert_eq!(first.status.code(), Some(0), "{first:?}");
+        let held = owner_json(&url, &mutex);
+        let holder = held["owner"]["owner_id"].as_str().unwrap_or_default();
+        assert!(holder.starts_with("held@@"), "{held}");
+        let again = once();
+        assert_eq!(again.status.code(), Some(NOT_ACQUIRED), "{again:?}");
+    })
+    .await
+    .expect("test body");
+}

@@ -1,0 +1,26 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod common;
+mod config;
+mod connector;
+mod contend;
+mod factory;
+mod retrieve;
+
+pub use config::{
+    DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig, MAX_CONNECT_TIMEOUT, MAX_LEASE_TTL, MIN_LEASE_TTL,
+    redact_url,
+};
+pub use connector::{CONNECTOR, EtcdConnector};
+pub use contend::EtcdContendService;
+pub use etcd_client;
+pub use factory::EtcdFactory;
+pub use retrieve::EtcdRetrievalService;
+
+/// The backend name this crate reports ([`ContendServiceFactory::backend`] and
+/// [`Error::Backend`]'s `backend`).
+///
+/// [`ContendServiceFactory::backend`]: simba_core::ContendServiceFactory::backend
+/// [`Error::Backend`]: simba_core::Error::Backend
+pub const BACKEND: &str = common::BACKEND;

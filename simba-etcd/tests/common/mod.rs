@@ -1,0 +1,119 @@
+//! Shared test support: the conformance harness over a real etcd, and helpers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use simba_core::ContendServiceFactory;
+use simba_core::backend::BoxFuture;
+use simba_etcd::{EtcdConfig, EtcdFactory};
+use simba_test_kit::proxy::{FaultProxy, ProxyFault};
+use simba_test_kit::servers::TestServer;
+use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+use simba_test_kit::support::{init_tracing, unique_name};
+
+/// The lease of the conformance harness: etcd's shortest (the suite's 1.5 s lease is
+/// below what etcd grants).
+pub const LEASE: Duration = Duration::from_secs(2);
+
+/// A key prefix no other test uses.
+pub fn random_prefix() -> String {
+    format!("/{}", unique_name("simba-test"))
+}
+
+/// The settings tests use for a server URL.
+pub fn test_config(url: &str, prefix: &str, lease: Duration) -> EtcdConfig {
+    EtcdConfig::from_url(url)
+        .unwrap_or_else(|e| panic!("test URL {url}: {e}"))
+        .with_prefix(prefix)
+        .with_lease_ttl(lease)
+        .with_connect_timeout(Duration::from_secs(10))
+}
+
+/// The kit's etcd (shared by the harness's factories), with tracing set up.
+pub async fn server() -> TestServer {
+    init_tracing();
+    simba_test_kit::servers::etcd()
+        .await
+        .unwrap_or_else(|e| panic!("no etcd server for the tests: {e}"))
+}
+
+/// A private etcd that the test may stop, pause and start.
+pub async fn private_server() -> TestServer {
+    init_tracing();
+    simba_test_kit::servers::etcd_private()
+        .await
+        .unwrap_or_else(|e| panic!("no private etcd server for the tests: {e}"))
+}
+
+/// A factory on `server` through a new fault proxy.
+pub async fn proxied(server: &TestServer, prefix: &str) -> (EtcdFactory, FaultProxy) {
+    let proxy = FaultProxy::start(server.socket_addr().expect("server address"))
+        .await
+        .expect("start a fault proxy");
+    let factory = EtcdFactory::connect(test_config(&server.url_via(proxy.addr()), prefix, LEASE))
+        .await
+        .expect("connect through the proxy");
+    (factory, proxy)
+}
+
+/// The conformance harness: every factory is a new [`EtcdFactory`] (its own client) on
+/// one server, under a key prefix of its own per harness.
+pub struct EtcdHarness {
+    server: TestServer,
+    prefix: String,
+}
+
+impl EtcdHarness {
+    /// A harness on the kit's etcd server.
+    pub async fn start() -> Self {
+        EtcdHarness {
+            server: server().await,
+            prefix: random_prefix(),
+        }
+    }
+}
+
+impl Harness for EtcdHarness {
+    fn name(&self) -> String {
+        "etcd".to_owned()
+    }
+
+    fn capabilities(&self, _timing: SuiteTiming) -> SuiteCapabilities {
+        SuiteCapabilities {
+            // Waiters watch their predecessor's key.
+            pushes_release: true,
+            // The leader revokes an expired lease within its 500 ms expiry check, then the
+            // next waiter's watch fires: the lease plus a second and a half.
+            failover_bound: LEASE + Duration::from_millis(1500),
+            // The owner gives up at the last answered keep-alive's send time + lease - margin.
+            loss_bound: LEASE + Duration::from_millis(500),
+        }
+    }
+
+    fn factory(
+        &self,
+        _timing: SuiteTiming,
+    ) -> BoxFuture<'_, Result<Arc<dyn ContendServiceFactory>, SetupError>> {
+        Box::pin(async move {
+            let f =
+                EtcdFactory::connect(test_config(self.server.url(), &self.prefix, LEASE)).await?;
+            Ok(Arc::new(f) as Arc<dyn ContendServiceFactory>)
+        })
+    }
+
+    fn faulty_factory(
+        &self,
+        _timing: SuiteTiming,
+    ) -> BoxFuture<'_, Result<(Arc<dyn ContendServiceFactory>, Box<dyn Fault>), SetupError>> {
+        Box::pin(async move {
+            let proxy = FaultProxy::start(self.server.socket_addr()?).await?;
+            let url = self.server.url_via(proxy.addr());
+            let f = EtcdFactory::connect(test_config(&url, &self.prefix, LEASE)).await?;
+            Ok((
+                Arc::new(f) as Arc<dyn ContendServiceFactory>,
+                Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
+            ))
+        })
+    }
+}
