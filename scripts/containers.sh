@@ -38,7 +38,7 @@ PULL_BASE=debian:bookworm-slim
 BASE_RECIPE="minbase bookworm v1"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 # The features of the container runs (scripts/test.sh builds with the same).
-CONTAINER_FEATURES=simba-test-kit/containers,simba-chaos/containers
+CONTAINER_FEATURES=simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd
 
 log() { printf 'containers: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }

@@ -150,7 +150,8 @@ cargo fmt --all -- --check
 
 step "clippy"
 # --all-targets: the examples (simba-jdbc/examples, simba-redis/examples) too.
-cargo clippy --workspace --all-targets --quiet -- -D warnings
+# simba-cli's `etcd` feature is off by default (it needs protoc): on here, so its tests build.
+cargo clippy --workspace --all-targets --features simba-cli/etcd --quiet -- -D warnings
 
 step "clippy, the containers features (the kit's, simba-chaos's)"
 cargo clippy -p simba-test-kit -p simba-chaos --features simba-test-kit/containers,simba-chaos/containers \
@@ -216,17 +217,17 @@ cargo package --workspace --exclude simba-chaos --exclude simba-docs --locked --
 # below and the container runs after them use the same build. The test binaries named
 # `containers` need Docker: they run in the container step only.
 step "build tests"
-cargo build --workspace --all-targets --features simba-test-kit/containers,simba-chaos/containers --quiet
+cargo build --workspace --all-targets --features simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd --quiet
 
 step "tests"
-cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/containers --profile ci --test-threads 3 \
+cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd --profile ci --test-threads 3 \
   -E 'not binary(containers) and not binary(soak)' --no-tests fail
 
 # The 3-minute soak (simba-chaos/tests/soak.rs: every backend at once, 15 worker processes)
 # in a step of its own: beside the other tests, its load would share the 2 cores with tests
 # whose subject is time (leases, failovers).
 step "soak (3 minutes, every backend)"
-cargo nextest run -p simba-chaos --features simba-test-kit/containers,simba-chaos/containers --profile ci \
+cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd --profile ci \
   -E 'binary(soak)' --no-tests fail
 
 step "doctests"

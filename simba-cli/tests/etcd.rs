@@ -1,5 +1,7 @@
 //! `simba` against etcd.
 
+#![cfg(feature = "etcd")]
+
 mod common;
 
 use common::*;

@@ -522,6 +522,7 @@ fn processes_left_behind_by_the_command_are_stopped_before_the_release() {
     assert!(!alive(left), "the process left behind survived");
 }
 
+#[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_simba_killed_or_stopped_the_group_is_gone_before_the_next_owner() {
     let server = servers::etcd().await.expect("an etcd server");
