@@ -12,6 +12,7 @@ use tracing::{Instrument, Span, debug, info, warn};
 use super::service::{OBSERVE_FLOOR, Shared};
 use crate::backend::OwnershipTracker;
 use crate::error::{Error, LossReason, Result};
+use crate::hops::Hop;
 use crate::metrics::FailureKind;
 use crate::owner::{ContendPeriod, MutexOwner};
 use crate::rt::{sleep_until, timeout};
@@ -216,6 +217,7 @@ impl<S: LeaseStore> Driver<S> {
                 // Observers re-read on every event, contenders contend again.
                 debug!(?ev, "store event: looking now");
                 if ev == StoreEvent::Released && self.contending() {
+                    crate::hops::record(Hop::WaiterWoken, &self.shared.mutex);
                     self.tracker.handoff_begins();
                 }
                 self.next = Instant::now();
@@ -226,8 +228,9 @@ impl<S: LeaseStore> Driver<S> {
 
     /// One backend call. A contender that has not subscribed yet and not looked yet
     /// subscribes at the same time (the store may use another connection for it), so that
-    /// an uncontended acquisition waits for one round trip, not two; the subscription's
-    /// result comes back beside the outcome.
+    /// a contended acquisition waits for one round trip, not two, before it is queued and
+    /// listening; the subscription's result comes back beside the outcome. An acquisition
+    /// that won does not wait for the subscription (it drops it).
     async fn attempt(&mut self, first: bool) -> (Outcome, Option<Subscribed>) {
         let shared = self.shared.clone();
         let lease = shared.config.lease();
@@ -269,14 +272,29 @@ impl<S: LeaseStore> Driver<S> {
         };
         let deadline = self.deadline();
         let request_timeout = shared.config.request_timeout;
+        let me = shared.contender_id.as_str();
+        // An acquisition that won needs no subscription: its answer goes back at once,
+        // and the subscription still under way is dropped (a waiter subscribes again
+        // when it needs one). One that did not win waits for the subscription, so that
+        // it hears the next release.
         let both = async {
-            let subscribed = async {
-                match subscribe {
-                    Some(call) => Some(timeout(request_timeout, call).await),
-                    None => None,
-                }
+            let mut call = std::pin::pin!(timeout(bound, call));
+            let Some(subscribe) = subscribe else {
+                return (call.await, None);
             };
-            tokio::join!(timeout(bound, call), subscribed)
+            let mut subscribed = std::pin::pin!(timeout(request_timeout, subscribe));
+            tokio::select! {
+                biased;
+                r = &mut call => {
+                    let won = matches!(&r, Ok(Ok(reply)) if reply.owner.is_owned_by_at(me, reply.now));
+                    if won {
+                        (r, None)
+                    } else {
+                        (r, Some(subscribed.await))
+                    }
+                }
+                s = &mut subscribed => (call.await, Some(s)),
+            }
         };
         // A stop cuts renewals and reads short, but not an acquisition: once sent, it may
         // win on the server even if its answer is dropped (a statement on a blocking
@@ -291,6 +309,9 @@ impl<S: LeaseStore> Driver<S> {
             Some(d) if owning && self.contending() => Some(suspect_after(sent, d, request_timeout)),
             _ => None,
         };
+        if acquiring {
+            crate::hops::record(Hop::AcquireSent, &shared.mutex);
+        }
         let mut both = std::pin::pin!(both);
         let result = loop {
             break tokio::select! {
@@ -314,6 +335,9 @@ impl<S: LeaseStore> Driver<S> {
                 }
             };
         };
+        if acquiring {
+            crate::hops::record(Hop::AcquireAnswered, &shared.mutex);
+        }
         record_outcome(&span, &result.0, &shared.contender_id);
         result
     }
@@ -457,7 +481,10 @@ impl<S: LeaseStore> Driver<S> {
         let span = call_span(&shared, "release", fence);
         // Always release: a call dropped in flight may have made us owner unknowingly.
         let call = Box::pin(shared.store.release(mutex, me).instrument(span.clone()));
-        match timeout(bound, call).await {
+        crate::hops::record(Hop::ReleaseSent, mutex);
+        let released = timeout(bound, call).await;
+        crate::hops::record(Hop::ReleaseAnswered, mutex);
+        match released {
             Ok(Ok(done)) => {
                 span.record("outcome", if done { "released" } else { "not_owner" });
                 debug!(released = done, "stop: release");
