@@ -228,9 +228,8 @@ impl<S: LeaseStore> Driver<S> {
 
     /// One backend call. A contender that has not subscribed yet and not looked yet
     /// subscribes at the same time (the store may use another connection for it), so that
-    /// a contended acquisition waits for one round trip, not two, before it is queued and
-    /// listening; the subscription's result comes back beside the outcome. An acquisition
-    /// that won does not wait for the subscription (it drops it).
+    /// an uncontended acquisition waits for one round trip, not two; the subscription's
+    /// result comes back beside the outcome.
     async fn attempt(&mut self, first: bool) -> (Outcome, Option<Subscribed>) {
         let shared = self.shared.clone();
         let lease = shared.config.lease();
@@ -272,29 +271,14 @@ impl<S: LeaseStore> Driver<S> {
         };
         let deadline = self.deadline();
         let request_timeout = shared.config.request_timeout;
-        let me = shared.contender_id.as_str();
-        // An acquisition that won needs no subscription: its answer goes back at once,
-        // and the subscription still under way is dropped (a waiter subscribes again
-        // when it needs one). One that did not win waits for the subscription, so that
-        // it hears the next release.
         let both = async {
-            let mut call = std::pin::pin!(timeout(bound, call));
-            let Some(subscribe) = subscribe else {
-                return (call.await, None);
-            };
-            let mut subscribed = std::pin::pin!(timeout(request_timeout, subscribe));
-            tokio::select! {
-                biased;
-                r = &mut call => {
-                    let won = matches!(&r, Ok(Ok(reply)) if reply.owner.is_owned_by_at(me, reply.now));
-                    if won {
-                        (r, None)
-                    } else {
-                        (r, Some(subscribed.await))
-                    }
+            let subscribed = async {
+                match subscribe {
+                    Some(call) => Some(timeout(request_timeout, call).await),
+                    None => None,
                 }
-                s = &mut subscribed => (call.await, Some(s)),
-            }
+            };
+            tokio::join!(timeout(bound, call), subscribed)
         };
         // A stop cuts renewals and reads short, but not an acquisition: once sent, it may
         // win on the server even if its answer is dropped (a statement on a blocking
