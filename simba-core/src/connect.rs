@@ -258,7 +258,8 @@ pub trait Probe: Send {
     /// The floors this probe measures; [`Floor::RoundTrip`] always.
     fn floors(&self) -> Vec<Floor>;
 
-    /// Performs `floor` once, giving up after `limit`.
+    /// Performs `floor` once, giving up after `limit` ([`Floor::Handoff`]: one handoff,
+    /// which [`handoff`](Probe::handoff) times without its setup).
     ///
     /// # Errors
     /// [`Error::Backend`] if the operation fails or takes longer than `limit`;

@@ -118,7 +118,10 @@ async fn handoff_hops() {
         // The releaser's driver (stop, release), its guard's watcher (stop heard, then
         // the release done), the waiter's driver (push, acquisition): 4 task runs, one
         // hop on each side of the backend between the release and the guard.
-        assert!(engine <= 4, "the engine's tasks ran {engine} times in a handoff");
+        assert!(
+            engine <= 4,
+            "the engine's tasks ran {engine} times in a handoff"
+        );
         g.release().await.unwrap_or_else(|e| panic!("release: {e}"));
     }
 }

@@ -144,6 +144,7 @@ impl Probe for ZkFloors {
         Box::pin(async move {
             match floor {
                 Floor::RoundTrip => self.0.exists(limit).await,
+                Floor::Handoff => self.0.handoff(limit).await.map(drop),
                 other => Err(unsupported_floor(BACKEND, other)),
             }
         })
