@@ -156,6 +156,12 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) json: bool,
 
+    /// Break one handoff into its hops (release sent → release answered → push received
+    /// → waiter woken → acquire sent → acquire answered → guard returned), p50 per hop,
+    /// over two contenders handing one mutex back and forth.
+    #[arg(long)]
+    pub(crate) explain: bool,
+
     /// Samples per floor, uncontended acquire + release cycles, and handoff acquisitions
     /// (all after a warm-up); lower it for a smoke run.
     #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

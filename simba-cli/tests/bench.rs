@@ -22,6 +22,7 @@ fn bench_json(url: &str) -> Value {
         simba(Some(url)).args([
             "bench",
             "--json",
+            "--explain",
             "--iterations",
             "20",
             "--contenders",
@@ -97,6 +98,37 @@ fn check_common(v: &Value, backend: &str) {
         number(v, key);
     }
     present(v, "scale.connections");
+    // The floors beside the figures: the backend's handoff floor, the engine alone over
+    // memory, a bare tokio wake-up.
+    for key in [
+        "memory.wake_p50_us",
+        "memory.uncontended_p50_us",
+        "memory.handoff_p50_us",
+        "handoff.native_handoff_floor_us",
+        "explain.handoff_p50_us",
+    ] {
+        number(v, key);
+    }
+    assert_eq!(number(v, "memory.handoff_overlaps"), 0.0, "{v:#}");
+    // `--explain`: the hops of a handoff, each with its p50; every backend records at
+    // least its release, the acquisition's answer and the guard returned (where a waiter
+    // blocks in the backend, its acquisition was sent before the release).
+    let hops = v["explain"]["hops"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no explain.hops in {v:#}"));
+    for (from, to) in [
+        (Some("release() called"), "release sent"),
+        (Some("release sent"), "release answered"),
+        (None, "acquire answered"),
+        (Some("acquire answered"), "guard returned"),
+        (Some("guard returned"), "acquire() returned"),
+    ] {
+        let hop = hops
+            .iter()
+            .find(|h| from.is_none_or(|f| h["from"] == f) && h["to"] == to)
+            .unwrap_or_else(|| panic!("no hop {from:?} → {to} in {v:#}"));
+        number(hop, "p50_us");
+    }
     assert_eq!(number(v, "handoff.overlaps"), 0.0, "{v:#}");
     assert_eq!(number(v, "handoff.fence_regressions"), 0.0, "{v:#}");
     assert_eq!(number(v, "scale.lost"), 0.0, "{v:#}");
@@ -108,6 +140,7 @@ fn bench_json_on_sqlite() {
     let url = sqlite_url(dir.path(), "bench.db");
     let v = bench_json(&url);
     check_common(&v, "sqlite");
+    number(&v, "floor.handoff_p50_us");
     number(&v, "failover.no_jitter.after_lease_p50_ms");
 }
 

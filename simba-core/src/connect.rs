@@ -244,6 +244,10 @@ pub enum Floor {
     PubSub,
     /// The lock a script-less client would take: set-if-absent with an expiry, then delete.
     RawLock,
+    /// The backend's own wait queue handing a lock over between two sessions: from the
+    /// holder's release being answered until the waiter's lock call is answered
+    /// ([`Probe::handoff`]).
+    Handoff,
 }
 
 /// Measures a backend's floors (see [`Connection::probe`]).
@@ -254,12 +258,31 @@ pub trait Probe: Send {
     /// The floors this probe measures; [`Floor::RoundTrip`] always.
     fn floors(&self) -> Vec<Floor>;
 
-    /// Performs `floor` once, giving up after `limit`.
+    /// Performs `floor` once, giving up after `limit` ([`Floor::Handoff`]: one handoff,
+    /// which [`handoff`](Probe::handoff) times without its setup).
     ///
     /// # Errors
     /// [`Error::Backend`] if the operation fails or takes longer than `limit`;
     /// [`Error::Unsupported`] for a floor not in [`floors`](Probe::floors).
     fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>>;
+
+    /// What the [`Floor::Handoff`] of this backend is (`"watch on a deleted node + create"`).
+    fn handoff_name(&self) -> &'static str {
+        ""
+    }
+
+    /// One [`Floor::Handoff`]: one session holds the backend's native lock, a second one
+    /// waits for it in the backend's own queue, the first releases. Returns the time from
+    /// the release being answered until the waiter's lock call is answered (the setup is
+    /// not timed).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if a call fails or the handoff takes longer than `limit`;
+    /// [`Error::Unsupported`] where [`floors`](Probe::floors) has no [`Floor::Handoff`].
+    fn handoff(&mut self, limit: Duration) -> BoxFuture<'_, Result<Duration>> {
+        let _ = limit;
+        Box::pin(async { Err(unsupported_floor("this backend", Floor::Handoff)) })
+    }
 
     /// Closes the probe's connections.
     ///

@@ -10,6 +10,8 @@ pub mod fault;
 #[cfg(any(test, fuzzing, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+#[doc(hidden)]
+pub mod hops;
 mod id;
 mod lease;
 mod locker;
@@ -24,6 +26,8 @@ mod scheduler;
 mod service;
 mod store;
 pub mod tls;
+#[cfg(test)]
+mod wakeups;
 
 pub use error::{Error, LossReason, Result};
 pub use id::{

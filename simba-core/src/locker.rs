@@ -621,6 +621,15 @@ async fn watch_hold(
     let _ = done.send(outcome);
 }
 
+/// Signals `service` to stop without waiting for it: its stop future is polled once (a
+/// [`ContendService::stop`] is signalled by then) and dropped; whoever waits for the stop
+/// waits on the service's status.
+fn signal_stop(service: &Arc<dyn ContendService>) {
+    let mut stop = service.stop();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let _ = std::future::Future::poll(stop.as_mut(), &mut cx);
+}
+
 /// Whether the ownership with `fence` stands.
 fn held_with(s: &ContenderStatus, fence: u64) -> bool {
     s.running
@@ -648,6 +657,9 @@ fn loss_reason(s: &ContenderStatus, fence: u64) -> LossReason {
 /// already ended.
 pub struct LockGuard {
     slot: Arc<Slot>,
+    /// The service of this ownership: a release signals its stop from the releasing task
+    /// itself (the watcher follows), so the backend release is one task hop away.
+    service: Arc<dyn ContendService>,
     contender_id: String,
     fence: u64,
     status: watch::Receiver<ContenderStatus>,
@@ -674,6 +686,10 @@ impl Drop for LockGuard {
             // Marked before the watcher runs, so that a `try_acquire` right after the drop
             // waits for this release rather than calling the mutex held.
             self.slot.releasing();
+            // The service's task releases on the backend as soon as it hears the stop:
+            // signalled here rather than by the watcher, which still holds the turn until
+            // the release is done and passes it on.
+            signal_stop(&self.service);
             let _ = stop.send(None);
         }
     }
@@ -692,15 +708,17 @@ impl LockGuard {
         let (done_tx, done_rx) = oneshot::channel();
         crate::rt::spawn(watch_hold(
             slot.clone(),
-            service,
+            service.clone(),
             turn,
             status.clone(),
             fence,
             stop_rx,
             done_tx,
         ));
+        crate::hops::record(crate::hops::Hop::GuardReturned, slot.mutex());
         LockGuard {
             slot,
+            service,
             contender_id,
             fence,
             status,

@@ -23,7 +23,9 @@ pub(crate) use tokio::time::error::Elapsed;
 pub(crate) use tokio::time::{sleep_until, timeout, timeout_at};
 
 #[cfg(test)]
-pub(crate) use model::{Elapsed, Handle, JoinHandle, sleep_until, spawn, timeout, timeout_at};
+pub(crate) use model::{
+    Elapsed, Handle, JoinHandle, TASK_POLLS, sleep_until, spawn, timeout, timeout_at,
+};
 
 #[cfg(test)]
 mod model {
@@ -73,9 +75,27 @@ mod model {
             F::Output: Send + 'static,
         {
             match self {
-                Handle::Tokio(h) => JoinHandle::Tokio(h.spawn(fut)),
+                Handle::Tokio(h) => JoinHandle::Tokio(h.spawn(Counted(Box::pin(fut)))),
                 Handle::Model => JoinHandle::Model(shuttle::future::spawn(fut)),
             }
+        }
+    }
+
+    thread_local! {
+        /// Polls of the tasks spawned through this seam on this thread's tokio runtime:
+        /// on a current-thread runtime, how many times the engine's tasks ran, i.e. the
+        /// task hops of what the test did (see `crate::wakeups`).
+        pub(crate) static TASK_POLLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A spawned future whose polls count in [`TASK_POLLS`].
+    struct Counted<F>(Pin<Box<F>>);
+
+    impl<F: Future> Future for Counted<F> {
+        type Output = F::Output;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            TASK_POLLS.with(|n| n.set(n.get() + 1));
+            self.0.as_mut().poll(cx)
         }
     }
 

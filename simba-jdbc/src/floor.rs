@@ -92,3 +92,251 @@ impl SqlProbe {
         }
     }
 }
+
+/// How long the waiter of a handoff floor is given to queue on the lock before the holder
+/// releases: the database only has to receive the waiter's call (one trip one way), so
+/// this is generous on a loaded machine, and it is not timed.
+const QUEUE_SETTLE: Duration = Duration::from_millis(3);
+
+/// What the lock of a handoff floor is.
+enum NativeLock {
+    /// `pg_advisory_lock(key)` / `pg_advisory_unlock(key)`.
+    Advisory(i64),
+    /// `GET_LOCK(name, timeout)` / `RELEASE_LOCK(name)`.
+    Named(String),
+    /// An OFD byte-range lock in a lock file (the store's own kind of SQLite lock), on two
+    /// open file descriptions of the file, which compete like two processes.
+    #[cfg(feature = "sqlite")]
+    File(crate::sqlite::FileKey, std::path::PathBuf),
+}
+
+/// Two dedicated connections (on SQLite, two open descriptions of a lock file) that hand
+/// the database's own lock over; from [`SqlStore::handoff_probe`].
+pub struct SqlHandoffProbe {
+    holder: Option<ProbeConn>,
+    waiter: Option<ProbeConn>,
+    lock: NativeLock,
+    kind: Backend,
+}
+
+impl fmt::Debug for SqlHandoffProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlHandoffProbe")
+            .field("backend", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlStore {
+    /// Opens a probe of the database's own lock handoff, for `simba bench`: PostgreSQL two
+    /// sessions handing `pg_advisory_lock` over, MySQL/MariaDB `GET_LOCK`, SQLite two open
+    /// file descriptions of a lock file in the temporary directory handing an OFD
+    /// byte-range lock over (the kind of lock the store waits on). `name` makes the lock
+    /// this probe's own.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if a connection cannot be opened within the statement timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops the half-open connections.
+    #[doc(hidden)]
+    pub async fn handoff_probe(&self, name: &str) -> Result<SqlHandoffProbe> {
+        let kind = self.kind();
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let lock = match kind {
+            Backend::Postgres => NativeLock::Advisory(i64::from_ne_bytes(hash.to_ne_bytes())),
+            Backend::Mysql => NativeLock::Named(format!("simba-bench-floor-{hash:016x}")),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => {
+                let prefix = std::env::temp_dir().join(format!("simba-bench-floor-{hash:016x}"));
+                let prefix = prefix.to_string_lossy().into_owned();
+                let file = std::path::PathBuf::from(format!("{prefix}-simba.locks"));
+                NativeLock::File(crate::sqlite::FileKey::new(&prefix, hash), file)
+            }
+            #[cfg(not(feature = "sqlite"))]
+            Backend::Sqlite => {
+                return Err(Error::unsupported(
+                    kind.name(),
+                    "handoff floor",
+                    "built without SQLite",
+                ));
+            }
+        };
+        let (holder, waiter) = match lock {
+            #[cfg(feature = "sqlite")]
+            NativeLock::File(..) => (None, None),
+            _ => (
+                Some(self.probe().await?.conn),
+                Some(self.probe().await?.conn),
+            ),
+        };
+        Ok(SqlHandoffProbe {
+            holder,
+            waiter,
+            lock,
+            kind,
+        })
+    }
+}
+
+impl SqlHandoffProbe {
+    /// What the handoff is (`pg_advisory_lock`, `GET_LOCK`, `OFD lock`).
+    pub fn name(&self) -> &'static str {
+        match self.lock {
+            NativeLock::Advisory(_) => "pg_advisory_lock handoff",
+            NativeLock::Named(_) => "GET_LOCK handoff",
+            #[cfg(feature = "sqlite")]
+            NativeLock::File(..) => "OFD lock handoff (2 descriptions)",
+        }
+    }
+
+    /// One handoff: the holder takes the lock, the waiter asks for it and queues, the
+    /// holder releases. Returns the time from the holder's release being answered until
+    /// the waiter's lock call is answered (on SQLite: until the waiter's blocking thread
+    /// hands the lock back to its task); the waiter then releases (not timed).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if a statement fails, the waiter got the lock while it was held,
+    /// or the handoff takes longer than `limit`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future halfway may leave the lock held by a probe connection until the
+    /// probe is dropped.
+    pub async fn handoff(&mut self, limit: Duration) -> Result<Duration> {
+        let kind = self.kind;
+        let run = async {
+            match &self.lock {
+                #[cfg(feature = "sqlite")]
+                NativeLock::File(key, _) => file_handoff(kind, key).await,
+                NativeLock::Advisory(key) => {
+                    let (lock, unlock) = (
+                        format!("SELECT pg_advisory_lock({key})"),
+                        format!("SELECT pg_advisory_unlock({key})"),
+                    );
+                    sql_handoff(kind, &mut self.holder, &mut self.waiter, &lock, &unlock).await
+                }
+                NativeLock::Named(name) => {
+                    let (lock, unlock) = (
+                        format!("DO GET_LOCK('{name}', 60)"),
+                        format!("DO RELEASE_LOCK('{name}')"),
+                    );
+                    sql_handoff(kind, &mut self.holder, &mut self.waiter, &lock, &unlock).await
+                }
+            }
+        };
+        tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
+            Err(Error::backend(
+                kind.name(),
+                format!("a native lock handoff took longer than {limit:?}"),
+            ))
+        })
+    }
+}
+
+impl Drop for SqlHandoffProbe {
+    fn drop(&mut self) {
+        match &self.lock {
+            // The probe's own lock file, unlocked: nobody else uses it.
+            #[cfg(feature = "sqlite")]
+            NativeLock::File(_, path) => {
+                let _ = std::fs::remove_file(path);
+            }
+            NativeLock::Advisory(_) | NativeLock::Named(_) => {}
+        }
+    }
+}
+
+async fn sql_handoff(
+    kind: Backend,
+    holder: &mut Option<ProbeConn>,
+    waiter: &mut Option<ProbeConn>,
+    lock: &str,
+    unlock: &str,
+) -> Result<Duration> {
+    let (Some(holder), Some(waiter)) = (holder.as_mut(), waiter.as_mut()) else {
+        return Err(Error::InvalidState(
+            "the handoff probe has no connections".into(),
+        ));
+    };
+    let failed = |what: &str, e: diesel::result::Error| {
+        Error::backend_source(kind.name(), format!("handoff floor: {what}"), true, e)
+    };
+    holder
+        .execute(lock)
+        .await
+        .map_err(|e| failed("holder lock", e))?;
+    let took = {
+        let mut wait = std::pin::pin!(waiter.execute(lock));
+        tokio::select! {
+            r = &mut wait => {
+                r.map_err(|e| failed("waiter lock", e))?;
+                return Err(Error::backend(
+                    kind.name(),
+                    "handoff floor: the waiter got the lock while the holder held it",
+                ));
+            }
+            () = tokio::time::sleep(QUEUE_SETTLE) => {}
+        }
+        holder
+            .execute(unlock)
+            .await
+            .map_err(|e| failed("holder unlock", e))?;
+        let released = tokio::time::Instant::now();
+        wait.await.map_err(|e| failed("waiter lock", e))?;
+        released.elapsed()
+    };
+    waiter
+        .execute(unlock)
+        .await
+        .map_err(|e| failed("waiter unlock", e))?;
+    Ok(took)
+}
+
+#[cfg(feature = "sqlite")]
+async fn file_handoff(kind: Backend, key: &crate::sqlite::FileKey) -> Result<Duration> {
+    let failed = |e: String| Error::backend(kind.name(), format!("handoff floor: {e}"));
+    let Some(held) = key.try_lock().await.map_err(failed)? else {
+        return Err(failed(
+            "the floor's lock file is locked by someone else".into(),
+        ));
+    };
+    let mut wait = key.wait();
+    tokio::select! {
+        r = &mut wait => {
+            drop(r);
+            drop(held);
+            return Err(failed("the waiter got the lock while the holder held it".into()));
+        }
+        () = tokio::time::sleep(QUEUE_SETTLE) => {}
+    }
+    // Closing the holder's description unlocks.
+    drop(held);
+    let released = tokio::time::Instant::now();
+    let got = wait
+        .await
+        .map_err(|e| failed(format!("lock file task: {e}")))?
+        .map_err(failed)?;
+    let took = released.elapsed();
+    drop(got);
+    Ok(took)
+}
+
+impl ProbeConn {
+    /// Runs `sql` (one statement, its result discarded): one round trip.
+    async fn execute(&mut self, sql: &str) -> diesel::QueryResult<()> {
+        use diesel_async::SimpleAsyncConnection;
+        let _ = sql;
+        match self {
+            #[cfg(feature = "mysql")]
+            ProbeConn::Mysql(c) => c.batch_execute(sql).await,
+            #[cfg(feature = "postgres")]
+            ProbeConn::Postgres(c) => c.batch_execute(sql).await,
+            #[cfg(feature = "sqlite")]
+            ProbeConn::Sqlite(c) => c.batch_execute(sql).await,
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            ProbeConn::Never(never) => match *never {},
+        }
+    }
+}

@@ -174,6 +174,9 @@ impl Probe for RedisProbe {
                     Some(p) => p.round_trip(limit).await,
                     None => Err(unsupported_floor(BACKEND, floor)),
                 },
+                // Redis has no wait queue of its own: the bench adds the pub/sub delivery
+                // and a round trip instead.
+                Floor::Handoff => Err(unsupported_floor(BACKEND, floor)),
             }
         })
     }

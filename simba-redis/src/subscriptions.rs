@@ -285,6 +285,7 @@ impl Subscriptions {
             },
             _ => return,
         };
+        simba_core::hops::record(simba_core::hops::Hop::PushReceived, &message.channel);
         let Some(notice) = parse_notice(text) else {
             trace!(channel = %message.channel, "ignoring message {text:?}");
             return;

@@ -107,9 +107,9 @@ impl Connection for ZkConnection {
         None
     }
 
-    fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+    fn probe<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
         Box::pin(async move {
-            let probe = ZkProbe::connect(self.factory.config()).await?;
+            let probe = ZkProbe::connect(self.factory.config(), name).await?;
             Ok(Box::new(ZkFloors(probe)) as Box<dyn Probe>)
         })
     }
@@ -119,7 +119,8 @@ impl Connection for ZkConnection {
     }
 }
 
-/// ZooKeeper's floor: `exists("/")` on a session of its own.
+/// ZooKeeper's floors: `exists("/")` on a session of its own, and a handoff between it
+/// and a second session.
 struct ZkFloors(ZkProbe);
 
 impl Probe for ZkFloors {
@@ -128,13 +129,22 @@ impl Probe for ZkFloors {
     }
 
     fn floors(&self) -> Vec<Floor> {
-        vec![Floor::RoundTrip]
+        vec![Floor::RoundTrip, Floor::Handoff]
+    }
+
+    fn handoff_name(&self) -> &'static str {
+        "watch on a deleted node + create"
+    }
+
+    fn handoff(&mut self, limit: Duration) -> BoxFuture<'_, Result<Duration>> {
+        Box::pin(self.0.handoff(limit))
     }
 
     fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             match floor {
                 Floor::RoundTrip => self.0.exists(limit).await,
+                Floor::Handoff => self.0.handoff(limit).await.map(drop),
                 other => Err(unsupported_floor(BACKEND, other)),
             }
         })

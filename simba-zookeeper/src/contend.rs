@@ -8,6 +8,7 @@ use std::time::Duration;
 use simba_core::backend::{
     BoxFuture, ContendHandle, OwnershipTracker, Reporter, ServiceHandle, ServiceStatus,
 };
+use simba_core::hops::Hop;
 use simba_core::metrics::FailureKind;
 use simba_core::{Contender, LossReason, MutexOwner, MutexState, Result};
 use tokio::sync::watch;
@@ -155,6 +156,7 @@ impl Recipe for Latch {
     fn on_watch(&mut self) {
         debug!("watch fired");
         if self.predecessor_owns {
+            simba_core::hops::record(Hop::WaiterWoken, self.parent());
             // The owner's node changed or went: the handoff to this waiter begins.
             self.tracker.handoff_begins();
         }
@@ -412,6 +414,14 @@ impl Latch {
     /// One pass of the recipe: make sure our node exists, list the children, then own or
     /// watch the predecessor.
     async fn pass(&mut self) -> Result<Step> {
+        simba_core::hops::record(Hop::AcquireSent, self.parent());
+        let step = self.pass_calls().await;
+        simba_core::hops::record(Hop::AcquireAnswered, self.parent());
+        step
+    }
+
+    /// The calls of [`pass`](Self::pass).
+    async fn pass_calls(&mut self) -> Result<Step> {
         let on_event = self.schedule.begin_check();
         self.predecessor_owns = false;
         *self.last_fail.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -675,10 +685,12 @@ impl Latch {
                 leftovers.push(node.token);
                 continue;
             }
-            match self
+            simba_core::hops::record(Hop::ReleaseSent, &node.path);
+            let deleted = self
                 .traced("delete", &node.path, core.zk().delete(&node.path, None))
-                .await
-            {
+                .await;
+            simba_core::hops::record(Hop::ReleaseAnswered, &node.path);
+            match deleted {
                 Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
                     debug!(path = %node.path, "stop: node deleted");
                 }

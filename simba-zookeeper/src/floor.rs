@@ -3,14 +3,17 @@
 //!
 //! [`ZkProbe`] opens a session of its own, with the same client library and the same
 //! servers as a [`ZkFactory`](crate::ZkFactory), so that each [`ZkProbe::exists`] is one
-//! request and its answer on the same kind of connection.
+//! request and its answer on the same kind of connection; [`ZkProbe::handoff`] hands an
+//! ephemeral node over to a second session through a watch, ZooKeeper's own wait queue.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::{Error, Result};
-use zookeeper_async::{WatchedEvent, ZooKeeper};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use zookeeper_async::{Acl, CreateMode, WatchedEvent, ZkError, ZooKeeper};
 
 use crate::config::ZkConfig;
 use crate::session::BACKEND;
@@ -19,7 +22,12 @@ use crate::session::BACKEND;
 /// probe is dropped (in the background) or by [`ZkProbe::close`].
 pub(crate) struct ZkProbe {
     zk: Arc<ZooKeeper>,
+    /// The second session of the handoff floor, opened by the first [`ZkProbe::handoff`].
+    waiter: Option<Arc<ZooKeeper>>,
     servers: String,
+    session_timeout: Duration,
+    /// The ephemeral node the handoff floor hands over.
+    node: String,
     closed: bool,
 }
 
@@ -42,7 +50,7 @@ impl ZkProbe {
     /// # Cancel safety
     /// Dropping the future may leave a half-open client that the server expires after the
     /// session timeout.
-    pub(crate) async fn connect(config: &ZkConfig) -> Result<ZkProbe> {
+    pub(crate) async fn connect(config: &ZkConfig, name: &str) -> Result<ZkProbe> {
         let resolved = config.resolve()?;
         let servers = resolved
             .hosts
@@ -56,41 +64,93 @@ impl ZkProbe {
             })
             .collect::<Vec<_>>()
             .join(",");
-        let deadline = tokio::time::Instant::now() + config.connect_timeout;
-        let connect = ZooKeeper::connect_with_retry_time(
-            &servers,
-            config.session_timeout,
-            |_event: WatchedEvent| {},
-            Duration::from_millis(250),
-        );
-        let zk = match tokio::time::timeout_at(deadline, connect).await {
-            Ok(Ok(zk)) => Arc::new(zk),
-            Ok(Err(e)) => {
-                return Err(Error::backend_source(
+        let zk = session(&servers, config.session_timeout, config.connect_timeout).await?;
+        Ok(ZkProbe {
+            zk,
+            waiter: None,
+            servers,
+            session_timeout: config.session_timeout,
+            node: format!("/simba-bench-floor-{name}"),
+            closed: false,
+        })
+    }
+
+    /// One handoff of an ephemeral node between two sessions, the way a lock recipe hands
+    /// over: the first session creates the node, the second sets a watch on it, the first
+    /// deletes it, and when the watch fires the second creates it. Returns the time from
+    /// the delete being answered until the second create is answered; the second session
+    /// then deletes the node (not timed). The node is `/simba-bench-floor-{name}`, open to
+    /// all (the probe's sessions carry no credentials).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if a request fails, or the handoff takes longer than `limit`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the ephemeral node until the probe's sessions close.
+    pub(crate) async fn handoff(&mut self, limit: Duration) -> Result<Duration> {
+        let waiter = match &self.waiter {
+            Some(w) => w.clone(),
+            None => {
+                let w = session(&self.servers, self.session_timeout, limit).await?;
+                self.waiter = Some(w.clone());
+                w
+            }
+        };
+        let holder = self.zk.clone();
+        let node = self.node.clone();
+        let failed = |what: &str, e: ZkError| {
+            Error::backend_source(BACKEND, format!("probe: {what} {node}"), true, e)
+        };
+        let run = async {
+            let create = |zk: Arc<ZooKeeper>| {
+                let node = node.clone();
+                async move {
+                    zk.create(
+                        &node,
+                        Vec::new(),
+                        Acl::open_unsafe().clone(),
+                        CreateMode::Ephemeral,
+                    )
+                    .await
+                }
+            };
+            create(holder.clone())
+                .await
+                .map_err(|e| failed("create", e))?;
+            let (fired_tx, fired) = oneshot::channel();
+            let watched = waiter
+                .exists_w(&node, move |_e: WatchedEvent| {
+                    let _ = fired_tx.send(());
+                })
+                .await
+                .map_err(|e| failed("exists_w", e))?;
+            if watched.is_none() {
+                return Err(Error::backend(
                     BACKEND,
-                    format!("probe: connecting to {servers}"),
-                    true,
-                    e,
+                    format!("probe: {node} vanished before the watch was set"),
                 ));
             }
-            Err(_) => return Err(no_answer(&servers, "connecting")),
+            holder
+                .delete(&node, None)
+                .await
+                .map_err(|e| failed("delete", e))?;
+            let released = Instant::now();
+            fired.await.map_err(|_| {
+                Error::backend(BACKEND, format!("probe: the watch on {node} never fired"))
+            })?;
+            create(waiter.clone())
+                .await
+                .map_err(|e| failed("create (waiter)", e))?;
+            let took = released.elapsed();
+            waiter
+                .delete(&node, None)
+                .await
+                .map_err(|e| failed("delete (waiter)", e))?;
+            Ok(took)
         };
-        let probe = ZkProbe {
-            zk,
-            servers,
-            closed: false,
-        };
-        // The first answered request proves the session is established.
-        match tokio::time::timeout_at(deadline, probe.zk.exists("/", false)).await {
-            Ok(Ok(_)) => Ok(probe),
-            Ok(Err(e)) => Err(Error::backend_source(
-                BACKEND,
-                format!("probe: establishing a session with {}", probe.servers),
-                true,
-                e,
-            )),
-            Err(_) => Err(no_answer(&probe.servers, "establishing a session")),
-        }
+        tokio::time::timeout(limit, run)
+            .await
+            .unwrap_or_else(|_| Err(no_answer(&self.servers, "a handoff")))
     }
 
     /// `exists("/")`: one request and its answer.
@@ -118,6 +178,9 @@ impl ZkProbe {
     pub(crate) async fn close(mut self) -> Result<()> {
         self.closed = true;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.zk.close()).await;
+        if let Some(w) = self.waiter.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), w.close()).await;
+        }
         Ok(())
     }
 }
@@ -129,10 +192,52 @@ impl Drop for ZkProbe {
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             let zk = self.zk.clone();
+            let waiter = self.waiter.take();
             rt.spawn(async move {
                 let _ = tokio::time::timeout(Duration::from_secs(2), zk.close()).await;
+                if let Some(w) = waiter {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), w.close()).await;
+                }
             });
         }
+    }
+}
+
+/// A session with `servers`, established (one request answered) within `connect_timeout`.
+async fn session(
+    servers: &str,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<Arc<ZooKeeper>> {
+    let deadline = tokio::time::Instant::now() + connect_timeout;
+    let connect = ZooKeeper::connect_with_retry_time(
+        servers,
+        session_timeout,
+        |_event: WatchedEvent| {},
+        Duration::from_millis(250),
+    );
+    let zk = match tokio::time::timeout_at(deadline, connect).await {
+        Ok(Ok(zk)) => Arc::new(zk),
+        Ok(Err(e)) => {
+            return Err(Error::backend_source(
+                BACKEND,
+                format!("probe: connecting to {servers}"),
+                true,
+                e,
+            ));
+        }
+        Err(_) => return Err(no_answer(servers, "connecting")),
+    };
+    // The first answered request proves the session is established.
+    match tokio::time::timeout_at(deadline, zk.exists("/", false)).await {
+        Ok(Ok(_)) => Ok(zk),
+        Ok(Err(e)) => Err(Error::backend_source(
+            BACKEND,
+            format!("probe: establishing a session with {servers}"),
+            true,
+            e,
+        )),
+        Err(_) => Err(no_answer(servers, "establishing a session")),
     }
 }
 

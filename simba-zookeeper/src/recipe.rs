@@ -60,7 +60,11 @@ impl Schedule {
         self.generation += 1;
         let generation = self.generation;
         let tx = self.tx.clone();
-        move |_e: WatchedEvent| {
+        move |e: WatchedEvent| {
+            if simba_core::hops::enabled() {
+                let path = e.path.as_deref().unwrap_or_default();
+                simba_core::hops::record(simba_core::hops::Hop::PushReceived, path);
+            }
             let _ = tx.send(generation);
         }
     }

@@ -23,6 +23,27 @@ pub(crate) struct Floors {
     pub(crate) pubsub: Option<Samples>,
     /// Where the backend has a script-less lock (Redis: `SET NX PX` + `DEL`).
     pub(crate) raw_lock: Option<Samples>,
+    /// Where the backend has a wait queue of its own: two sessions handing its lock over,
+    /// from the release answered to the waiter's lock answered.
+    pub(crate) handoff: Option<Samples>,
+    /// What [`handoff`](Floors::handoff) is.
+    pub(crate) handoff_what: &'static str,
+    /// The engine alone (over `MemoryStore`): acquire + release p50, µs.
+    pub(crate) engine_uncontended: Option<f64>,
+    /// The engine alone (over `MemoryStore`): handoff p50, µs.
+    pub(crate) engine_handoff: Option<f64>,
+}
+
+impl Floors {
+    /// The handoff floor's p50 and what it is: the native handoff where measured, else
+    /// (Redis) a pub/sub delivery plus one round trip.
+    pub(crate) fn handoff_floor(&self) -> Option<(f64, &'static str)> {
+        if let Some(p) = self.handoff.as_ref().and_then(Samples::p50) {
+            return Some((p, self.handoff_what));
+        }
+        let pubsub = self.pubsub.as_ref().and_then(Samples::p50)?;
+        Some((pubsub + self.rtt.p50()?, "pub/sub delivery + round trip"))
+    }
 }
 
 /// Measures `n` samples of each floor the backend's probe offers (after a warm-up).
@@ -35,11 +56,17 @@ pub(crate) async fn measure(conn: &dyn Connection, n: usize, run: &str) -> anyho
     // Every floor, then close the probe whatever happened: the first failure is reported.
     let measured = async {
         for floor in probe.floors() {
+            if floor == Floor::Handoff {
+                floors.handoff_what = probe.handoff_name();
+                floors.handoff = Some(sample_handoff(probe.as_mut(), n).await?);
+                continue;
+            }
             let samples = sample(probe.as_mut(), floor, n).await?;
             match floor {
                 Floor::RoundTrip => floors.rtt = samples,
                 Floor::PubSub => floors.pubsub = Some(samples),
                 Floor::RawLock => floors.raw_lock = Some(samples),
+                Floor::Handoff => {}
             }
         }
         anyhow::Ok(())
@@ -66,4 +93,38 @@ async fn sample(probe: &mut dyn Probe, floor: Floor, n: usize) -> anyhow::Result
 /// Warm-up rounds before `n` measured ones.
 pub(crate) fn warm_up(n: usize) -> usize {
     (n / 10).clamp(1, 200)
+}
+
+/// `n` handoffs of the backend's own lock after a warm-up (each times itself: the setup of
+/// a handoff is not part of it).
+async fn sample_handoff(probe: &mut dyn Probe, n: usize) -> anyhow::Result<Samples> {
+    let mut samples = Samples::with_capacity(n);
+    for i in 0..warm_up(n) + n {
+        let took = probe.handoff(PROBE_LIMIT).await?;
+        if i >= warm_up(n) {
+            samples.push(took);
+        }
+    }
+    Ok(samples)
+}
+
+/// The SQL backends' handoff floor (PostgreSQL `pg_advisory_lock`, MySQL/MariaDB
+/// `GET_LOCK`, SQLite an OFD lock), on connections of its own to `url`.
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub(crate) async fn sql_handoff(
+    url: &str,
+    n: usize,
+    run: &str,
+) -> anyhow::Result<(&'static str, Samples)> {
+    let store = simba_jdbc::SqlStore::connect_lazy(simba_jdbc::SqlConfig::new(url))?;
+    let mut probe = store.handoff_probe(run).await?;
+    let mut samples = Samples::with_capacity(n);
+    for i in 0..warm_up(n) + n {
+        let took = probe.handoff(PROBE_LIMIT).await?;
+        if i >= warm_up(n) {
+            samples.push(took);
+        }
+    }
+    let what = probe.name();
+    Ok((what, samples))
 }

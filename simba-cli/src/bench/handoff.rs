@@ -43,19 +43,30 @@ struct Record {
     released: Instant,
 }
 
-pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
-    let contenders = ctx.args.contenders as usize;
+/// What contenders taking turns on one mutex measured.
+pub(super) struct Contended {
+    pub(super) contenders: usize,
+    /// Release returned → the next owner's acquire returned, when another contender won.
+    pub(super) handoff: Samples,
+    pub(super) per: Vec<u64>,
+    pub(super) barged: usize,
+    pub(super) transitions: usize,
+    pub(super) jain: Option<f64>,
+    pub(super) acq_per_s: Option<f64>,
+    pub(super) ideal: Option<f64>,
+    pub(super) hold_mean: Option<f64>,
+    pub(super) measured: usize,
+    pub(super) owns: usize,
+    pub(super) safety: stats::Safety,
+}
+
+/// Runs `lockers` (one per contender, each on its own factory) in turns until
+/// `--iterations` acquisitions after a warm-up, each holding for `--hold`.
+pub(super) async fn contend(ctx: &Ctx, lockers: Vec<Locker>) -> anyhow::Result<Contended> {
+    let contenders = lockers.len();
     let target = ctx.iterations();
     let warm = (target / 20).clamp(contenders, 100);
     let hold = ctx.args.hold;
-    let mutex = ctx.mutex("handoff");
-    let mut lockers = Vec::new();
-    let mut polls = false;
-    for _ in 0..contenders {
-        let b = ctx.connect(ctx.timing()).await?;
-        polls = b.polls();
-        lockers.push(Locker::new(b.factory(), &mutex)?);
-    }
     let records = Arc::new(Mutex::new(Vec::with_capacity(warm + target + contenders)));
     let count = Arc::new(AtomicUsize::new(0));
     let stop = CancellationToken::new();
@@ -121,7 +132,6 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
         holds.push(r.own.end - r.own.start);
     }
     let transitions = barged + handoff.len();
-    let barging = barged as f64 * 100.0 / transitions.max(1) as f64;
     let jain = stats::jain(&per);
     let window = match (measured.first(), measured.last()) {
         (Some(a), Some(b)) => (b.released - a.own.start).as_secs_f64(),
@@ -130,13 +140,50 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
     let acq_per_s = (window > 0.0).then(|| measured.len() as f64 / window);
     let hold_mean = holds.mean();
     let ideal = hold_mean.map(|h| 1e6 / h);
-    let goal = match (
-        floors.pubsub.as_ref().and_then(Samples::p50),
-        floors.rtt.p50(),
-    ) {
-        (Some(p), Some(r)) => Some(p + r),
-        _ => None,
-    };
+    Ok(Contended {
+        contenders,
+        handoff,
+        per,
+        barged,
+        transitions,
+        jain,
+        acq_per_s,
+        ideal,
+        hold_mean,
+        measured: measured.len(),
+        owns: owns.len(),
+        safety,
+    })
+}
+
+pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
+    let contenders = ctx.args.contenders as usize;
+    let hold = ctx.args.hold;
+    let mutex = ctx.mutex("handoff");
+    let mut lockers = Vec::new();
+    let mut polls = false;
+    for _ in 0..contenders {
+        let b = ctx.connect(ctx.timing()).await?;
+        polls = b.polls();
+        lockers.push(Locker::new(b.factory(), &mutex)?);
+    }
+    let Contended {
+        contenders,
+        handoff,
+        per,
+        barged,
+        transitions,
+        jain,
+        acq_per_s,
+        ideal,
+        hold_mean,
+        measured,
+        owns,
+        safety,
+    } = contend(ctx, lockers).await?;
+    let barging = barged as f64 * 100.0 / transitions.max(1) as f64;
+    let native = floors.handoff_floor();
+    let goal = native.map(|(f, _)| f + 1.5 * floors.rtt.p50().unwrap_or(0.0));
 
     let mut s = Section {
         unsafe_: safety.overlaps > 0 || safety.fence_regressions > 0,
@@ -146,7 +193,7 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
         ("contenders", json!(contenders)),
         ("hold_us", num(Some(hold.as_secs_f64() * 1e6))),
         ("hold_mean_us", num(hold_mean)),
-        ("acquisitions", json!(measured.len())),
+        ("acquisitions", json!(measured)),
         ("handoffs", json!(handoff.len())),
         ("p50_us", num(handoff.p50())),
         ("p99_us", num(handoff.p99())),
@@ -162,7 +209,17 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
         ("per_contender", json!(per)),
         ("overlaps", json!(safety.overlaps)),
         ("fence_regressions", json!(safety.fence_regressions)),
-        ("pubsub_plus_rtt_us", num(goal)),
+        ("native_handoff_floor_us", num(native.map(|n| n.0))),
+        ("native_handoff_floor", json!(native.map(|n| n.1))),
+        ("goal_p50_us", num(goal)),
+        (
+            "p50_minus_floor_per_rtt",
+            num(match (handoff.p50(), native, floors.rtt.p50()) {
+                (Some(p), Some((f, _)), Some(r)) if r > 0.0 => Some((p - f) / r),
+                _ => None,
+            }),
+        ),
+        ("p99_per_p50", num(ratio(handoff.p99(), handoff.p50()))),
         (
             "waiters_poll_ms",
             if polls {
@@ -174,21 +231,29 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
     ] {
         s.json.insert(k.into(), v);
     }
-    let beside = match goal {
-        Some(g) => format!("pub/sub + round trip = {}", us(Some(g))),
-        None => format!(
-            "{:.1} round trips ({} p50 {}){}",
+    let poll_note = if polls {
+        format!(
+            "; waiters poll every {}",
+            crate::duration::show(ctx.args.poll)
+        )
+    } else {
+        String::new()
+    };
+    let beside = match (native, goal) {
+        (Some((f, what)), Some(g)) => format!(
+            "floor {} ({what}); goal ≤ floor + 1.5 round trips = {}; {:.1} round trips over the floor{poll_note}",
+            us(Some(f)),
+            us(Some(g)),
+            handoff
+                .p50()
+                .zip(floors.rtt.p50())
+                .map_or(0.0, |(p, r)| (p - f) / r),
+        ),
+        _ => format!(
+            "{:.1} round trips ({} p50 {}){poll_note}",
             ratio(handoff.p50(), floors.rtt.p50()).unwrap_or(0.0),
             floors.rtt_what,
             us(floors.rtt.p50()),
-            if polls {
-                format!(
-                    "; waiters poll every {}",
-                    crate::duration::show(ctx.args.poll)
-                )
-            } else {
-                String::new()
-            }
         ),
     };
     s.rows.push(Row::new(
@@ -196,6 +261,14 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
         format!("{} / {}", us(handoff.p50()), us(handoff.p99())),
         beside,
     ));
+    if let Some(e) = floors.engine_handoff {
+        s.json.insert("engine_p50_us".into(), num(Some(e)));
+        s.rows.push(Row::new(
+            "  of which the engine (memory floor)",
+            us(Some(e)),
+            "handoff over MemoryStore, same run",
+        ));
+    }
     s.rows.push(Row::new(
         "barging",
         format!("{barging:.1} %"),
@@ -219,7 +292,7 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
     s.rows.push(Row::new(
         "overlaps / fence regressions",
         format!("{} / {}", safety.overlaps, safety.fence_regressions),
-        format!("{} ownerships checked (must be 0)", owns.len()),
+        format!("{owns} ownerships checked (must be 0)"),
     ));
     Ok(s)
 }

@@ -2,13 +2,19 @@
 //! URL (the repository's `docs/performance.md` lists the figures it gave).
 //!
 //! Every figure is reported beside the floor it compares to, measured in the same run:
-//! one bare round trip of the backend (`PING`, `SELECT 1`, `exists`), and on Redis the
-//! pub/sub delivery and a raw `SET NX PX` + `DEL` lock. Timing uses the monotonic clock;
+//! one bare round trip of the backend (`PING`, `SELECT 1`, `exists`); the backend's own
+//! lock handed over between two sessions where it has one (PostgreSQL
+//! `pg_advisory_lock`, MySQL/MariaDB `GET_LOCK`, SQLite an OFD lock, ZooKeeper a watch on
+//! a deleted node + create); on Redis the pub/sub delivery and a raw `SET NX PX` + `DEL`
+//! lock; and the `memory` floor, the engine alone over `MemoryStore` beside a bare tokio
+//! wake-up. `--explain` breaks a handoff into its hops. Timing uses the monotonic clock;
 //! percentiles are nearest-rank over the sorted samples.
 
+mod explain;
 mod failover;
 mod floor;
 mod handoff;
+mod memory;
 mod scale;
 mod stats;
 mod uncontended;
@@ -179,8 +185,35 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
             None
         }
     };
+    let mut floors = floors;
+    if let Some(f) = floors.as_mut()
+        && is_sql(ctx.kind)
+    {
+        match sql_handoff(&ctx).await {
+            Ok(Some((what, samples))) => {
+                f.handoff_what = what;
+                f.handoff = Some(samples);
+            }
+            Ok(None) => {}
+            Err(e) => ctx.progress(format!("the native handoff floor failed: {e:#}")),
+        }
+    }
+    let timed = |s: &Scenario| matches!(s, Scenario::Uncontended | Scenario::Handoff);
+    if scenarios.iter().any(timed) || ctx.args.explain {
+        ctx.progress("memory floor (the engine over MemoryStore)");
+        match memory::measure(&ctx, scenarios.contains(&Scenario::Handoff)).await {
+            Ok(m) => {
+                if let Some(f) = floors.as_mut() {
+                    f.engine_uncontended = m.uncontended.p50();
+                    f.engine_handoff = m.handoff.as_ref().and_then(|h| h.handoff.p50());
+                }
+                table.push(("memory", Ok(memory::section(&m))));
+            }
+            Err(e) => table.push(("memory", Err(format!("{e:#}")))),
+        }
+    }
     if let Some(f) = &floors {
-        table.push(("floor", Ok(floor_section(f))));
+        table.insert(0, ("floor", Ok(floor_section(f))));
     }
     // One acquisition before the scenarios: a fresh Redis keeps every free mutex for one
     // lease after its first use (the restart quarantine), which no scenario should time.
@@ -217,6 +250,11 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
             Scenario::Scale => scale::run(&ctx, &main, floors_ref).await,
         };
         table.push((name, result.map_err(|e| format!("{e:#}"))));
+    }
+    if ctx.args.explain {
+        ctx.progress("explain");
+        let result = explain::run(&ctx, floors_ref).await;
+        table.push(("explain", result.map_err(|e| format!("{e:#}"))));
     }
 
     let mut failed = false;
@@ -297,6 +335,19 @@ fn floor_section(f: &Floors) -> Section {
             how,
         ));
     }
+    if let Some(h) = &f.handoff {
+        s.json.insert("handoff_op".into(), json!(f.handoff_what));
+        s.json.insert("handoff_p50_us".into(), num(h.p50()));
+        s.json.insert("handoff_p99_us".into(), num(h.p99()));
+        s.rows.push(Row::new(
+            "native handoff p50 / p99",
+            format!("{} / {}", us(h.p50()), us(h.p99())),
+            format!(
+                "{}: release answered → waiter's lock answered",
+                f.handoff_what
+            ),
+        ));
+    }
     if let Some(r) = &f.raw_lock {
         s.json.insert("raw_lock_p50_us".into(), num(r.p50()));
         s.json.insert("raw_lock_p99_us".into(), num(r.p99()));
@@ -358,4 +409,22 @@ fn render(
         }
     }
     out
+}
+
+/// Whether `kind` is one of simba-jdbc's backends.
+fn is_sql(kind: &str) -> bool {
+    matches!(kind, "postgres" | "mysql" | "sqlite")
+}
+
+/// The SQL backends' native handoff floor (see [`floor::sql_handoff`]).
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+async fn sql_handoff(ctx: &Ctx) -> anyhow::Result<Option<(&'static str, stats::Samples)>> {
+    floor::sql_handoff(&ctx.url, ctx.iterations(), &ctx.run)
+        .await
+        .map(Some)
+}
+
+#[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
+async fn sql_handoff(_ctx: &Ctx) -> anyhow::Result<Option<(&'static str, stats::Samples)>> {
+    Ok(None)
 }

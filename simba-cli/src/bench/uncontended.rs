@@ -87,6 +87,14 @@ pub(super) async fn run(ctx: &Ctx, main: &Backend, floors: &Floors) -> anyhow::R
         format!("{} / {}", us(acquire.p50()), us(release.p50())),
         "",
     ));
+    if let Some(e) = floors.engine_uncontended {
+        s.json.insert("engine_p50_us".into(), num(Some(e)));
+        s.rows.push(Row::new(
+            "  of which the engine (memory floor)",
+            us(Some(e)),
+            "acquire + release over MemoryStore, same run",
+        ));
+    }
     s.rows.push(Row::new(
         "cycles per second",
         format!("{ops:.0}"),

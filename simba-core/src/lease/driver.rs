@@ -12,6 +12,7 @@ use tracing::{Instrument, Span, debug, info, warn};
 use super::service::{OBSERVE_FLOOR, Shared};
 use crate::backend::OwnershipTracker;
 use crate::error::{Error, LossReason, Result};
+use crate::hops::Hop;
 use crate::metrics::FailureKind;
 use crate::owner::{ContendPeriod, MutexOwner};
 use crate::rt::{sleep_until, timeout};
@@ -216,6 +217,7 @@ impl<S: LeaseStore> Driver<S> {
                 // Observers re-read on every event, contenders contend again.
                 debug!(?ev, "store event: looking now");
                 if ev == StoreEvent::Released && self.contending() {
+                    crate::hops::record(Hop::WaiterWoken, &self.shared.mutex);
                     self.tracker.handoff_begins();
                 }
                 self.next = Instant::now();
@@ -291,6 +293,9 @@ impl<S: LeaseStore> Driver<S> {
             Some(d) if owning && self.contending() => Some(suspect_after(sent, d, request_timeout)),
             _ => None,
         };
+        if acquiring {
+            crate::hops::record(Hop::AcquireSent, &shared.mutex);
+        }
         let mut both = std::pin::pin!(both);
         let result = loop {
             break tokio::select! {
@@ -314,6 +319,9 @@ impl<S: LeaseStore> Driver<S> {
                 }
             };
         };
+        if acquiring {
+            crate::hops::record(Hop::AcquireAnswered, &shared.mutex);
+        }
         record_outcome(&span, &result.0, &shared.contender_id);
         result
     }
@@ -457,7 +465,10 @@ impl<S: LeaseStore> Driver<S> {
         let span = call_span(&shared, "release", fence);
         // Always release: a call dropped in flight may have made us owner unknowingly.
         let call = Box::pin(shared.store.release(mutex, me).instrument(span.clone()));
-        match timeout(bound, call).await {
+        crate::hops::record(Hop::ReleaseSent, mutex);
+        let released = timeout(bound, call).await;
+        crate::hops::record(Hop::ReleaseAnswered, mutex);
+        match released {
             Ok(Ok(done)) => {
                 span.record("outcome", if done { "released" } else { "not_owner" });
                 debug!(released = done, "stop: release");
