@@ -9,7 +9,7 @@ use etcd_client::{
 };
 use simba_core::backend::{BoxFuture, LeaseReply};
 use simba_core::connect::{
-    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe,
+    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe, unsupported_floor,
 };
 use simba_core::{ContendServiceFactory, Error, Result};
 
@@ -268,6 +268,9 @@ impl Probe for EtcdProbe {
                     };
                     bounded("probe: put-if-absent + delete", limit, t).await
                 }
+                // Not in `floors`: the bench's handoff row compares etcd with its watch
+                // delivery plus round trips instead.
+                Floor::Handoff => Err(unsupported_floor(BACKEND, Floor::Handoff)),
             }
         })
     }
