@@ -885,7 +885,6 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let t0 = Instant::now();
     let mut injected: Vec<(FaultKind, usize)> = Vec::new();
     let mut next_fault = t0 + cfg.fault_every;
-    let mut turn = 0usize;
     let mut fault_errors = Vec::new();
     let mut misses = 0u32;
     // The faults that can ever apply here: SQLite has no server and no connection, and a
@@ -900,31 +899,46 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
             _ => cfg.backend != ChaosBackend::Sqlite,
         })
         .collect();
+    // The kinds in the order they come: one that applied goes to the back; one that could
+    // not apply within the miss window (no owner for that long, say) comes back right
+    // after the next kind, so a short run still gets every kind in.
+    let mut queue: std::collections::VecDeque<FaultKind> = faults.iter().copied().collect();
+    // How many 50 ms ticks a kind waits for a moment it applies to: two leases (an owner
+    // is back within a lease after most faults) and at least 2 s.
+    let miss_window = ((run.lease() * 2).as_millis() / 50).max(40) as u32;
     while t0.elapsed() < cfg.duration {
         sleep(Duration::from_millis(50)).await;
         run.respawn_dead()?;
-        if Instant::now() >= next_fault && !faults.is_empty() {
-            let kind = faults[turn % faults.len()];
+        if Instant::now() >= next_fault {
+            let Some(kind) = queue.pop_front() else {
+                continue;
+            };
             match run.fault(kind, server.as_ref()).await {
-                Ok(true) => match injected.iter_mut().find(|(k, _)| *k == kind) {
-                    Some((_, n)) => *n += 1,
-                    None => injected.push((kind, 1)),
-                },
-                // Not now (no owner at this instant, say): the same fault at the next
-                // tick, for up to two seconds, so that every kind gets its turns.
-                Ok(false) if misses < 40 => {
+                Ok(true) => {
+                    match injected.iter_mut().find(|(k, _)| *k == kind) {
+                        Some((_, n)) => *n += 1,
+                        None => injected.push((kind, 1)),
+                    }
+                    queue.push_back(kind);
+                }
+                // Not now: the same kind at the next tick, within the miss window.
+                Ok(false) if misses < miss_window => {
                     misses += 1;
+                    queue.push_front(kind);
                     continue;
                 }
-                Ok(false) => {}
+                Ok(false) => {
+                    let at = queue.len().min(1);
+                    queue.insert(at, kind);
+                }
                 Err(e) => {
                     warn!(?kind, "fault failed: {e}");
                     if fault_errors.len() < 10 {
                         fault_errors.push(format!("{kind:?}: {e}"));
                     }
+                    queue.push_back(kind);
                 }
             }
-            turn += 1;
             misses = 0;
             next_fault = Instant::now() + cfg.fault_every;
         }
