@@ -71,6 +71,23 @@ impl Permits {
         }
     }
 
+    /// Takes `contender_id` out of the queue and, if `release`, out of the holders;
+    /// returns whether it held a permit (now freed). Wakes the waiters owed a permit.
+    fn remove(&mut self, contender_id: &str, release: bool) -> bool {
+        let held = self.holders.len();
+        if release {
+            self.holders.retain(|h| h.owner_id != contender_id);
+        }
+        let queued = self.queue.len();
+        self.queue.retain(|(id, _)| id != contender_id);
+        let released = self.holders.len() < held;
+        if released || self.queue.len() < queued {
+            // A freed permit, or a waiter gone that may have been owed one.
+            self.wake(self.free());
+        }
+        released
+    }
+
     fn free(&self) -> usize {
         usize::try_from(self.permits)
             .unwrap_or(usize::MAX)
@@ -337,18 +354,7 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
-        Ok(self.with_permits(semaphore, |p, _| {
-            let held = p.holders.len();
-            p.holders.retain(|h| h.owner_id != contender_id);
-            let queued = p.queue.len();
-            p.queue.retain(|(id, _)| id != contender_id);
-            let released = p.holders.len() < held;
-            if released || p.queue.len() < queued {
-                // A freed permit, or a waiter gone that may have been owed one.
-                p.wake(p.free());
-            }
-            released
-        }))
+        Ok(self.with_permits(semaphore, |p, _| p.remove(contender_id, true)))
     }
 
     async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
@@ -371,10 +377,11 @@ impl LeaseStore for MemoryStore {
         Ok(Some(rx))
     }
 
+    /// Leaves the queue only: a permit held stays held until its lease ends (the engine
+    /// leaves when it lost track of its permit).
     async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
-        self.permit_release(semaphore, contender_id)
-            .await
-            .map(|_| ())
+        self.with_permits(semaphore, |p, _| p.remove(contender_id, false));
+        Ok(())
     }
 }
 

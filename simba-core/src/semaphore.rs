@@ -863,6 +863,13 @@ mod tests {
                 .len(),
             1
         );
+        // Leaving the queue never frees a permit held (the engine leaves when it lost
+        // track of its permit: the lease frees it).
+        store.permit_leave("q", "b").await.expect("leave");
+        assert_eq!(
+            store.permit_owners("q").await.expect("owners").holders[0].owner_id,
+            "b"
+        );
         // Semaphores and mutexes of one name are apart.
         assert!(
             store

@@ -340,6 +340,41 @@ impl RedisStore {
         Ok(args)
     }
 
+    /// `sem_release.lua`: releases (or, `leave_only`, only leaves the queue), and wakes
+    /// one waiter per free permit.
+    async fn sem_release(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        leave_only: bool,
+    ) -> Result<bool> {
+        check(semaphore, contender_id)?;
+        let flag = |on: bool| if on { "1" } else { "0" }.to_owned();
+        let args = vec![
+            contender_id.to_owned(),
+            self.inner.publish.to_owned(),
+            HANDOFF_TRIES.to_string(),
+            flag(self.inner.subscriptions.is_some()),
+            flag(leave_only),
+        ];
+        let keys = self.inner.keys.semaphore_keys(semaphore);
+        let script = &self.inner.scripts.sem_release;
+        let reply = self
+            .eval_keys("semaphore release script", script, keys, args)
+            .await;
+        if let Some(subs) = &self.inner.subscriptions {
+            subs.request_sweep();
+        }
+        match reply? {
+            Value::Integer(1) => Ok(true),
+            Value::Integer(0) => Ok(false),
+            other => Err(crate::error::bad_reply(
+                "semaphore release script",
+                format_args!("expected 0 or 1, got {other:?}"),
+            )),
+        }
+    }
+
     /// The configuration this store was connected with.
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config
@@ -890,38 +925,7 @@ impl LeaseStore for RedisStore {
 
     /// `sem_release.lua`: owner-checked; wakes one waiter per free permit.
     async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
-        check(semaphore, contender_id)?;
-        let args = vec![
-            contender_id.to_owned(),
-            self.inner.publish.to_owned(),
-            HANDOFF_TRIES.to_string(),
-            if self.inner.subscriptions.is_some() {
-                "1"
-            } else {
-                "0"
-            }
-            .to_owned(),
-        ];
-        let keys = self.inner.keys.semaphore_keys(semaphore);
-        let reply = self
-            .eval_keys(
-                "semaphore release script",
-                &self.inner.scripts.sem_release,
-                keys,
-                args,
-            )
-            .await;
-        if let Some(subs) = &self.inner.subscriptions {
-            subs.request_sweep();
-        }
-        match reply? {
-            Value::Integer(1) => Ok(true),
-            Value::Integer(0) => Ok(false),
-            other => Err(crate::error::bad_reply(
-                "semaphore release script",
-                format_args!("expected 0 or 1, got {other:?}"),
-            )),
-        }
+        self.sem_release(semaphore, contender_id, false).await
     }
 
     async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
@@ -955,9 +959,10 @@ impl LeaseStore for RedisStore {
         subs.subscribe(channels, contender_id).await.map(Some)
     }
 
-    /// The release script, which takes a non-holder out of the queue.
+    /// The release script, leaving the queue only: a permit the caller holds is left to
+    /// its lease (the caller lost track of it).
     async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
-        self.permit_release(semaphore, contender_id)
+        self.sem_release(semaphore, contender_id, true)
             .await
             .map(|_| ())
     }

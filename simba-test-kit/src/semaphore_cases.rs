@@ -31,17 +31,17 @@ pub const SEMAPHORE_CASES: &[&str] = crate::__semaphore_cases!(names);
 #[macro_export]
 macro_rules! __semaphore_cases {
     (names) => {
-        $crate::__semaphore_cases!(@list names)
+        $crate::__semaphore_cases! { @list names }
     };
     (tests $source:expr) => {
-        $crate::__semaphore_cases!(@list tests $source)
+        $crate::__semaphore_cases! { @list tests $source }
     };
     (@list $($mode:tt)*) => {
-        $crate::__semaphore_cases!(@expand $($mode)*;
+        $crate::__semaphore_cases! { @expand $($mode)*;
             never_more_than_n, dead_holder_permit_returns, fences_increase_across_permits,
             permits_mismatch_refused, try_acquire_full_fails_at_once,
             timeout_gives_up_holding_nothing, release_wakes_a_waiter
-        )
+        }
     };
     (@expand names; $($case:ident),+) => {
         &[$(stringify!($case)),+]
@@ -265,28 +265,23 @@ pub async fn permits_mismatch_refused<S: StoreSource>(src: &S) -> CaseResult {
     let three = semaphore(src, config(src.pushes_release()), &name, 3).await?;
     let g = two.acquire_timeout(Duration::from_secs(20)).await?;
     let bound = Duration::from_secs(10);
-    let results = [
-        three.try_acquire().await,
-        three.acquire_timeout(bound).await,
-        timeout(bound, three.acquire())
-            .await
-            .map_err(|_| CaseError("acquire with a wrong count waited on".into()))?,
-    ];
-    for r in results {
-        match r {
-            Err(Error::PermitsMismatch {
-                asked: 3,
-                existing: 2,
-                ..
-            }) => {}
-            Err(e) => return Err(CaseError(format!("wrong count: {e}, not a mismatch"))),
-            Ok(_) => {
-                return Err(CaseError(
-                    "a contender with a wrong count got a permit".into(),
-                ));
-            }
-        }
-    }
+    let refused = |r: Result<simba_core::PermitGuard, Error>, how: &str| match r {
+        Err(Error::PermitsMismatch {
+            asked: 3,
+            existing: 2,
+            ..
+        }) => Ok(()),
+        Err(e) => Err(CaseError(format!(
+            "{how} with a wrong count: {e}, not a mismatch"
+        ))),
+        Ok(_) => Err(CaseError(format!("{how} with a wrong count got a permit"))),
+    };
+    refused(three.try_acquire().await, "try_acquire")?;
+    refused(three.acquire_timeout(bound).await, "acquire_timeout")?;
+    let waited = timeout(bound, three.acquire())
+        .await
+        .map_err(|_| CaseError("acquire with a wrong count waited on".into()))?;
+    refused(waited, "acquire")?;
     g.release().await?;
     let g = three.acquire_timeout(Duration::from_secs(20)).await?;
     let permits = two.holders().await?.permits;

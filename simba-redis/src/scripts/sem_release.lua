@@ -1,8 +1,11 @@
--- simba: release the caller's permit, or leave the wait queue (after sem_common).
+-- simba: release the caller's permit and leave the wait queue, or only leave the queue
+-- (after sem_common).
 --
 -- ARGV[1] contender id, ARGV[2] publish command ('PUBLISH' or 'SPUBLISH'),
 -- ARGV[3] how many queued waiters to try at most, ARGV[4] '1': waiters are pushed (a
--- waiter that no publish reaches died and leaves the queue); '0': waiters poll (no push).
+-- waiter that no publish reaches died and leaves the queue); '0': waiters poll (no push),
+-- ARGV[5] '1': only leave the queue (a permit the caller holds stays held until its lease
+-- ends: the caller lost track of it); '0': release.
 --
 -- Returns 1 when the caller held a permit (now freed), 0 otherwise. Safe to run twice.
 --
@@ -14,7 +17,7 @@ local publish = ARGV[2]
 local tries = tonumber(ARGV[3])
 local pushed = ARGV[4] == '1'
 
-local held = redis.call('ZSCORE', holders_key, id) ~= false
+local held = ARGV[5] ~= '1' and redis.call('ZSCORE', holders_key, id) ~= false
 local permits = agreed()
 if held then
     forget_holder(id)
