@@ -67,8 +67,8 @@ impl Mismatches {
                 what,
                 reason,
             } => Refusal::Unsupported {
-                backend: *backend,
-                what: *what,
+                backend,
+                what,
                 reason: reason.clone(),
             },
             _ => return,

@@ -1,5 +1,5 @@
 //! Semaphore cases: what every backend with semaphores ([`Semaphore`] over the permit
-//! operations of its [`LeaseStore`]) must keep. Each case takes a [`StoreSource`] — stores
+//! operations of its [`LeaseStore`](simba_core::backend::LeaseStore)) must keep. Each case takes a [`StoreSource`] — stores
 //! with their own connections, as separate processes would have — and returns `Ok(())` or
 //! a [`CaseError`] saying what went wrong. [`semaphore_tests!`](crate::semaphore_tests)
 //! expands them into one `#[tokio::test]` each, in a module `semaphore`;
