@@ -365,14 +365,20 @@ impl RedisStore {
         if let Some(subs) = &self.inner.subscriptions {
             subs.request_sweep();
         }
-        match reply? {
-            Value::Integer(1) => Ok(true),
-            Value::Integer(0) => Ok(false),
-            other => Err(crate::error::bad_reply(
-                "semaphore release script",
-                format_args!("expected 0 or 1, got {other:?}"),
-            )),
-        }
+        yes_no("semaphore release script", reply?)
+    }
+
+    /// Subscribes `contender_id` to `channels`, in [`WaitMode::PubSub`] (`None` otherwise:
+    /// the engine polls).
+    async fn subscribe_to(
+        &self,
+        channels: Vec<String>,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        let Some(subs) = &self.inner.subscriptions else {
+            return Ok(None);
+        };
+        subs.subscribe(channels, contender_id).await.map(Some)
     }
 
     /// The configuration this store was connected with.
@@ -821,14 +827,7 @@ impl LeaseStore for RedisStore {
                 args,
             )
             .await?;
-        match reply {
-            Value::Integer(1) => Ok(true),
-            Value::Integer(0) => Ok(false),
-            other => Err(crate::error::bad_reply(
-                "release-after script",
-                format_args!("expected 0 or 1, got {other:?}"),
-            )),
-        }
+        yes_no("release-after script", reply)
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
@@ -845,15 +844,12 @@ impl LeaseStore for RedisStore {
         contender_id: &str,
     ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
         check(mutex, contender_id)?;
-        let Some(subs) = &self.inner.subscriptions else {
-            return Ok(None);
-        };
         let channels = vec![
             self.inner.keys.owner(mutex),
             self.inner.keys.contender_channel(mutex, contender_id),
             self.inner.keys.handoff_channel(mutex),
         ];
-        subs.subscribe(channels, contender_id).await.map(Some)
+        self.subscribe_to(channels, contender_id).await
     }
 
     async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
@@ -871,6 +867,7 @@ impl LeaseStore for RedisStore {
         }
         result.map(|_| ())
     }
+
     /// `sem_acquire.lua` (see the crate docs, *Semaphores*).
     async fn permit_acquire(
         &self,
@@ -948,15 +945,12 @@ impl LeaseStore for RedisStore {
         contender_id: &str,
     ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
         check(semaphore, contender_id)?;
-        let Some(subs) = &self.inner.subscriptions else {
-            return Ok(None);
-        };
         let keys = &self.inner.keys;
         let channels = vec![
             keys.semaphore_keys(semaphore).swap_remove(0),
             keys.semaphore_waiter_channel(semaphore, contender_id),
         ];
-        subs.subscribe(channels, contender_id).await.map(Some)
+        self.subscribe_to(channels, contender_id).await
     }
 
     /// The release script, leaving the queue only: a permit the caller holds is left to
@@ -965,6 +959,18 @@ impl LeaseStore for RedisStore {
         self.sem_release(semaphore, contender_id, true)
             .await
             .map(|_| ())
+    }
+}
+
+/// A script's `1` (true) or `0` (false).
+fn yes_no(what: &str, reply: Value) -> Result<bool> {
+    match reply {
+        Value::Integer(1) => Ok(true),
+        Value::Integer(0) => Ok(false),
+        other => Err(crate::error::bad_reply(
+            what,
+            format_args!("expected 0 or 1, got {other:?}"),
+        )),
     }
 }
 
