@@ -414,6 +414,9 @@ impl Semaphore {
     ///
     /// # Errors
     /// The backend's error; [`Error::Unsupported`] from a backend without semaphores.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads (the backend drops holders past their lease as it reads).
     pub async fn holders(&self) -> Result<PermitHolders> {
         self.reader.holders(&self.name).await
     }
