@@ -23,6 +23,7 @@ mod owner;
 mod redact;
 mod rt;
 mod scheduler;
+mod semaphore;
 mod service;
 mod store;
 pub mod tls;
@@ -46,6 +47,7 @@ pub use owner::{
 };
 pub use redact::{is_secret_key, redact_url_with};
 pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
+pub use semaphore::{PermitGuard, Semaphore};
 pub use service::{
     ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss, MutexRetriever,
     RetrievalService, SilentContender, SilentRetriever,
