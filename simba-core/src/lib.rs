@@ -32,8 +32,8 @@ mod wakeups;
 
 pub use error::{Error, LossReason, Result};
 pub use id::{
-    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, check_common_contender_id, check_common_mutex_name,
-    generate_contender_id,
+    GENERATED_ID_MAX_LEN, MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, check_common_contender_id,
+    check_common_mutex_name, generate_contender_id,
 };
 pub use lease::{
     LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,
