@@ -1,13 +1,12 @@
 //! A three-node ZooKeeper ensemble in containers: see [`ZkEnsemble`].
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::process::Command;
-
-use super::container::{LABEL, preflight};
+use super::container::preflight;
+use super::docker::{self as dk, Net};
 use super::{IMAGE_TAG, ServerError, ServerKind, image_name, probe};
 
 const KIND: ServerKind = ServerKind::Zookeeper;
@@ -18,14 +17,24 @@ pub const ENSEMBLE_SIZE: usize = 3;
 /// How long the ensemble may take to elect its first leader, or a node to serve again.
 const STARTUP: Duration = Duration::from_secs(120);
 
-/// How long one `docker` command may take.
-const DOCKER_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// The client port inside the containers.
 const CLIENT_PORT: u16 = 2181;
 
 /// Distinguishes the ensembles of one process.
 static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+
+/// Runs `docker ARGS` (see [`dk::docker`]).
+async fn docker(args: &[&str]) -> Result<String, ServerError> {
+    dk::docker(KIND, args).await
+}
+
+async fn create_network(name: &str, internal: bool) -> Result<Net, ServerError> {
+    dk::create_network(KIND, name, internal).await
+}
+
+async fn connect(net: &Net, name: &str, i: usize) -> Result<(), ServerError> {
+    dk::connect(KIND, net, name, i).await
+}
 
 /// What a node says it is (`srvr`'s `Mode:` line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,22 +47,6 @@ pub enum NodeMode {
     NotServing,
     /// Not answering at all (stopped, killed, or not reachable).
     Down,
-}
-
-/// A Docker network of the ensemble, with the subnet it was created with.
-#[derive(Debug, Clone)]
-struct Net {
-    name: String,
-    /// The network address of the subnet.
-    base: Ipv4Addr,
-}
-
-impl Net {
-    /// The fixed address of node `i` on this network.
-    fn node_ip(&self, i: usize) -> Ipv4Addr {
-        // .1 is the gateway (the host); nodes are .11, .12, .13.
-        Ipv4Addr::from(u32::from(self.base) + 11 + i as u32)
-    }
 }
 
 /// A three-node ZooKeeper ensemble in containers (feature `containers`), for faults that
@@ -98,105 +91,6 @@ impl fmt::Debug for ZkEnsemble {
             .field("clients", &self.clients.len())
             .finish()
     }
-}
-
-fn docker_error(context: String, message: String) -> ServerError {
-    ServerError::io(KIND, context, std::io::Error::other(message))
-}
-
-/// Runs `docker ARGS`, returns its standard output; an error carries its standard error.
-async fn docker(args: &[&str]) -> Result<String, ServerError> {
-    let context = format!("docker {}", args.join(" "));
-    let output = tokio::time::timeout(
-        DOCKER_TIMEOUT,
-        Command::new("docker")
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| docker_error(context.clone(), format!("no answer in {DOCKER_TIMEOUT:?}")))?
-    .map_err(|e| ServerError::io(KIND, context.clone(), e))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-    } else {
-        Err(docker_error(
-            context,
-            format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-        ))
-    }
-}
-
-/// Parses `a.b.c.d/len` into its network address.
-fn parse_subnet(text: &str) -> Option<Ipv4Addr> {
-    let (ip, len) = text.trim().split_once('/')?;
-    let ip: Ipv4Addr = ip.parse().ok()?;
-    let len: u32 = len.parse().ok()?;
-    // Room for the gateway and the nodes' .11 to .13 at least.
-    if !(8..=27).contains(&len) {
-        return None;
-    }
-    let mask = u32::MAX << (32 - len);
-    Some(Ipv4Addr::from(u32::from(ip) & mask))
-}
-
-/// Creates a labelled network with a subnet the engine picks, then makes it again with that
-/// subnet given explicitly: only on such a network does the engine keep a container's fixed
-/// address (`--ip`). The engine's choice avoids its other networks and the host's routes.
-async fn create_network(name: &str, internal: bool) -> Result<Net, ServerError> {
-    let pid = format!("simba.test.pid={}", std::process::id());
-    let label = format!("{LABEL}=1");
-    let mut last = None;
-    for _ in 0..3 {
-        docker(&[
-            "network", "create", "--label", &label, "--label", &pid, name,
-        ])
-        .await?;
-        let subnet = docker(&[
-            "network",
-            "inspect",
-            "-f",
-            "{{range .IPAM.Config}}{{.Subnet}} {{end}}",
-            name,
-        ])
-        .await;
-        docker(&["network", "rm", name]).await?;
-        let subnet = subnet?;
-        let Some(text) = subnet.split_whitespace().find(|s| !s.contains(':')) else {
-            return Err(docker_error(
-                format!("docker network inspect {name}"),
-                format!("no IPv4 subnet in {subnet:?}"),
-            ));
-        };
-        let Some(base) = parse_subnet(text) else {
-            return Err(docker_error(
-                format!("docker network inspect {name}"),
-                format!("unusable subnet {text:?}"),
-            ));
-        };
-        let mut args = vec![
-            "network", "create", "--label", &label, "--label", &pid, "--subnet", text,
-        ];
-        if internal {
-            args.push("--internal");
-        }
-        args.push(name);
-        // Another process may have taken the subnet in between: then ask again.
-        match docker(&args).await {
-            Ok(_) => {
-                return Ok(Net {
-                    name: name.to_owned(),
-                    base,
-                });
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| docker_error(format!("creating {name}"), "failed".to_owned())))
 }
 
 /// The `zoo.cfg` of every node: the kit's usual short ticks (sessions from 400 ms), the
@@ -255,14 +149,8 @@ impl ZkEnsemble {
         let mut ensemble = ZkEnsemble {
             prefix: prefix.clone(),
             containers: Vec::new(),
-            peers: Net {
-                name: String::new(),
-                base: Ipv4Addr::UNSPECIFIED,
-            },
-            control: Net {
-                name: String::new(),
-                base: Ipv4Addr::UNSPECIFIED,
-            },
+            peers: Net::none(),
+            control: Net::none(),
             clients: Vec::new(),
         };
         ensemble.peers = create_network(&format!("{prefix}-peers"), true).await?;
@@ -277,8 +165,7 @@ impl ZkEnsemble {
             .map_err(|e| ServerError::io(KIND, "writing zoo.cfg", e))?;
         let cfg = cfg.display().to_string();
         let image = format!("{}:{IMAGE_TAG}", image_name(KIND));
-        let pid = format!("simba.test.pid={}", std::process::id());
-        let label = format!("{LABEL}=1");
+        let [l1, label, l2, pid] = dk::label_args();
         for i in 0..ENSEMBLE_SIZE {
             let name = format!("{prefix}-n{}", i + 1);
             let ip = ensemble.peers.node_ip(i).to_string();
@@ -288,9 +175,9 @@ impl ZkEnsemble {
                 &name,
                 "--hostname",
                 &format!("zk{}", i + 1),
-                "--label",
+                &l1,
                 &label,
-                "--label",
+                &l2,
                 &pid,
                 "--network",
                 &ensemble.peers.name,
@@ -513,14 +400,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn partition(&self, i: usize) -> Result<(), ServerError> {
-        docker(&[
-            "network",
-            "disconnect",
-            &self.peers.name,
-            &self.containers[i],
-        ])
-        .await
-        .map(drop)
+        dk::disconnect(KIND, &self.peers, &self.containers[i]).await
     }
 
     /// Undoes [`partition`](Self::partition): connects node `i` to the peers network
@@ -542,7 +422,7 @@ impl ZkEnsemble {
     pub async fn cut_client(&self, client: usize) -> Result<(), ServerError> {
         let net = &self.clients[client];
         for name in &self.containers {
-            docker(&["network", "disconnect", &net.name, name]).await?;
+            dk::disconnect(KIND, net, name).await?;
         }
         Ok(())
     }
@@ -562,100 +442,28 @@ impl ZkEnsemble {
 
     /// The last `lines` lines of node `i`'s log.
     pub async fn logs(&self, i: usize, lines: usize) -> String {
-        let Some(name) = self.containers.get(i) else {
-            return String::new();
-        };
-        let tail = lines.to_string();
-        let output = Command::new("docker")
-            .args(["logs", "--tail", &tail, name])
-            .output()
-            .await;
-        match output {
-            Ok(o) => format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => format!("docker logs {name}: {e}"),
+        match self.containers.get(i) {
+            Some(name) => dk::logs(name, lines).await,
+            None => String::new(),
         }
     }
-
-    /// The networks' names, for the removal.
-    fn network_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.clients.iter().map(|n| n.name.clone()).collect();
-        names.push(self.control.name.clone());
-        names.push(self.peers.name.clone());
-        names.retain(|n| !n.is_empty());
-        names
-    }
-}
-
-/// Connects container `name` (node `i`) to `net` at its fixed address.
-async fn connect(net: &Net, name: &str, i: usize) -> Result<(), ServerError> {
-    let ip = net.node_ip(i).to_string();
-    docker(&["network", "connect", "--ip", &ip, &net.name, name])
-        .await
-        .map(drop)
 }
 
 impl Drop for ZkEnsemble {
     /// Removes the containers and the networks (synchronously, with the `docker` command,
     /// so that it also works while a test panics).
     fn drop(&mut self) {
-        if !self.containers.is_empty() {
-            let status = std::process::Command::new("docker")
-                .args(["rm", "-f", "-v"])
-                .args(&self.containers)
-                .stdout(std::process::Stdio::null())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                eprintln!(
-                    "simba-test-kit: could not remove the containers of {} ({status:?}); \
-                     `scripts/containers.sh clean` removes them",
-                    self.prefix
-                );
-            }
-        }
-        let networks = self.network_names();
-        if !networks.is_empty() {
-            let status = std::process::Command::new("docker")
-                .args(["network", "rm"])
-                .args(&networks)
-                .stdout(std::process::Stdio::null())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                eprintln!(
-                    "simba-test-kit: could not remove the networks of {} ({status:?}); \
-                     `scripts/containers.sh clean` removes them",
-                    self.prefix
-                );
-            }
-        }
+        let mut networks: Vec<&Net> = self.clients.iter().collect();
+        networks.extend([&self.control, &self.peers]);
+        dk::remove_now(&self.prefix, &self.containers, &networks);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::Ipv4Addr;
 
-    #[test]
-    fn subnets_and_addresses() {
-        let base = parse_subnet("172.19.0.0/16");
-        assert_eq!(base, Some(Ipv4Addr::new(172, 19, 0, 0)));
-        let net = Net {
-            name: "n".into(),
-            base: Ipv4Addr::new(192, 168, 16, 0),
-        };
-        assert_eq!(net.node_ip(0), Ipv4Addr::new(192, 168, 16, 11));
-        assert_eq!(net.node_ip(2), Ipv4Addr::new(192, 168, 16, 13));
-        assert_eq!(
-            parse_subnet("10.1.2.3/24"),
-            Some(Ipv4Addr::new(10, 1, 2, 0))
-        );
-        assert_eq!(parse_subnet("10.1.2.3/30"), None);
-        assert_eq!(parse_subnet("fd00::/64"), None);
-        assert_eq!(parse_subnet("nonsense"), None);
-    }
+    use super::*;
 
     #[test]
     fn config_names_every_node_on_the_peers_network() {
