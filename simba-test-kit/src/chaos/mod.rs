@@ -429,6 +429,7 @@ struct Run<'a> {
     #[cfg(feature = "containers")]
     etcd_cluster: Option<crate::servers::EtcdCluster>,
     /// Member partitions and member restarts begun, to alternate their targets.
+    #[cfg(feature = "containers")]
     member_faults: [usize; 2],
 }
 
@@ -956,6 +957,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         ensemble,
         #[cfg(feature = "containers")]
         etcd_cluster,
+        #[cfg(feature = "containers")]
         member_faults: [0; 2],
     };
     for i in 0..cfg.contenders {

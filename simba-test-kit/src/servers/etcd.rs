@@ -88,12 +88,14 @@ impl Etcd {
                 .arg(&tls.server.cert)
                 .arg("--key-file")
                 .arg(&tls.server.key)
-                .arg("--trusted-ca-file")
-                .arg(&tls.ca)
                 .arg("--listen-metrics-urls")
                 .arg(format!("http://127.0.0.1:{metrics}"));
+            // etcd 3.4 asks every client for a certificate once it has a trusted CA file
+            // (`--client-cert-auth` or not): the CA only where certificates are required.
             if tls.require_client_cert {
-                cmd.arg("--client-cert-auth");
+                cmd.arg("--trusted-ca-file")
+                    .arg(&tls.ca)
+                    .arg("--client-cert-auth");
             }
         }
         Ok(cmd)

@@ -55,6 +55,7 @@ pub(crate) async fn etcd_health(addr: SocketAddr) -> Result<(), String> {
 
 /// What one etcd member says of itself (`POST /v3/maintenance/status`, the gRPC gateway on
 /// the client port): its member id, the leader it follows (0: none) and its Raft term.
+#[cfg(feature = "containers")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EtcdStatus {
     pub(crate) member: u64,
@@ -65,6 +66,7 @@ pub(crate) struct EtcdStatus {
 /// Asks the member at `addr` for its [`EtcdStatus`]. The member answers from its own state,
 /// without a quorum, so a partitioned member answers too (with its own, possibly stale,
 /// view of the leader).
+#[cfg(feature = "containers")]
 pub(crate) async fn etcd_status(addr: SocketAddr) -> Result<EtcdStatus, String> {
     let mut stream = connect(addr).await?;
     let body = "{}";
@@ -88,6 +90,7 @@ pub(crate) async fn etcd_status(addr: SocketAddr) -> Result<EtcdStatus, String> 
 
 /// The numbers of a status answer; the gateway writes 64-bit integers as JSON strings.
 /// A member without a leader leaves `leader` out (0).
+#[cfg(feature = "containers")]
 fn parse_etcd_status(text: &str) -> Option<EtcdStatus> {
     let field = |key: &str| -> Option<u64> {
         let pattern = format!("\"{key}\":\"");
@@ -407,6 +410,7 @@ async fn postgres_startup(addr: SocketAddr, user: &str, database: &str) -> Resul
 mod tests {
     use super::*;
 
+    #[cfg(feature = "containers")]
     #[test]
     fn parses_etcd_status() {
         // etcd 3.4.23's answer, as printed by a single member.

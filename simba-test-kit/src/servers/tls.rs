@@ -233,7 +233,9 @@ pub async fn mysql_tls(tls: MysqlTls) -> Result<TestServer, ServerError> {
 pub struct EtcdTls {
     /// The server's certificate and key (`--cert-file`, `--key-file`).
     pub server: CertPair,
-    /// The CA whose client certificates the server accepts (`--trusted-ca-file`).
+    /// The CA whose client certificates the server accepts (`--trusted-ca-file`, given
+    /// only with `require_client_cert`: etcd 3.4 asks every client for a certificate once
+    /// it has one).
     pub ca: PathBuf,
     /// Whether clients must present a certificate signed by `ca` (`--client-cert-auth`).
     pub require_client_cert: bool,
