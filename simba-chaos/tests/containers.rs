@@ -40,22 +40,17 @@ fn labelled(what: &[&str], format: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_zookeeper_ensemble() {
-    let mut cfg = ChaosConfig::new(
+    chaos_round(
         ChaosBackend::ZookeeperEnsemble,
-        env!("CARGO_BIN_EXE_simba-chaos"),
-        vec!["contender".into()],
-    );
-    cfg.duration = Duration::from_secs(60);
-    cfg.fault_every = Duration::from_secs(1);
-    cfg.min_handoffs = 5;
-    cfg.faults = vec![
-        FaultKind::LeaderKill,
-        FaultKind::FollowerPartition,
-        FaultKind::ContenderPartition,
-        FaultKind::Kill,
-        FaultKind::Pause,
-    ];
-    chaos_round(cfg).await;
+        vec![
+            FaultKind::LeaderKill,
+            FaultKind::FollowerPartition,
+            FaultKind::ContenderPartition,
+            FaultKind::Kill,
+            FaultKind::Pause,
+        ],
+    )
+    .await;
 }
 
 /// The follower-partition case of the ensemble, made deterministic: owner `a` talks only
@@ -112,10 +107,20 @@ async fn zookeeper_owner_on_a_partitioned_follower_stops_before_the_next_owner()
     ens.heal(follower).await.expect("heal");
 }
 
-/// Runs a chaos round and checks what every round must show: the deployment is gone
-/// afterwards, it passed (no overlap, no accepted stale write, enough handoffs), and every
-/// fault kind of `cfg` was injected at least once.
-async fn chaos_round(cfg: ChaosConfig) {
+/// Runs a 60 s chaos round on `backend` with `faults` (one every second, at least 5
+/// handoffs) and checks what every round must show: the deployment is gone afterwards, it
+/// passed (no overlap, no accepted stale write, enough handoffs), and every fault kind was
+/// injected at least once.
+async fn chaos_round(backend: ChaosBackend, faults: Vec<FaultKind>) {
+    let mut cfg = ChaosConfig::new(
+        backend,
+        env!("CARGO_BIN_EXE_simba-chaos"),
+        vec!["contender".into()],
+    );
+    cfg.duration = Duration::from_secs(60);
+    cfg.fault_every = Duration::from_secs(1);
+    cfg.min_handoffs = 5;
+    cfg.faults = faults;
     let result = run(&cfg).await;
     // Whatever the outcome, the deployment is gone once the run returned.
     assert_eq!(labelled(&["ps", "-a"], "{{.Names}}"), Vec::<String>::new());
@@ -149,22 +154,37 @@ async fn chaos_round(cfg: ChaosConfig) {
 /// least once even when the machine is loaded. Kill and pause, the quick ones, come first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_etcd_cluster() {
-    let mut cfg = ChaosConfig::new(
+    chaos_round(
         ChaosBackend::EtcdCluster,
-        env!("CARGO_BIN_EXE_simba-chaos"),
-        vec!["contender".into()],
-    );
-    cfg.duration = Duration::from_secs(60);
-    cfg.fault_every = Duration::from_secs(1);
-    cfg.min_handoffs = 5;
-    cfg.faults = vec![
-        FaultKind::Kill,
-        FaultKind::Pause,
-        FaultKind::LeaderKill,
-        FaultKind::MemberPartition,
-        FaultKind::MemberRestart,
-    ];
-    chaos_round(cfg).await;
+        vec![
+            FaultKind::Kill,
+            FaultKind::Pause,
+            FaultKind::LeaderKill,
+            FaultKind::MemberPartition,
+            FaultKind::MemberRestart,
+        ],
+    )
+    .await;
+}
+
+/// A three-member etcd cluster with two client networks, its leader, and a member that is
+/// not the leader.
+async fn etcd_cluster_and_roles() -> (simba_test_kit::servers::EtcdCluster, usize, usize) {
+    use simba_test_kit::servers::{CLUSTER_SIZE, EtcdCluster};
+    use tokio::time::timeout;
+
+    let cluster = timeout(Duration::from_secs(180), EtcdCluster::start(2))
+        .await
+        .expect("no cluster within 180 s")
+        .unwrap_or_else(|e| panic!("cluster: {e}"));
+    let leader = cluster
+        .wait_for_quorum(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let follower = (0..CLUSTER_SIZE)
+        .find(|&i| i != leader)
+        .expect("a member that is not the leader");
+    (cluster, leader, follower)
 }
 
 /// An etcd locker on one member of `cluster`, reached on client network `client`, with a
@@ -254,20 +274,9 @@ async fn handover_after<F: std::future::Future<Output = ()>>(
 /// group (one such test at a time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_kill_and_restart_hands_over_with_increasing_fences() {
-    use simba_test_kit::servers::{CLUSTER_SIZE, EtcdCluster};
     use tokio::time::timeout;
 
-    let cluster = timeout(Duration::from_secs(180), EtcdCluster::start(2))
-        .await
-        .expect("no cluster within 180 s")
-        .unwrap_or_else(|e| panic!("cluster: {e}"));
-    let leader = cluster
-        .wait_for_quorum(Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let follower = (0..CLUSTER_SIZE)
-        .find(|&i| i != leader)
-        .expect("a member that is not the leader");
+    let (cluster, leader, follower) = etcd_cluster_and_roles().await;
     let a = etcd_locker(&cluster, 0, leader, "leader-kill").await;
     let b = etcd_locker(&cluster, 1, follower, "leader-kill").await;
     let b_guard = handover_after(
@@ -300,20 +309,7 @@ async fn etcd_leader_kill_and_restart_hands_over_with_increasing_fences() {
 /// The name puts it in nextest's `serial-faults` group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_owner_on_a_partitioned_member_stops_before_the_next_owner() {
-    use simba_test_kit::servers::{CLUSTER_SIZE, EtcdCluster};
-    use tokio::time::timeout;
-
-    let cluster = timeout(Duration::from_secs(180), EtcdCluster::start(2))
-        .await
-        .expect("no cluster within 180 s")
-        .unwrap_or_else(|e| panic!("cluster: {e}"));
-    let leader = cluster
-        .wait_for_quorum(Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let follower = (0..CLUSTER_SIZE)
-        .find(|&i| i != leader)
-        .expect("a member that is not the leader");
+    let (cluster, leader, follower) = etcd_cluster_and_roles().await;
     let a = etcd_locker(&cluster, 0, follower, "member-partition").await;
     let b = etcd_locker(&cluster, 1, leader, "member-partition").await;
     let b_guard = handover_after(

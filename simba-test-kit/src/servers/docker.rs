@@ -102,11 +102,7 @@ pub(super) fn parse_subnet(text: &str) -> Option<Ipv4Addr> {
 /// Creates a labelled network with a subnet the engine picks, then makes it again with that
 /// subnet given explicitly: only on such a network does the engine keep a container's fixed
 /// address (`--ip`). The engine's choice avoids its other networks and the host's routes.
-pub(super) async fn create_network(
-    kind: ServerKind,
-    name: &str,
-    internal: bool,
-) -> Result<Net, ServerError> {
+async fn create_network(kind: ServerKind, name: &str, internal: bool) -> Result<Net, ServerError> {
     let labels = label_args();
     let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
     let mut last = None;
@@ -165,12 +161,7 @@ pub(super) async fn create_network(
 }
 
 /// Connects container `name` (node `i`) to `net` at its fixed address.
-pub(super) async fn connect(
-    kind: ServerKind,
-    net: &Net,
-    name: &str,
-    i: usize,
-) -> Result<(), ServerError> {
+async fn connect(kind: ServerKind, net: &Net, name: &str, i: usize) -> Result<(), ServerError> {
     let ip = net.node_ip(i).to_string();
     docker(kind, &["network", "connect", "--ip", &ip, &net.name, name])
         .await
@@ -178,14 +169,14 @@ pub(super) async fn connect(
 }
 
 /// Disconnects container `name` from `net`.
-pub(super) async fn disconnect(kind: ServerKind, net: &Net, name: &str) -> Result<(), ServerError> {
+async fn disconnect(kind: ServerKind, net: &Net, name: &str) -> Result<(), ServerError> {
     docker(kind, &["network", "disconnect", &net.name, name])
         .await
         .map(drop)
 }
 
 /// The last `lines` lines of container `name`'s log (standard output and error).
-pub(super) async fn logs(name: &str, lines: usize) -> String {
+async fn logs(name: &str, lines: usize) -> String {
     let tail = lines.to_string();
     let output = tokio::time::timeout(
         DOCKER_TIMEOUT,
@@ -209,7 +200,7 @@ pub(super) async fn logs(name: &str, lines: usize) -> String {
 /// Removes `containers` and then `networks` (synchronously, with the `docker` command, so
 /// that it also works in a `Drop` while a test panics); says on stderr what it could not
 /// remove. `what` names the deployment in that message.
-pub(super) fn remove_now(what: &str, containers: &[String], networks: &[&Net]) {
+fn remove_now(what: &str, containers: &[String], networks: &[&Net]) {
     let run = |args: &[&str], names: &[&str], things: &str| {
         if names.is_empty() {
             return;
@@ -234,6 +225,118 @@ pub(super) fn remove_now(what: &str, containers: &[String], networks: &[&Net]) {
         .filter(|n| !n.is_empty())
         .collect();
     run(&["network", "rm"], &networks, "networks");
+}
+
+/// The containers and networks of a three-node deployment in containers (the ZooKeeper
+/// ensemble's, the etcd cluster's): `peers` for the nodes' own traffic (an internal
+/// network), `control` for the kit's questions, one network per client; node `i` has the
+/// fixed address [`Net::node_ip`]`(i)` on each. The faults that both deployments have are
+/// here; everything is removed on drop.
+pub(super) struct Deployment {
+    pub(super) kind: ServerKind,
+    pub(super) prefix: String,
+    pub(super) containers: Vec<String>,
+    pub(super) peers: Net,
+    pub(super) control: Net,
+    pub(super) clients: Vec<Net>,
+}
+
+impl Deployment {
+    /// Creates the networks `{prefix}-peers` (internal), `{prefix}-control` and `clients`
+    /// (at least one) client networks; no container yet. What was created is removed when
+    /// a later step fails (the drop).
+    pub(super) async fn create(
+        kind: ServerKind,
+        prefix: String,
+        clients: usize,
+    ) -> Result<Deployment, ServerError> {
+        let mut d = Deployment {
+            kind,
+            prefix,
+            containers: Vec::new(),
+            peers: Net::none(),
+            control: Net::none(),
+            clients: Vec::new(),
+        };
+        d.peers = create_network(kind, &format!("{}-peers", d.prefix), true).await?;
+        d.control = create_network(kind, &format!("{}-control", d.prefix), false).await?;
+        for c in 0..clients.max(1) {
+            let net = create_network(kind, &format!("{}-client{c}", d.prefix), false).await?;
+            d.clients.push(net);
+        }
+        Ok(d)
+    }
+
+    /// Runs `docker ARGS` (see [`docker`]).
+    pub(super) async fn docker(&self, args: &[&str]) -> Result<String, ServerError> {
+        docker(self.kind, args).await
+    }
+
+    /// Connects container `name` (node `i`) to `net` at its fixed address.
+    pub(super) async fn connect(&self, net: &Net, name: &str, i: usize) -> Result<(), ServerError> {
+        connect(self.kind, net, name, i).await
+    }
+
+    /// SIGKILL of node `i`'s container.
+    pub(super) async fn kill(&self, i: usize) -> Result<(), ServerError> {
+        self.docker(&["kill", &self.containers[i]]).await.map(drop)
+    }
+
+    /// `docker stop` of node `i` (SIGTERM, SIGKILL after 10 s).
+    pub(super) async fn stop(&self, i: usize) -> Result<(), ServerError> {
+        self.docker(&["stop", &self.containers[i]]).await.map(drop)
+    }
+
+    /// `docker start` of node `i` (same data, same addresses).
+    pub(super) async fn start(&self, i: usize) -> Result<(), ServerError> {
+        self.docker(&["start", &self.containers[i]]).await.map(drop)
+    }
+
+    /// Disconnects node `i` from the peers network.
+    pub(super) async fn partition(&self, i: usize) -> Result<(), ServerError> {
+        disconnect(self.kind, &self.peers, &self.containers[i]).await
+    }
+
+    /// Connects node `i` to the peers network again, at its address.
+    pub(super) async fn heal(&self, i: usize) -> Result<(), ServerError> {
+        self.connect(&self.peers, &self.containers[i], i).await
+    }
+
+    /// Disconnects every node from client `client`'s network.
+    pub(super) async fn cut_client(&self, client: usize) -> Result<(), ServerError> {
+        let net = &self.clients[client];
+        for name in &self.containers {
+            disconnect(self.kind, net, name).await?;
+        }
+        Ok(())
+    }
+
+    /// Connects every node to client `client`'s network again.
+    pub(super) async fn restore_client(&self, client: usize) -> Result<(), ServerError> {
+        let net = &self.clients[client];
+        for (i, name) in self.containers.iter().enumerate() {
+            self.connect(net, name, i).await?;
+        }
+        Ok(())
+    }
+
+    /// The last `lines` lines of node `i`'s log.
+    pub(super) async fn logs(&self, i: usize, lines: usize) -> String {
+        match self.containers.get(i) {
+            Some(name) => logs(name, lines).await,
+            None => String::new(),
+        }
+    }
+}
+
+impl Drop for Deployment {
+    /// Removes the containers and the networks (synchronously, so that it also works while
+    /// a test panics).
+    fn drop(&mut self) {
+        let mut networks: Vec<&Net> = self.clients.iter().collect();
+        networks.extend([&self.control, &self.peers]);
+        remove_now(&self.prefix, &self.containers, &networks);
+    }
 }
 
 #[cfg(test)]

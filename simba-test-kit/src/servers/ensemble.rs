@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::container::preflight;
-use super::docker::{self as dk, Net};
+use super::docker::{self as dk, Deployment, Net};
 use super::{IMAGE_TAG, ServerError, ServerKind, image_name, probe};
 
 const KIND: ServerKind = ServerKind::Zookeeper;
@@ -22,19 +22,6 @@ const CLIENT_PORT: u16 = 2181;
 
 /// Distinguishes the ensembles of one process.
 static SEQUENCE: AtomicU32 = AtomicU32::new(0);
-
-/// Runs `docker ARGS` (see [`dk::docker`]).
-async fn docker(args: &[&str]) -> Result<String, ServerError> {
-    dk::docker(KIND, args).await
-}
-
-async fn create_network(name: &str, internal: bool) -> Result<Net, ServerError> {
-    dk::create_network(KIND, name, internal).await
-}
-
-async fn connect(net: &Net, name: &str, i: usize) -> Result<(), ServerError> {
-    dk::connect(KIND, net, name, i).await
-}
 
 /// What a node says it is (`srvr`'s `Mode:` line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,19 +63,15 @@ pub enum NodeMode {
 /// removed when the [`ZkEnsemble`] is dropped, also when the test panics;
 /// `scripts/containers.sh clean` removes what a killed test process left.
 pub struct ZkEnsemble {
-    prefix: String,
-    containers: Vec<String>,
-    peers: Net,
-    control: Net,
-    clients: Vec<Net>,
+    d: Deployment,
 }
 
 impl fmt::Debug for ZkEnsemble {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkEnsemble")
-            .field("containers", &self.containers)
-            .field("peers", &self.peers.name)
-            .field("clients", &self.clients.len())
+            .field("containers", &self.d.containers)
+            .field("peers", &self.d.peers.name)
+            .field("clients", &self.d.clients.len())
             .finish()
     }
 }
@@ -147,67 +130,64 @@ impl ZkEnsemble {
         );
         // Made step by step into `ensemble`, whose drop removes what exists so far.
         let mut ensemble = ZkEnsemble {
-            prefix: prefix.clone(),
-            containers: Vec::new(),
-            peers: Net::none(),
-            control: Net::none(),
-            clients: Vec::new(),
+            d: Deployment::create(KIND, prefix.clone(), clients).await?,
         };
-        ensemble.peers = create_network(&format!("{prefix}-peers"), true).await?;
-        ensemble.control = create_network(&format!("{prefix}-control"), false).await?;
-        for c in 0..clients.max(1) {
-            let net = create_network(&format!("{prefix}-client{c}"), false).await?;
-            ensemble.clients.push(net);
-        }
         let dir = tempfile::tempdir().map_err(|e| ServerError::io(KIND, "temp dir", e))?;
         let cfg = dir.path().join("zoo.cfg");
-        std::fs::write(&cfg, zoo_cfg(&ensemble.peers))
+        std::fs::write(&cfg, zoo_cfg(&ensemble.d.peers))
             .map_err(|e| ServerError::io(KIND, "writing zoo.cfg", e))?;
         let cfg = cfg.display().to_string();
         let image = format!("{}:{IMAGE_TAG}", image_name(KIND));
         let [l1, label, l2, pid] = dk::label_args();
         for i in 0..ENSEMBLE_SIZE {
             let name = format!("{prefix}-n{}", i + 1);
-            let ip = ensemble.peers.node_ip(i).to_string();
-            docker(&[
-                "create",
-                "--name",
-                &name,
-                "--hostname",
-                &format!("zk{}", i + 1),
-                &l1,
-                &label,
-                &l2,
-                &pid,
-                "--network",
-                &ensemble.peers.name,
-                "--ip",
-                &ip,
-                &image,
-                // Java options for the image's entrypoint: a dead peer is given up on
-                // after 1 s instead of 5 s, so that elections stay short.
-                "-Dzookeeper.cnxTimeout=1000",
-            ])
-            .await?;
-            ensemble.containers.push(name.clone());
+            let ip = ensemble.d.peers.node_ip(i).to_string();
+            ensemble
+                .d
+                .docker(&[
+                    "create",
+                    "--name",
+                    &name,
+                    "--hostname",
+                    &format!("zk{}", i + 1),
+                    &l1,
+                    &label,
+                    &l2,
+                    &pid,
+                    "--network",
+                    &ensemble.d.peers.name,
+                    "--ip",
+                    &ip,
+                    &image,
+                    // Java options for the image's entrypoint: a dead peer is given up on
+                    // after 1 s instead of 5 s, so that elections stay short.
+                    "-Dzookeeper.cnxTimeout=1000",
+                ])
+                .await?;
+            ensemble.d.containers.push(name.clone());
             let myid = dir.path().join(format!("myid{}", i + 1));
             std::fs::write(&myid, format!("{}\n", i + 1))
                 .map_err(|e| ServerError::io(KIND, "writing myid", e))?;
-            docker(&["cp", &cfg, &format!("{name}:/etc/simba/zoo.cfg")]).await?;
-            docker(&[
-                "cp",
-                &myid.display().to_string(),
-                &format!("{name}:/var/lib/zookeeper/data/myid"),
-            ])
-            .await?;
-            let mut nets = vec![ensemble.control.clone()];
-            nets.extend(ensemble.clients.iter().cloned());
+            ensemble
+                .d
+                .docker(&["cp", &cfg, &format!("{name}:/etc/simba/zoo.cfg")])
+                .await?;
+            ensemble
+                .d
+                .docker(&[
+                    "cp",
+                    &myid.display().to_string(),
+                    &format!("{name}:/var/lib/zookeeper/data/myid"),
+                ])
+                .await?;
+            let mut nets = vec![ensemble.d.control.clone()];
+            nets.extend(ensemble.d.clients.iter().cloned());
             for net in nets {
-                connect(&net, &name, i).await?;
+                ensemble.d.connect(&net, &name, i).await?;
             }
         }
-        for name in &ensemble.containers {
-            docker(&["start", name]).await?;
+        for name in &ensemble.d.containers {
+            ensemble.d.docker(&["start", name]).await?;
         }
         let deadline = Instant::now() + STARTUP;
         loop {
@@ -238,12 +218,12 @@ impl ZkEnsemble {
 
     /// The number of client networks.
     pub fn clients(&self) -> usize {
-        self.clients.len()
+        self.d.clients.len()
     }
 
     /// The container name of node `i` (0, 1 or 2; its `myid` is `i + 1`).
     pub fn container(&self, i: usize) -> &str {
-        &self.containers[i]
+        &self.d.containers[i]
     }
 
     /// The connect string for client `client`: every node's address on that client's
@@ -253,7 +233,7 @@ impl ZkEnsemble {
     ///
     /// When `client` is not below [`clients`](Self::clients).
     pub fn connect_string(&self, client: usize) -> String {
-        let net = &self.clients[client];
+        let net = &self.d.clients[client];
         (0..ENSEMBLE_SIZE)
             .map(|i| format!("{}:{CLIENT_PORT}", net.node_ip(i)))
             .collect::<Vec<_>>()
@@ -267,13 +247,13 @@ impl ZkEnsemble {
             return None;
         };
         (0..ENSEMBLE_SIZE).find(|&i| {
-            v4.port() == CLIENT_PORT && self.clients.iter().any(|n| n.node_ip(i) == *v4.ip())
+            v4.port() == CLIENT_PORT && self.d.clients.iter().any(|n| n.node_ip(i) == *v4.ip())
         })
     }
 
     /// What node `i` says it is, asked with `srvr` on the control network.
     pub async fn mode(&self, i: usize) -> NodeMode {
-        let addr = SocketAddr::from((self.control.node_ip(i), CLIENT_PORT));
+        let addr = SocketAddr::from((self.d.control.node_ip(i), CLIENT_PORT));
         match tokio::time::timeout(
             Duration::from_secs(2),
             probe::zookeeper_four_letter(addr, "srvr"),
@@ -353,7 +333,7 @@ impl ZkEnsemble {
                     message: format!(
                         "node {} ({}) does not serve within {within:?}: {mode:?}",
                         i + 1,
-                        self.containers[i]
+                        self.d.containers[i]
                     ),
                     log_tail: self.logs(i, 20).await,
                 });
@@ -369,7 +349,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker kill` fails.
     pub async fn kill(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["kill", &self.containers[i]]).await.map(drop)
+        self.d.kill(i).await
     }
 
     /// Stops node `i` gracefully (SIGTERM, then SIGKILL after 10 s).
@@ -378,7 +358,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker stop` fails.
     pub async fn stop(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["stop", &self.containers[i]]).await.map(drop)
+        self.d.stop(i).await
     }
 
     /// Starts a stopped or killed node `i` again (same data, same addresses) and waits
@@ -389,7 +369,7 @@ impl ZkEnsemble {
     /// [`ServerError::Io`] when `docker start` fails, [`ServerError::Start`] when the
     /// node does not serve within two minutes.
     pub async fn start_node(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["start", &self.containers[i]]).await?;
+        self.d.start(i).await?;
         self.wait_serving(i, STARTUP).await
     }
 
@@ -400,7 +380,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn partition(&self, i: usize) -> Result<(), ServerError> {
-        dk::disconnect(KIND, &self.peers, &self.containers[i]).await
+        self.d.partition(i).await
     }
 
     /// Undoes [`partition`](Self::partition): connects node `i` to the peers network
@@ -410,7 +390,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network connect` fails.
     pub async fn heal(&self, i: usize) -> Result<(), ServerError> {
-        connect(&self.peers, &self.containers[i], i).await
+        self.d.heal(i).await
     }
 
     /// Cuts client `client` off from every node: disconnects the nodes from that client's
@@ -420,11 +400,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn cut_client(&self, client: usize) -> Result<(), ServerError> {
-        let net = &self.clients[client];
-        for name in &self.containers {
-            dk::disconnect(KIND, net, name).await?;
-        }
-        Ok(())
+        self.d.cut_client(client).await
     }
 
     /// Undoes [`cut_client`](Self::cut_client).
@@ -433,29 +409,12 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network connect` fails.
     pub async fn restore_client(&self, client: usize) -> Result<(), ServerError> {
-        let net = &self.clients[client];
-        for (i, name) in self.containers.iter().enumerate() {
-            connect(net, name, i).await?;
-        }
-        Ok(())
+        self.d.restore_client(client).await
     }
 
     /// The last `lines` lines of node `i`'s log.
     pub async fn logs(&self, i: usize, lines: usize) -> String {
-        match self.containers.get(i) {
-            Some(name) => dk::logs(name, lines).await,
-            None => String::new(),
-        }
-    }
-}
-
-impl Drop for ZkEnsemble {
-    /// Removes the containers and the networks (synchronously, with the `docker` command,
-    /// so that it also works while a test panics).
-    fn drop(&mut self) {
-        let mut networks: Vec<&Net> = self.clients.iter().collect();
-        networks.extend([&self.control, &self.peers]);
-        dk::remove_now(&self.prefix, &self.containers, &networks);
+        self.d.logs(i, lines).await
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::container::preflight;
-use super::docker::{self as dk, Net};
+use super::docker::{self as dk, Deployment, Net};
 use super::probe::{self, EtcdStatus};
 use super::process::free_port;
 use super::{IMAGE_TAG, ServerError, ServerKind, image_name};
@@ -80,30 +80,22 @@ pub enum MemberState {
 /// `simba.test.pid`), and are removed when the [`EtcdCluster`] is dropped, also when the
 /// test panics; `scripts/containers.sh clean` removes what a killed test process left.
 pub struct EtcdCluster {
-    prefix: String,
-    containers: Vec<String>,
+    d: Deployment,
     /// Each member's client port on the host's loopback.
     host_ports: Vec<u16>,
     /// Each member's etcd member id.
     member_ids: Vec<u64>,
-    peers: Net,
-    control: Net,
-    clients: Vec<Net>,
 }
 
 impl fmt::Debug for EtcdCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdCluster")
-            .field("containers", &self.containers)
+            .field("containers", &self.d.containers)
             .field("host_ports", &self.host_ports)
-            .field("peers", &self.peers.name)
-            .field("clients", &self.clients.len())
+            .field("peers", &self.d.peers.name)
+            .field("clients", &self.d.clients.len())
             .finish()
     }
-}
-
-async fn docker(args: &[&str]) -> Result<String, ServerError> {
-    dk::docker(KIND, args).await
 }
 
 /// The arguments of member `i`'s `etcd`: clients on every interface, peers on every
@@ -172,20 +164,10 @@ impl EtcdCluster {
         );
         // Made step by step into `cluster`, whose drop removes what exists so far.
         let mut cluster = EtcdCluster {
-            prefix: prefix.clone(),
-            containers: Vec::new(),
+            d: Deployment::create(KIND, prefix.clone(), clients).await?,
             host_ports: Vec::new(),
             member_ids: Vec::new(),
-            peers: Net::none(),
-            control: Net::none(),
-            clients: Vec::new(),
         };
-        cluster.peers = dk::create_network(KIND, &format!("{prefix}-peers"), true).await?;
-        cluster.control = dk::create_network(KIND, &format!("{prefix}-control"), false).await?;
-        for c in 0..clients.max(1) {
-            let net = dk::create_network(KIND, &format!("{prefix}-client{c}"), false).await?;
-            cluster.clients.push(net);
-        }
         let image = format!("{}:{IMAGE_TAG}", image_name(KIND));
         let labels = dk::label_args();
         for i in 0..CLUSTER_SIZE {
@@ -194,12 +176,12 @@ impl EtcdCluster {
             let port = free_port().map_err(|e| ServerError::io(KIND, "finding a free port", e))?;
             let publish = format!("{}:{port}:{CLIENT_PORT}", Ipv4Addr::LOCALHOST);
             let hostname = format!("etcd{}", i + 1);
-            let ip = cluster.control.node_ip(i).to_string();
+            let ip = cluster.d.control.node_ip(i).to_string();
             let mut args: Vec<&str> = vec!["create", "--name", &name, "--hostname", &hostname];
             args.extend(labels.iter().map(String::as_str));
             args.extend([
                 "--network",
-                &cluster.control.name,
+                &cluster.d.control.name,
                 "--ip",
                 &ip,
                 "--publish",
@@ -208,19 +190,19 @@ impl EtcdCluster {
                 "etcd",
                 &image,
             ]);
-            let member = member_args(&prefix, &cluster.peers, &cluster.control, i);
+            let member = member_args(&prefix, &cluster.d.peers, &cluster.d.control, i);
             args.extend(member.iter().map(String::as_str));
-            docker(&args).await?;
-            cluster.containers.push(name.clone());
+            cluster.d.docker(&args).await?;
+            cluster.d.containers.push(name.clone());
             cluster.host_ports.push(port);
-            let mut nets = vec![cluster.peers.clone()];
-            nets.extend(cluster.clients.iter().cloned());
+            let mut nets = vec![cluster.d.peers.clone()];
+            nets.extend(cluster.d.clients.iter().cloned());
             for net in nets {
-                dk::connect(KIND, &net, &name, i).await?;
+                cluster.d.connect(&net, &name, i).await?;
             }
         }
-        for name in &cluster.containers {
-            docker(&["start", name]).await?;
+        for name in &cluster.d.containers {
+            cluster.d.docker(&["start", name]).await?;
         }
         let deadline = Instant::now() + STARTUP;
         loop {
@@ -250,12 +232,12 @@ impl EtcdCluster {
 
     /// The number of client networks.
     pub fn clients(&self) -> usize {
-        self.clients.len()
+        self.d.clients.len()
     }
 
     /// The container name of member `i` (0, 1 or 2; etcd name `m{i + 1}`).
     pub fn container(&self, i: usize) -> &str {
-        &self.containers[i]
+        &self.d.containers[i]
     }
 
     /// Member `i`'s client port on the host's loopback, `127.0.0.1:PORT`.
@@ -278,7 +260,7 @@ impl EtcdCluster {
     ///
     /// When `client` is not below [`clients`](Self::clients).
     pub fn client_endpoint(&self, client: usize, i: usize) -> SocketAddr {
-        SocketAddr::from((self.clients[client].node_ip(i), CLIENT_PORT))
+        SocketAddr::from((self.d.clients[client].node_ip(i), CLIENT_PORT))
     }
 
     /// Member `i`'s status, or `None` when it does not answer within two seconds.
@@ -377,7 +359,7 @@ impl EtcdCluster {
             if Instant::now() >= deadline {
                 return Err(ServerError::Timeout {
                     kind: KIND,
-                    operation: format!("member m{} ({}) serving", i + 1, self.containers[i]),
+                    operation: format!("member m{} ({}) serving", i + 1, self.d.containers[i]),
                     within,
                     state: format!("{:?}", self.state(i).await),
                 });
@@ -393,7 +375,7 @@ impl EtcdCluster {
     ///
     /// [`ServerError::Io`] when `docker kill` fails.
     pub async fn kill(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["kill", &self.containers[i]]).await.map(drop)
+        self.d.kill(i).await
     }
 
     /// Stops member `i` gracefully (SIGTERM, then SIGKILL after 10 s).
@@ -402,7 +384,7 @@ impl EtcdCluster {
     ///
     /// [`ServerError::Io`] when `docker stop` fails.
     pub async fn stop(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["stop", &self.containers[i]]).await.map(drop)
+        self.d.stop(i).await
     }
 
     /// Starts a stopped or killed member `i` again (same data directory, same addresses,
@@ -413,7 +395,7 @@ impl EtcdCluster {
     /// [`ServerError::Io`] when `docker start` fails, [`ServerError::Timeout`] when the
     /// member does not serve within two minutes.
     pub async fn start_member(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["start", &self.containers[i]]).await?;
+        self.d.start(i).await?;
         self.wait_serving(i, STARTUP).await
     }
 
@@ -436,7 +418,7 @@ impl EtcdCluster {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn partition(&self, i: usize) -> Result<(), ServerError> {
-        dk::disconnect(KIND, &self.peers, &self.containers[i]).await
+        self.d.partition(i).await
     }
 
     /// Undoes [`partition`](Self::partition): connects member `i` to the peers network
@@ -446,7 +428,7 @@ impl EtcdCluster {
     ///
     /// [`ServerError::Io`] when `docker network connect` fails.
     pub async fn heal(&self, i: usize) -> Result<(), ServerError> {
-        dk::connect(KIND, &self.peers, &self.containers[i], i).await
+        self.d.heal(i).await
     }
 
     /// Cuts client `client` off from every member: disconnects the members from that
@@ -456,11 +438,7 @@ impl EtcdCluster {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn cut_client(&self, client: usize) -> Result<(), ServerError> {
-        let net = &self.clients[client];
-        for name in &self.containers {
-            dk::disconnect(KIND, net, name).await?;
-        }
-        Ok(())
+        self.d.cut_client(client).await
     }
 
     /// Undoes [`cut_client`](Self::cut_client).
@@ -469,29 +447,12 @@ impl EtcdCluster {
     ///
     /// [`ServerError::Io`] when `docker network connect` fails.
     pub async fn restore_client(&self, client: usize) -> Result<(), ServerError> {
-        let net = &self.clients[client];
-        for (i, name) in self.containers.iter().enumerate() {
-            dk::connect(KIND, net, name, i).await?;
-        }
-        Ok(())
+        self.d.restore_client(client).await
     }
 
     /// The last `lines` lines of member `i`'s log.
     pub async fn logs(&self, i: usize, lines: usize) -> String {
-        match self.containers.get(i) {
-            Some(name) => dk::logs(name, lines).await,
-            None => String::new(),
-        }
-    }
-}
-
-impl Drop for EtcdCluster {
-    /// Removes the containers and the networks (synchronously, so that it also works while
-    /// a test panics).
-    fn drop(&mut self) {
-        let mut networks: Vec<&Net> = self.clients.iter().collect();
-        networks.extend([&self.control, &self.peers]);
-        dk::remove_now(&self.prefix, &self.containers, &networks);
+        self.d.logs(i, lines).await
     }
 }
 
