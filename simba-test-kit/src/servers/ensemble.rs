@@ -59,7 +59,7 @@ pub enum NodeMode {
 /// (no published ports), which needs a Docker engine on this Linux host (not a remote one,
 /// not Docker Desktop's VM). The kit drives the engine with the `docker` command.
 ///
-/// Containers and networks carry the label [`LABEL`]` = 1` (and `simba.test.pid`), and are
+/// Containers and networks carry the label [`LABEL`](super::LABEL)` = 1` (and `simba.test.pid`), and are
 /// removed when the [`ZkEnsemble`] is dropped, also when the test panics;
 /// `scripts/containers.sh clean` removes what a killed test process left.
 pub struct ZkEnsemble {
