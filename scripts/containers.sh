@@ -2,6 +2,7 @@
 # Server images and the conformance suites through containers.
 #
 #   scripts/containers.sh build   # build the images that are missing or out of date
+#   scripts/containers.sh build etcd zookeeper   # only these images (same rule)
 #   scripts/containers.sh test    # build, then the kit's container tests and each backend's
 #                                 # conformance suite once with SIMBA_TEST_SERVERS=containers;
 #                                 # fails on leftover containers
@@ -160,13 +161,21 @@ context_hash() {
     | sha256sum | cut -c1-16
 }
 
+# Builds the images named (redis, mariadb, …; all of them when none is named).
 cmd_build() {
+  local services=("$@") s known
+  [ ${#services[@]} -gt 0 ] || services=("${SERVICES[@]}")
+  for s in "${services[@]}"; do
+    known=
+    for k in "${SERVICES[@]}"; do [ "$k" = "$s" ] && known=1; done
+    [ -n "$known" ] || die "unknown image '$s': the images are ${SERVICES[*]}"
+  done
   need_daemon
   local total base base_id
   total=$(now)
   base=$(choose_base)
   base_id=$(image_id "$base")
-  for service in "${SERVICES[@]}"; do
+  for service in "${services[@]}"; do
     local image=simba/$service:$TAG hash start build_log
     hash=$(context_hash "docker/$service" "$base_id")
     if [ "$(image_hash "$image")" = "$hash" ]; then
@@ -191,7 +200,7 @@ cmd_build() {
 }
 
 # Leftover test containers, one "id name image status" line each, and test networks (the
-# ZooKeeper ensemble's), one "network id name" line each.
+# ZooKeeper ensemble's and the etcd cluster's), one "network id name" line each.
 leftovers() {
   "$DOCKER" ps -a --filter label=simba.test --format '{{.ID}} {{.Names}} {{.Image}} {{.Status}}'
   "$DOCKER" network ls --filter label=simba.test --format 'network {{.ID}} {{.Name}}'
@@ -228,8 +237,9 @@ cmd_test() {
   unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER SIMBA_TEST_ETCD_URL
   # One run over the whole workspace with the feature on: the same build as the test
   # command's (scripts/test.sh), so nothing is compiled twice; the filter picks the kit's
-  # container tests (the ZooKeeper ensemble among them), simba-chaos's zookeeper-ensemble
-  # round and every backend's conformance suite.
+  # container tests (the ZooKeeper ensemble and the etcd cluster among them), simba-chaos's
+  # zookeeper-ensemble and etcd-cluster rounds and cluster fault cases, and every backend's
+  # conformance suite.
   local filter='binary(containers) | (package(simba-redis) & binary(conformance))'
   filter+=' | (package(simba-jdbc) & (binary(conformance_mysql) | binary(conformance_postgres)))'
   filter+=' | (package(simba-zookeeper) & binary(conformance))'
@@ -250,11 +260,11 @@ cmd_test() {
 }
 
 case "${1:-}" in
-  build) cmd_build ;;
+  build) shift; cmd_build "$@" ;;
   test) cmd_test ;;
   clean) cmd_clean ;;
   *)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

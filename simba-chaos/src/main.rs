@@ -3,7 +3,7 @@
 //! non-zero when X or Y is not 0 or N is too small.
 //!
 //! ```text
-//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd
+//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster
 //!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
 //!             [--contenders 3]
 //!             [--min-handoffs N] [--unsafe]
@@ -11,6 +11,9 @@
 //!
 //! `zookeeper-ensemble` (feature `containers`) starts a three-node ensemble in containers
 //! and has its own faults: `leader-kill,follower-partition,contender-partition,kill,pause`;
+//! `etcd-cluster` (feature `containers`) starts a three-member etcd cluster in containers
+//! (contender `i` talks to member `i mod 3`), with the faults
+//! `leader-kill,member-partition,member-restart,kill,pause`;
 //! `redis-sentinel` starts a primary, two replicas of different `replica-priority` and three
 //! sentinels, with the faults
 //! `failover,kill,pause`; `redis-cluster` starts three primaries with a replica each
@@ -55,13 +58,15 @@ fn usage(msg: &str) -> ExitCode {
     eprintln!("simba-chaos: {msg}");
     eprintln!(
         "usage: simba-chaos --backend \
-         redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd \
+         redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster \
          [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
          [--contenders N] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\
          redis-cluster: --faults failover,kill,pause,cut\n\
          zookeeper-ensemble (feature `containers`): --faults \
-         leader-kill,follower-partition,contender-partition,kill,pause"
+         leader-kill,follower-partition,contender-partition,kill,pause\n\
+         etcd-cluster (feature `containers`): --faults \
+         leader-kill,member-partition,member-restart,kill,pause"
     );
     ExitCode::from(64)
 }

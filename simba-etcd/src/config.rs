@@ -1,6 +1,7 @@
 //! [`EtcdConfig`]: endpoints, key prefix, credentials and timing, from code or a URL.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use simba_core::{Error, Result, is_secret_key, redact_url_with};
@@ -19,8 +20,56 @@ pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The URL schemes of plain connections.
 pub(crate) const PLAIN_SCHEMES: &[&str] = &["etcd"];
-/// The URL schemes of TLS connections (refused: not implemented).
+/// The URL schemes of TLS connections (refused without the feature `tls`).
 pub(crate) const TLS_SCHEMES: &[&str] = &["etcds", "etcd+tls"];
+
+/// The URL options of TLS (`etcds://…?tlsCaFile=…`).
+pub(crate) const TLS_URL_OPTIONS: &[&str] =
+    &["tlsCaFile", "tlsCertFile", "tlsKeyFile", "tlsServerName"];
+
+/// TLS settings (feature `tls`): which CA to trust, a client certificate, and the name the
+/// server's certificate must carry. The chain and the name are always checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdTlsOptions {
+    /// The CA certificates (PEM) to trust instead of the system's (`tlsCaFile=`).
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain (PEM), for etcd's `--client-cert-auth` (`tlsCertFile=`).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM) (`tlsKeyFile=`).
+    pub key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, whatever host is dialled
+    /// (`tlsServerName=`); by default the host of the endpoint.
+    pub server_name: Option<String>,
+}
+
+impl EtcdTlsOptions {
+    /// Trust the CA certificates of `path` (PEM) instead of the system's.
+    #[must_use]
+    pub fn with_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Present the client certificate `cert` with its key `key` (PEM files).
+    #[must_use]
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.cert_file = Some(cert.into());
+        self.key_file = Some(key.into());
+        self
+    }
+
+    /// Check the server's certificate against `name` instead of the dialled host.
+    #[must_use]
+    pub fn with_server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == EtcdTlsOptions::default()
+    }
+}
 
 /// How to reach etcd and how long leases last.
 ///
@@ -44,8 +93,11 @@ pub struct EtcdConfig {
     pub prefix: String,
     /// `(user, password)` for etcd's authentication. Redacted in `Debug`.
     pub user: Option<(String, String)>,
-    /// Whether to speak TLS (`etcds://`): not implemented, refused by [`validate`](Self::validate).
+    /// Whether to speak TLS (`etcds://`); without the feature `tls` refused by
+    /// [`validate`](Self::validate).
     pub tls: bool,
+    /// The TLS settings (used when `tls` is on).
+    pub tls_options: EtcdTlsOptions,
     /// The time to live of each contender's lease, whole seconds (default 10 s); a silent
     /// owner keeps the mutex that long.
     pub lease_ttl: Duration,
@@ -64,6 +116,7 @@ impl fmt::Debug for EtcdConfig {
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(u, _)| (u, "***")))
             .field("tls", &self.tls)
+            .field("tls_options", &self.tls_options)
             .field("lease_ttl", &self.lease_ttl)
             .field("connect_timeout", &self.connect_timeout)
             .field("drift_margin", &self.drift_margin)
@@ -86,6 +139,7 @@ impl EtcdConfig {
             prefix: DEFAULT_PREFIX.to_owned(),
             user: None,
             tls: false,
+            tls_options: EtcdTlsOptions::default(),
             lease_ttl: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             drift_margin: Duration::from_millis(200),
@@ -94,7 +148,9 @@ impl EtcdConfig {
     }
 
     /// Parses `etcd://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]…][/PREFIX]` (or `etcds://`
-    /// for TLS). Options after `?`: `lease_ttl=SECONDS`.
+    /// for TLS, feature `tls`). Options after `?`: `lease_ttl=SECONDS`; with `etcds://`
+    /// also `tlsCaFile=PATH`, `tlsCertFile=PATH`, `tlsKeyFile=PATH`, `tlsServerName=NAME`
+    /// ([`EtcdTlsOptions`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] saying what is wrong.
@@ -169,10 +225,26 @@ impl EtcdConfig {
                     })?;
                     config.lease_ttl = Duration::from_secs(secs);
                 }
+                "tlsCaFile" | "tlsCertFile" | "tlsKeyFile" | "tlsServerName" => {
+                    let value = percent_decode(v)?;
+                    if value.is_empty() {
+                        return Err(Error::config("url", format!("`{k}=` needs a value")));
+                    }
+                    let o = &mut config.tls_options;
+                    match k {
+                        "tlsCaFile" => o.ca_file = Some(value.into()),
+                        "tlsCertFile" => o.cert_file = Some(value.into()),
+                        "tlsKeyFile" => o.key_file = Some(value.into()),
+                        _ => o.server_name = Some(value),
+                    }
+                }
                 other => {
                     return Err(Error::config(
                         "url",
-                        format!("unknown option `{other}` (known: lease_ttl)"),
+                        format!(
+                            "unknown option `{other}` (known: lease_ttl, {})",
+                            TLS_URL_OPTIONS.join(", ")
+                        ),
                     ));
                 }
             }
@@ -192,6 +264,19 @@ impl EtcdConfig {
     #[must_use]
     pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Speaks TLS with `options` (feature `tls`): every endpoint becomes `https://`.
+    #[must_use]
+    pub fn with_tls(mut self, options: EtcdTlsOptions) -> Self {
+        self.tls = true;
+        self.tls_options = options;
+        for e in &mut self.endpoints {
+            if let Some(rest) = e.strip_prefix("http://") {
+                *e = format!("https://{rest}");
+            }
+        }
         self
     }
 
@@ -264,12 +349,29 @@ impl EtcdConfig {
                 ),
             ));
         }
-        if self.tls {
+        if self.tls && !cfg!(feature = "tls") {
             return Err(Error::config(
                 "tls",
-                "TLS to etcd is not implemented in simba-etcd yet (etcds:// URLs are refused \
-                 rather than sent in plain text); reach a TLS-only cluster through a local TLS \
-                 tunnel and give etcd://127.0.0.1:TUNNEL_PORT",
+                "this simba-etcd was built without its feature `tls` (etcds:// URLs are \
+                 refused rather than sent in plain text): build it with `features = [\"tls\"]`, \
+                 or reach a TLS-only cluster through a local TLS tunnel and give \
+                 etcd://127.0.0.1:TUNNEL_PORT",
+            ));
+        }
+        if !self.tls && !self.tls_options.is_empty() {
+            return Err(Error::config(
+                "tls",
+                format!(
+                    "TLS options ({}) on a plain connection: use etcds:// (EtcdConfig::with_tls)",
+                    TLS_URL_OPTIONS.join(", ")
+                ),
+            ));
+        }
+        let o = &self.tls_options;
+        if o.cert_file.is_some() != o.key_file.is_some() {
+            return Err(Error::config(
+                "tls.cert_file",
+                "a client certificate needs both tlsCertFile and tlsKeyFile",
             ));
         }
         Ok(())
@@ -411,9 +513,48 @@ mod tests {
         assert!(!format!("{c:?}").contains("secret"));
     }
 
+    #[cfg(not(feature = "tls"))]
     #[test]
     fn tls_is_refused_not_sent_in_plain_text() {
         let r = EtcdConfig::from_url("etcds://h:2379");
-        assert!(matches!(r, Err(Error::InvalidConfig { field: "tls", .. })));
+        match r {
+            Err(Error::InvalidConfig {
+                field: "tls",
+                reason,
+            }) => {
+                assert!(reason.contains("feature `tls`"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_urls() {
+        let c = EtcdConfig::from_url(
+            "etcds://h:1,g/p?tlsCaFile=/c%20a.pem&tlsCertFile=/c.pem&tlsKeyFile=/k.pem&tlsServerName=n",
+        )
+        .expect("url");
+        assert!(c.tls);
+        assert_eq!(c.endpoints, ["https://h:1", "https://g:2379"]);
+        assert_eq!(
+            c.tls_options,
+            EtcdTlsOptions::default()
+                .with_ca_file("/c a.pem")
+                .with_client_cert("/c.pem", "/k.pem")
+                .with_server_name("n")
+        );
+        let c = EtcdConfig::new("h:1").with_tls(EtcdTlsOptions::default());
+        assert_eq!(c.endpoints, ["https://h:1"]);
+        for bad in [
+            "etcd://h?tlsCaFile=/ca.pem",
+            "etcds://h?tlsCertFile=/c.pem",
+            "etcds://h?tlsCaFile=",
+        ] {
+            assert!(
+                matches!(EtcdConfig::from_url(bad), Err(Error::InvalidConfig { .. })),
+                "{bad}"
+            );
+        }
     }
 }

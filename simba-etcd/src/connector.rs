@@ -71,7 +71,10 @@ impl Connector for EtcdConnector {
     }
 
     fn forms(&self) -> Vec<&'static str> {
-        vec!["etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PREFIX]"]
+        vec![
+            "etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PREFIX]",
+            "etcds://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PREFIX][?tlsCaFile=PATH&tlsCertFile=PATH&tlsKeyFile=PATH&tlsServerName=NAME] (feature `tls`)",
+        ]
     }
 
     fn redact(&self, url: &str) -> String {
@@ -301,10 +304,13 @@ mod tests {
         let c = Connectors::new(vec![&CONNECTOR]);
         assert!(c.validate("etcd://h:2379,h2:2379/apps").is_ok());
         assert!(c.validate("etcd:///apps").is_err());
+        #[cfg(not(feature = "tls"))]
         match c.validate("etcds://h:2379") {
             Err(Error::InvalidConfig { reason, .. }) => assert!(reason.contains("tunnel")),
             other => panic!("{other:?}"),
         }
+        #[cfg(feature = "tls")]
+        assert!(c.validate("etcds://h:2379?tlsCaFile=/ca.pem").is_ok());
         assert_eq!(
             c.redact("etcd://u:secret@h:2379/a"),
             "etcd://u:***@h:2379/a"

@@ -125,6 +125,14 @@ pub(crate) async fn connect_client(config: &EtcdConfig) -> Result<Client> {
     if let Some((user, password)) = &config.user {
         options = options.with_user(user.clone(), password.clone());
     }
+    #[cfg(feature = "tls")]
+    let tls = if config.tls {
+        let (tls_options, tls) = crate::tls::options(config)?;
+        options = options.with_tls(tls_options);
+        Some(tls)
+    } else {
+        None
+    };
     let endpoints = config.endpoints.join(",");
     let connect = async {
         let mut client = Client::connect(&config.endpoints, Some(options))
@@ -136,7 +144,7 @@ pub(crate) async fn connect_client(config: &EtcdConfig) -> Result<Client> {
             .map_err(|e| backend_error(format!("a first read from {endpoints}"), e))?;
         Ok::<_, Error>(client)
     };
-    match tokio::time::timeout(config.connect_timeout, connect).await {
+    let result = match tokio::time::timeout(config.connect_timeout, connect).await {
         Ok(r) => r,
         Err(_) => Err(Error::backend(
             BACKEND,
@@ -145,7 +153,21 @@ pub(crate) async fn connect_client(config: &EtcdConfig) -> Result<Client> {
                 config.connect_timeout
             ),
         )),
+    };
+    // A certificate problem shows only as no answer (the channel retries in the
+    // background): one handshake of our own tells what it is.
+    #[cfg(feature = "tls")]
+    if let (Err(_), Some(tls), Some(first)) = (&result, &tls, config.endpoints.first())
+        && let Some(failure) = crate::tls::diagnose(tls, config, first).await
+    {
+        return Err(Error::backend_source(
+            BACKEND,
+            format!("connecting to {endpoints}: {failure}"),
+            false,
+            failure,
+        ));
     }
+    result
 }
 
 /// The object-safe [`ContendServiceFactory`](simba_core::ContendServiceFactory) comes

@@ -7,16 +7,20 @@ mod connector;
 mod contend;
 mod factory;
 mod retrieve;
+mod tls;
 
 pub use config::{
-    DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig, MAX_CONNECT_TIMEOUT, MAX_LEASE_TTL, MIN_LEASE_TTL,
-    redact_url,
+    DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig, EtcdTlsOptions, MAX_CONNECT_TIMEOUT, MAX_LEASE_TTL,
+    MIN_LEASE_TTL, redact_url,
 };
 pub use connector::{CONNECTOR, EtcdConnector};
 pub use contend::EtcdContendService;
 pub use etcd_client;
 pub use factory::EtcdFactory;
 pub use retrieve::EtcdRetrievalService;
+/// Why a TLS connection failed: the `source` of the error [`EtcdFactory::connect`] returns
+/// then (feature `tls`).
+pub use simba_core::tls::{TlsFailure, TlsProblem};
 
 /// The backend name this crate reports ([`ContendServiceFactory::backend`] and
 /// [`Error::Backend`]'s `backend`).

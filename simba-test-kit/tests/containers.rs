@@ -285,3 +285,100 @@ async fn zookeeper_ensemble() {
     assert_eq!(labelled(&["ps", "-a"]), Vec::<String>::new());
     assert_eq!(labelled(&["network", "ls"]), Vec::<String>::new());
 }
+
+/// The three-member etcd cluster: one leader followed by the two others, and the handle's
+/// faults do what they say — a killed leader is replaced by an election among the other two
+/// and rejoins (its data kept) as a follower; a member parted from the others loses its
+/// leader while its client port still answers, and serves again when healed; a restarted
+/// member serves again; a cut client network reaches no member while the other one still
+/// does. Containers and networks are gone after the drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_cluster() {
+    use simba_test_kit::servers::{CLUSTER_SIZE, EtcdCluster, MemberState};
+    let cluster = tokio::time::timeout(Duration::from_secs(180), EtcdCluster::start(2))
+        .await
+        .expect("no cluster within 180 s")
+        .unwrap_or_else(|e| panic!("cluster: {e}"));
+    assert_eq!(labelled(&["ps", "-a"]).len(), CLUSTER_SIZE);
+    assert_eq!(
+        labelled(&["network", "ls"]).len(),
+        4,
+        "peers, control, 2 clients"
+    );
+    assert!(
+        cluster.url().starts_with("etcd://127.0.0.1:"),
+        "{}",
+        cluster.url()
+    );
+    let leader = cluster
+        .wait_for_quorum(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut states = Vec::new();
+    for i in 0..CLUSTER_SIZE {
+        states.push(cluster.state(i).await);
+    }
+    assert_eq!(states[leader], MemberState::Leader, "{states:?}");
+    assert_eq!(
+        states
+            .iter()
+            .filter(|s| **s == MemberState::Follower)
+            .count(),
+        2,
+        "{states:?}"
+    );
+
+    // Leader killed: the two others elect one of themselves; it comes back as a follower.
+    cluster.kill(leader).await.unwrap();
+    assert_eq!(cluster.state(leader).await, MemberState::Down);
+    let new = cluster
+        .wait_for_quorum(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(new, leader);
+    cluster.start_member(leader).await.unwrap();
+    assert_eq!(cluster.state(leader).await, MemberState::Follower);
+
+    // A follower parted from the others loses its leader; its client port still answers.
+    let follower = (0..CLUSTER_SIZE).find(|&i| i != new).unwrap();
+    cluster.partition(follower).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = cluster.state(follower).await;
+        if state == MemberState::NoLeader {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a partitioned member still has a leader after 30 s: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        cluster.leader().await,
+        Some(new),
+        "the majority keeps its leader"
+    );
+    cluster.heal(follower).await.unwrap();
+    cluster
+        .wait_serving(follower, Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    // A restarted member serves again.
+    cluster.restart(follower).await.unwrap();
+    assert_ne!(cluster.state(follower).await, MemberState::Down);
+
+    // Client 0 cut off: no member reachable on its network; client 1 unaffected.
+    let first = |c: usize| cluster.client_endpoint(c, 0).to_string();
+    assert!(reachable(&first(0), Duration::from_secs(5)).await);
+    cluster.cut_client(0).await.unwrap();
+    assert!(!reachable(&first(0), Duration::from_secs(3)).await);
+    assert!(reachable(&first(1), Duration::from_secs(5)).await);
+    cluster.restore_client(0).await.unwrap();
+    assert!(reachable(&first(0), Duration::from_secs(5)).await);
+
+    drop(cluster);
+    assert_eq!(labelled(&["ps", "-a"]), Vec::<String>::new());
+    assert_eq!(labelled(&["network", "ls"]), Vec::<String>::new());
+}

@@ -14,6 +14,8 @@
 //! | `SIMBA_CHAOS_TTL_MS`, `SIMBA_CHAOS_TRANSITION_MS` | lease timing |
 //! | `SIMBA_CHAOS_UNSAFE` | `1`: ignore the local deadline (to prove the checker catches it) |
 
+#[cfg(feature = "containers")]
+mod nodes;
 mod resource;
 
 #[cfg(any(test, fuzzing))]
@@ -63,6 +65,10 @@ pub enum ChaosBackend {
     /// A three-node ZooKeeper ensemble in containers (`servers::ZkEnsemble`,
     /// feature `containers`): the target of the faults that need hosts.
     ZookeeperEnsemble,
+    /// A three-member etcd cluster in containers (`servers::EtcdCluster`, feature
+    /// `containers`); contender `i` talks to member `i mod 3` only (on its own client
+    /// network), so that a member's fault is a fault of known contenders.
+    EtcdCluster,
 }
 
 impl FromStr for ChaosBackend {
@@ -78,10 +84,11 @@ impl FromStr for ChaosBackend {
             "redis-sentinel" => ChaosBackend::RedisSentinel,
             "redis-cluster" => ChaosBackend::RedisCluster,
             "zookeeper-ensemble" | "zk-ensemble" => ChaosBackend::ZookeeperEnsemble,
+            "etcd-cluster" => ChaosBackend::EtcdCluster,
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown backend {other:?}: use redis, redis-sentinel, redis-cluster, mysql, \
-                     postgres, sqlite, zookeeper, zookeeper-ensemble or etcd"
+                     postgres, sqlite, zookeeper, zookeeper-ensemble, etcd or etcd-cluster"
                 )));
             }
         })
@@ -99,8 +106,22 @@ impl ChaosBackend {
             ChaosBackend::Sqlite
             | ChaosBackend::RedisSentinel
             | ChaosBackend::RedisCluster
-            | ChaosBackend::ZookeeperEnsemble => None,
+            | ChaosBackend::ZookeeperEnsemble
+            | ChaosBackend::EtcdCluster => None,
         }
+    }
+
+    /// Whether this target is a deployment in containers (its faults need hosts).
+    fn in_containers(self) -> bool {
+        matches!(
+            self,
+            ChaosBackend::ZookeeperEnsemble | ChaosBackend::EtcdCluster
+        )
+    }
+
+    /// Whether this is an etcd target (leases of whole seconds, at least 2 s).
+    fn is_etcd(self) -> bool {
+        matches!(self, ChaosBackend::Etcd | ChaosBackend::EtcdCluster)
     }
 
     /// Whether this is a ZooKeeper target (sessions instead of leases).
@@ -137,8 +158,8 @@ pub enum FaultKind {
     /// a lease): SIGKILL, `CLUSTER FAILOVER TAKEOVER` on the replica, the old primary back
     /// as its replica.
     Failover,
-    /// `zookeeper-ensemble`: kill the ensemble's leader (SIGKILL of its container), let
-    /// the other two elect a new one, start it again.
+    /// `zookeeper-ensemble`, `etcd-cluster`: kill the leader (SIGKILL of its container),
+    /// let the other two elect a new one, start it again after a lease (its data kept).
     LeaderKill,
     /// `zookeeper-ensemble`: disconnect a follower from the other nodes' network (the one
     /// the owner is connected to, when it is a follower), reconnect it after the session
@@ -147,6 +168,13 @@ pub enum FaultKind {
     /// `zookeeper-ensemble`: disconnect the owner's client network from every node, for
     /// half to twice the session timeout, so that ZooKeeper keeps or expires the session.
     ContenderPartition,
+    /// `etcd-cluster`: disconnect a member from the other members' network for the lease
+    /// and a second, then reconnect it: every other time the owner's member (leader or
+    /// follower), the other times a follower that is not the owner's.
+    MemberPartition,
+    /// `etcd-cluster`: restart a member (graceful stop, start on its data): every other
+    /// time the owner's member, the other times the leader.
+    MemberRestart,
 }
 
 impl FaultKind {
@@ -158,24 +186,27 @@ impl FaultKind {
                 backend,
                 ChaosBackend::RedisSentinel | ChaosBackend::RedisCluster
             ),
-            FaultKind::LeaderKill
-            | FaultKind::FollowerPartition
-            | FaultKind::ContenderPartition => backend == ChaosBackend::ZookeeperEnsemble,
-            // The proxy and the private server's restart are not there on the ensemble,
-            // whose connections go through Docker networks, nor behind Sentinel, whose
+            FaultKind::LeaderKill => backend.in_containers(),
+            FaultKind::FollowerPartition | FaultKind::ContenderPartition => {
+                backend == ChaosBackend::ZookeeperEnsemble
+            }
+            FaultKind::MemberPartition | FaultKind::MemberRestart => {
+                backend == ChaosBackend::EtcdCluster
+            }
+            // The proxy and the private server's restart are not there on the deployments
+            // in containers, whose connections go through Docker networks, nor behind
+            // Sentinel, whose
             // contenders reach the deployment directly, nor on Cluster, whose clients follow
             // the nodes' own addresses past any proxy: there the nodes close the owner's
             // connections themselves (cut).
-            FaultKind::Cut => !matches!(
-                backend,
-                ChaosBackend::ZookeeperEnsemble | ChaosBackend::RedisSentinel
-            ),
-            FaultKind::Restart | FaultKind::Delay | FaultKind::Partition => !matches!(
-                backend,
-                ChaosBackend::ZookeeperEnsemble
-                    | ChaosBackend::RedisSentinel
-                    | ChaosBackend::RedisCluster
-            ),
+            FaultKind::Cut => !backend.in_containers() && backend != ChaosBackend::RedisSentinel,
+            FaultKind::Restart | FaultKind::Delay | FaultKind::Partition => {
+                !backend.in_containers()
+                    && !matches!(
+                        backend,
+                        ChaosBackend::RedisSentinel | ChaosBackend::RedisCluster
+                    )
+            }
         }
     }
 }
@@ -194,11 +225,14 @@ impl FromStr for FaultKind {
             "leader-kill" => FaultKind::LeaderKill,
             "follower-partition" => FaultKind::FollowerPartition,
             "contender-partition" => FaultKind::ContenderPartition,
+            "member-partition" => FaultKind::MemberPartition,
+            "member-restart" => FaultKind::MemberRestart,
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition, \
-                     on redis-sentinel and redis-cluster failover, or on zookeeper-ensemble \
-                     leader-kill, follower-partition, contender-partition"
+                     on redis-sentinel and redis-cluster failover, on zookeeper-ensemble \
+                     leader-kill, follower-partition, contender-partition, or on etcd-cluster \
+                     leader-kill, member-partition, member-restart"
                 )));
             }
         })
@@ -249,6 +283,8 @@ impl ChaosConfig {
             FaultKind::LeaderKill,
             FaultKind::FollowerPartition,
             FaultKind::ContenderPartition,
+            FaultKind::MemberPartition,
+            FaultKind::MemberRestart,
         ]
         .into_iter()
         .filter(|f| f.applies_to(backend))
@@ -263,13 +299,11 @@ impl ChaosConfig {
             args,
             // ZooKeeper: ttl + transition is the session timeout, at least 2 s; etcd: the
             // lease TTL, whole seconds, at least 2 s.
-            ttl: Duration::from_millis(
-                if backend.is_zookeeper() || backend == ChaosBackend::Etcd {
-                    1500
-                } else {
-                    1000
-                },
-            ),
+            ttl: Duration::from_millis(if backend.is_zookeeper() || backend.is_etcd() {
+                1500
+            } else {
+                1000
+            }),
             transition: Duration::from_millis(500),
             fault_every: Duration::from_secs(2),
             min_handoffs: 5,
@@ -390,6 +424,13 @@ struct Run<'a> {
     /// The `zookeeper-ensemble` target's ensemble; contender `i` uses its client network `i`.
     #[cfg(feature = "containers")]
     ensemble: Option<crate::servers::ZkEnsemble>,
+    /// The `etcd-cluster` target's cluster; contender `i` uses its client network `i` and
+    /// member `i mod 3` on it.
+    #[cfg(feature = "containers")]
+    etcd_cluster: Option<crate::servers::EtcdCluster>,
+    /// Member partitions and member restarts begun, to alternate their targets.
+    #[cfg(feature = "containers")]
+    member_faults: [usize; 2],
 }
 
 impl Run<'_> {
@@ -597,11 +638,45 @@ impl Run<'_> {
             }
             FaultKind::LeaderKill
             | FaultKind::FollowerPartition
-            | FaultKind::ContenderPartition => {
-                return self.ensemble_fault(kind, owner).await;
+            | FaultKind::ContenderPartition
+            | FaultKind::MemberPartition
+            | FaultKind::MemberRestart => {
+                return self.nodes_fault(kind, owner).await;
             }
         }
         Ok(true)
+    }
+
+    /// The faults on the deployments in containers. Each one leaves the deployment whole
+    /// again (every node serving, every network connected) before it returns.
+    #[cfg(feature = "containers")]
+    async fn nodes_fault(&mut self, kind: FaultKind, owner: usize) -> Result<bool, ChaosError> {
+        if let Some(cluster) = &self.etcd_cluster {
+            let applied = match kind {
+                FaultKind::LeaderKill => nodes::leader_kill(cluster, self.lease()).await?,
+                FaultKind::MemberPartition | FaultKind::MemberRestart => {
+                    let partition = kind == FaultKind::MemberPartition;
+                    let turn = &mut self.member_faults[usize::from(!partition)];
+                    *turn += 1;
+                    nodes::etcd_member_fault(
+                        cluster,
+                        partition,
+                        owner % crate::servers::CLUSTER_SIZE,
+                        *turn - 1,
+                        self.lease(),
+                    )
+                    .await?
+                }
+                _ => false,
+            };
+            return Ok(applied);
+        }
+        self.ensemble_fault(kind, owner).await
+    }
+
+    #[cfg(not(feature = "containers"))]
+    async fn nodes_fault(&mut self, _kind: FaultKind, _owner: usize) -> Result<bool, ChaosError> {
+        Ok(false)
     }
 
     /// The faults on the ensemble. Each one leaves the ensemble whole again (every node
@@ -615,19 +690,8 @@ impl Run<'_> {
         let session = self.lease();
         match kind {
             FaultKind::LeaderKill => {
-                let Some(leader) = ens.leader().await else {
-                    return Ok(false);
-                };
-                ens.kill(leader).await?;
-                let t = Instant::now();
-                let elected = ens.wait_for_quorum(Duration::from_secs(60)).await;
-                if let Ok(new) = &elected {
-                    info!(killed = leader + 1, leader = new + 1, after = ?t.elapsed(), "new leader");
-                }
                 // Down for a session timeout: sessions are kept or expire meanwhile.
-                sleep(session).await;
-                ens.start_node(leader).await?;
-                elected?;
+                return Ok(nodes::leader_kill(ens, session).await?);
             }
             FaultKind::FollowerPartition => {
                 let mut followers = Vec::new();
@@ -650,10 +714,7 @@ impl Run<'_> {
                     },
                 };
                 info!(node = node + 1, owners_server = ?owners_server.map(|n| n + 1), "partition a follower");
-                ens.partition(node).await?;
-                sleep(session + Duration::from_secs(1)).await;
-                ens.heal(node).await?;
-                ens.wait_serving(node, Duration::from_secs(60)).await?;
+                nodes::partition_for(ens, node, session + Duration::from_secs(1)).await?;
             }
             FaultKind::ContenderPartition => {
                 if owner >= ens.clients() {
@@ -671,11 +732,6 @@ impl Run<'_> {
             _ => return Ok(false),
         }
         Ok(true)
-    }
-
-    #[cfg(not(feature = "containers"))]
-    async fn ensemble_fault(&self, _kind: FaultKind, _owner: usize) -> Result<bool, ChaosError> {
-        Ok(false)
     }
 }
 
@@ -770,13 +826,14 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
             cfg.backend
         )));
     }
+    if cfg.backend.in_containers() && cfg.url.is_some() {
+        return Err(ChaosError::Usage(format!(
+            "{:?} starts its own servers in containers: leave out --url",
+            cfg.backend
+        )));
+    }
     #[cfg(feature = "containers")]
     let ensemble = if cfg.backend == ChaosBackend::ZookeeperEnsemble {
-        if cfg.url.is_some() {
-            return Err(ChaosError::Usage(
-                "zookeeper-ensemble starts its own ensemble in containers: leave out --url".into(),
-            ));
-        }
         let t = Instant::now();
         let ensemble = crate::servers::ZkEnsemble::start(cfg.contenders).await?;
         info!(after = ?t.elapsed(), "ensemble serving");
@@ -784,13 +841,22 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     } else {
         None
     };
+    #[cfg(feature = "containers")]
+    let etcd_cluster = if cfg.backend == ChaosBackend::EtcdCluster {
+        let t = Instant::now();
+        let cluster = crate::servers::EtcdCluster::start(cfg.contenders).await?;
+        info!(after = ?t.elapsed(), url = %cluster.url(), "etcd cluster serving");
+        Some(cluster)
+    } else {
+        None
+    };
     #[cfg(not(feature = "containers"))]
-    if cfg.backend == ChaosBackend::ZookeeperEnsemble {
-        return Err(ChaosError::Usage(
-            "zookeeper-ensemble needs simba-test-kit's feature `containers` (simba-chaos: \
-             `--features containers`) and a Docker engine"
-                .into(),
-        ));
+    if cfg.backend.in_containers() {
+        return Err(ChaosError::Usage(format!(
+            "{:?} needs simba-test-kit's feature `containers` (simba-chaos: \
+             `--features containers`) and a Docker engine",
+            cfg.backend
+        )));
     }
     let dir = tempfile::tempdir().map_err(io("temp dir"))?;
     let mutex = format!("chaos-{}", std::process::id());
@@ -830,11 +896,22 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         .map_err(io("start the fenced resource"))?;
     let mut contenders = Vec::new();
     for i in 0..cfg.contenders {
+        // In containers: client network `i` (etcd: member `i mod 3` on it).
         #[cfg(feature = "containers")]
-        if let Some(ens) = &ensemble {
+        let in_containers = match (&ensemble, &etcd_cluster) {
+            (Some(ens), _) => Some(backend_url(cfg.backend, &ens.connect_string(i))),
+            (_, Some(cl)) => Some(format!(
+                "etcd://{}",
+                cl.client_endpoint(i, i % crate::servers::CLUSTER_SIZE)
+            )),
+            _ => None,
+        };
+        #[cfg(not(feature = "containers"))]
+        let in_containers: Option<String> = None;
+        if let Some(url) = in_containers {
             contenders.push(Contender {
                 name: format!("c{i}"),
-                url: backend_url(cfg.backend, &ens.connect_string(i)),
+                url,
                 proxy: None,
                 child: None,
                 log: dir.path().join(format!("c{i}.log")),
@@ -878,6 +955,10 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         contenders,
         #[cfg(feature = "containers")]
         ensemble,
+        #[cfg(feature = "containers")]
+        etcd_cluster,
+        #[cfg(feature = "containers")]
+        member_faults: [0; 2],
     };
     for i in 0..cfg.contenders {
         run.spawn(i)?;
@@ -1015,6 +1096,24 @@ mod tests {
         let cfg = ChaosConfig::new(ChaosBackend::ZookeeperEnsemble, "x", Vec::new());
         assert!(cfg.faults.iter().all(|f| f.applies_to(cfg.backend)));
         assert_eq!(cfg.ttl + cfg.transition, Duration::from_secs(2));
+        assert_eq!(
+            "etcd-cluster".parse::<ChaosBackend>().ok(),
+            Some(ChaosBackend::EtcdCluster)
+        );
+        let cfg = ChaosConfig::new(ChaosBackend::EtcdCluster, "x", Vec::new());
+        assert_eq!(
+            cfg.faults,
+            [
+                FaultKind::Kill,
+                FaultKind::Pause,
+                FaultKind::LeaderKill,
+                FaultKind::MemberPartition,
+                FaultKind::MemberRestart
+            ]
+        );
+        assert_eq!(cfg.ttl + cfg.transition, Duration::from_secs(2));
+        assert!(!FaultKind::MemberRestart.applies_to(ChaosBackend::ZookeeperEnsemble));
+        assert!(!FaultKind::FollowerPartition.applies_to(ChaosBackend::EtcdCluster));
     }
 
     /// `/proc/net/tcp` prints an address as the hex of its network-order bytes read as a

@@ -1,13 +1,12 @@
 //! A three-node ZooKeeper ensemble in containers: see [`ZkEnsemble`].
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::process::Command;
-
-use super::container::{LABEL, preflight};
+use super::container::preflight;
+use super::docker::{self as dk, Deployment, Net};
 use super::{IMAGE_TAG, ServerError, ServerKind, image_name, probe};
 
 const KIND: ServerKind = ServerKind::Zookeeper;
@@ -17,9 +16,6 @@ pub const ENSEMBLE_SIZE: usize = 3;
 
 /// How long the ensemble may take to elect its first leader, or a node to serve again.
 const STARTUP: Duration = Duration::from_secs(120);
-
-/// How long one `docker` command may take.
-const DOCKER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The client port inside the containers.
 const CLIENT_PORT: u16 = 2181;
@@ -38,22 +34,6 @@ pub enum NodeMode {
     NotServing,
     /// Not answering at all (stopped, killed, or not reachable).
     Down,
-}
-
-/// A Docker network of the ensemble, with the subnet it was created with.
-#[derive(Debug, Clone)]
-struct Net {
-    name: String,
-    /// The network address of the subnet.
-    base: Ipv4Addr,
-}
-
-impl Net {
-    /// The fixed address of node `i` on this network.
-    fn node_ip(&self, i: usize) -> Ipv4Addr {
-        // .1 is the gateway (the host); nodes are .11, .12, .13.
-        Ipv4Addr::from(u32::from(self.base) + 11 + i as u32)
-    }
 }
 
 /// A three-node ZooKeeper ensemble in containers (feature `containers`), for faults that
@@ -79,124 +59,21 @@ impl Net {
 /// (no published ports), which needs a Docker engine on this Linux host (not a remote one,
 /// not Docker Desktop's VM). The kit drives the engine with the `docker` command.
 ///
-/// Containers and networks carry the label [`LABEL`]` = 1` (and `simba.test.pid`), and are
+/// Containers and networks carry the label [`LABEL`](super::LABEL)` = 1` (and `simba.test.pid`), and are
 /// removed when the [`ZkEnsemble`] is dropped, also when the test panics;
 /// `scripts/containers.sh clean` removes what a killed test process left.
 pub struct ZkEnsemble {
-    prefix: String,
-    containers: Vec<String>,
-    peers: Net,
-    control: Net,
-    clients: Vec<Net>,
+    d: Deployment,
 }
 
 impl fmt::Debug for ZkEnsemble {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkEnsemble")
-            .field("containers", &self.containers)
-            .field("peers", &self.peers.name)
-            .field("clients", &self.clients.len())
+            .field("containers", &self.d.containers)
+            .field("peers", &self.d.peers.name)
+            .field("clients", &self.d.clients.len())
             .finish()
     }
-}
-
-fn docker_error(context: String, message: String) -> ServerError {
-    ServerError::io(KIND, context, std::io::Error::other(message))
-}
-
-/// Runs `docker ARGS`, returns its standard output; an error carries its standard error.
-async fn docker(args: &[&str]) -> Result<String, ServerError> {
-    let context = format!("docker {}", args.join(" "));
-    let output = tokio::time::timeout(
-        DOCKER_TIMEOUT,
-        Command::new("docker")
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| docker_error(context.clone(), format!("no answer in {DOCKER_TIMEOUT:?}")))?
-    .map_err(|e| ServerError::io(KIND, context.clone(), e))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-    } else {
-        Err(docker_error(
-            context,
-            format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-        ))
-    }
-}
-
-/// Parses `a.b.c.d/len` into its network address.
-fn parse_subnet(text: &str) -> Option<Ipv4Addr> {
-    let (ip, len) = text.trim().split_once('/')?;
-    let ip: Ipv4Addr = ip.parse().ok()?;
-    let len: u32 = len.parse().ok()?;
-    // Room for the gateway and the nodes' .11 to .13 at least.
-    if !(8..=27).contains(&len) {
-        return None;
-    }
-    let mask = u32::MAX << (32 - len);
-    Some(Ipv4Addr::from(u32::from(ip) & mask))
-}
-
-/// Creates a labelled network with a subnet the engine picks, then makes it again with that
-/// subnet given explicitly: only on such a network does the engine keep a container's fixed
-/// address (`--ip`). The engine's choice avoids its other networks and the host's routes.
-async fn create_network(name: &str, internal: bool) -> Result<Net, ServerError> {
-    let pid = format!("simba.test.pid={}", std::process::id());
-    let label = format!("{LABEL}=1");
-    let mut last = None;
-    for _ in 0..3 {
-        docker(&[
-            "network", "create", "--label", &label, "--label", &pid, name,
-        ])
-        .await?;
-        let subnet = docker(&[
-            "network",
-            "inspect",
-            "-f",
-            "{{range .IPAM.Config}}{{.Subnet}} {{end}}",
-            name,
-        ])
-        .await;
-        docker(&["network", "rm", name]).await?;
-        let subnet = subnet?;
-        let Some(text) = subnet.split_whitespace().find(|s| !s.contains(':')) else {
-            return Err(docker_error(
-                format!("docker network inspect {name}"),
-                format!("no IPv4 subnet in {subnet:?}"),
-            ));
-        };
-        let Some(base) = parse_subnet(text) else {
-            return Err(docker_error(
-                format!("docker network inspect {name}"),
-                format!("unusable subnet {text:?}"),
-            ));
-        };
-        let mut args = vec![
-            "network", "create", "--label", &label, "--label", &pid, "--subnet", text,
-        ];
-        if internal {
-            args.push("--internal");
-        }
-        args.push(name);
-        // Another process may have taken the subnet in between: then ask again.
-        match docker(&args).await {
-            Ok(_) => {
-                return Ok(Net {
-                    name: name.to_owned(),
-                    base,
-                });
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| docker_error(format!("creating {name}"), "failed".to_owned())))
 }
 
 /// The `zoo.cfg` of every node: the kit's usual short ticks (sessions from 400 ms), the
@@ -253,74 +130,64 @@ impl ZkEnsemble {
         );
         // Made step by step into `ensemble`, whose drop removes what exists so far.
         let mut ensemble = ZkEnsemble {
-            prefix: prefix.clone(),
-            containers: Vec::new(),
-            peers: Net {
-                name: String::new(),
-                base: Ipv4Addr::UNSPECIFIED,
-            },
-            control: Net {
-                name: String::new(),
-                base: Ipv4Addr::UNSPECIFIED,
-            },
-            clients: Vec::new(),
+            d: Deployment::create(KIND, prefix.clone(), clients).await?,
         };
-        ensemble.peers = create_network(&format!("{prefix}-peers"), true).await?;
-        ensemble.control = create_network(&format!("{prefix}-control"), false).await?;
-        for c in 0..clients.max(1) {
-            let net = create_network(&format!("{prefix}-client{c}"), false).await?;
-            ensemble.clients.push(net);
-        }
         let dir = tempfile::tempdir().map_err(|e| ServerError::io(KIND, "temp dir", e))?;
         let cfg = dir.path().join("zoo.cfg");
-        std::fs::write(&cfg, zoo_cfg(&ensemble.peers))
+        std::fs::write(&cfg, zoo_cfg(&ensemble.d.peers))
             .map_err(|e| ServerError::io(KIND, "writing zoo.cfg", e))?;
         let cfg = cfg.display().to_string();
         let image = format!("{}:{IMAGE_TAG}", image_name(KIND));
-        let pid = format!("simba.test.pid={}", std::process::id());
-        let label = format!("{LABEL}=1");
+        let [l1, label, l2, pid] = dk::label_args();
         for i in 0..ENSEMBLE_SIZE {
             let name = format!("{prefix}-n{}", i + 1);
-            let ip = ensemble.peers.node_ip(i).to_string();
-            docker(&[
-                "create",
-                "--name",
-                &name,
-                "--hostname",
-                &format!("zk{}", i + 1),
-                "--label",
-                &label,
-                "--label",
-                &pid,
-                "--network",
-                &ensemble.peers.name,
-                "--ip",
-                &ip,
-                &image,
-                // Java options for the image's entrypoint: a dead peer is given up on
-                // after 1 s instead of 5 s, so that elections stay short.
-                "-Dzookeeper.cnxTimeout=1000",
-            ])
-            .await?;
-            ensemble.containers.push(name.clone());
+            let ip = ensemble.d.peers.node_ip(i).to_string();
+            ensemble
+                .d
+                .docker(&[
+                    "create",
+                    "--name",
+                    &name,
+                    "--hostname",
+                    &format!("zk{}", i + 1),
+                    &l1,
+                    &label,
+                    &l2,
+                    &pid,
+                    "--network",
+                    &ensemble.d.peers.name,
+                    "--ip",
+                    &ip,
+                    &image,
+                    // Java options for the image's entrypoint: a dead peer is given up on
+                    // after 1 s instead of 5 s, so that elections stay short.
+                    "-Dzookeeper.cnxTimeout=1000",
+                ])
+                .await?;
+            ensemble.d.containers.push(name.clone());
             let myid = dir.path().join(format!("myid{}", i + 1));
             std::fs::write(&myid, format!("{}\n", i + 1))
                 .map_err(|e| ServerError::io(KIND, "writing myid", e))?;
-            docker(&["cp", &cfg, &format!("{name}:/etc/simba/zoo.cfg")]).await?;
-            docker(&[
-                "cp",
-                &myid.display().to_string(),
-                &format!("{name}:/var/lib/zookeeper/data/myid"),
-            ])
-            .await?;
-            let mut nets = vec![ensemble.control.clone()];
-            nets.extend(ensemble.clients.iter().cloned());
+            ensemble
+                .d
+                .docker(&["cp", &cfg, &format!("{name}:/etc/simba/zoo.cfg")])
+                .await?;
+            ensemble
+                .d
+                .docker(&[
+                    "cp",
+                    &myid.display().to_string(),
+                    &format!("{name}:/var/lib/zookeeper/data/myid"),
+                ])
+                .await?;
+            let mut nets = vec![ensemble.d.control.clone()];
+            nets.extend(ensemble.d.clients.iter().cloned());
             for net in nets {
-                connect(&net, &name, i).await?;
+                ensemble.d.connect(&net, &name, i).await?;
             }
         }
-        for name in &ensemble.containers {
-            docker(&["start", name]).await?;
+        for name in &ensemble.d.containers {
+            ensemble.d.docker(&["start", name]).await?;
         }
         let deadline = Instant::now() + STARTUP;
         loop {
@@ -351,12 +218,12 @@ impl ZkEnsemble {
 
     /// The number of client networks.
     pub fn clients(&self) -> usize {
-        self.clients.len()
+        self.d.clients.len()
     }
 
     /// The container name of node `i` (0, 1 or 2; its `myid` is `i + 1`).
     pub fn container(&self, i: usize) -> &str {
-        &self.containers[i]
+        &self.d.containers[i]
     }
 
     /// The connect string for client `client`: every node's address on that client's
@@ -366,7 +233,7 @@ impl ZkEnsemble {
     ///
     /// When `client` is not below [`clients`](Self::clients).
     pub fn connect_string(&self, client: usize) -> String {
-        let net = &self.clients[client];
+        let net = &self.d.clients[client];
         (0..ENSEMBLE_SIZE)
             .map(|i| format!("{}:{CLIENT_PORT}", net.node_ip(i)))
             .collect::<Vec<_>>()
@@ -380,13 +247,13 @@ impl ZkEnsemble {
             return None;
         };
         (0..ENSEMBLE_SIZE).find(|&i| {
-            v4.port() == CLIENT_PORT && self.clients.iter().any(|n| n.node_ip(i) == *v4.ip())
+            v4.port() == CLIENT_PORT && self.d.clients.iter().any(|n| n.node_ip(i) == *v4.ip())
         })
     }
 
     /// What node `i` says it is, asked with `srvr` on the control network.
     pub async fn mode(&self, i: usize) -> NodeMode {
-        let addr = SocketAddr::from((self.control.node_ip(i), CLIENT_PORT));
+        let addr = SocketAddr::from((self.d.control.node_ip(i), CLIENT_PORT));
         match tokio::time::timeout(
             Duration::from_secs(2),
             probe::zookeeper_four_letter(addr, "srvr"),
@@ -466,7 +333,7 @@ impl ZkEnsemble {
                     message: format!(
                         "node {} ({}) does not serve within {within:?}: {mode:?}",
                         i + 1,
-                        self.containers[i]
+                        self.d.containers[i]
                     ),
                     log_tail: self.logs(i, 20).await,
                 });
@@ -482,7 +349,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker kill` fails.
     pub async fn kill(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["kill", &self.containers[i]]).await.map(drop)
+        self.d.kill(i).await
     }
 
     /// Stops node `i` gracefully (SIGTERM, then SIGKILL after 10 s).
@@ -491,7 +358,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker stop` fails.
     pub async fn stop(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["stop", &self.containers[i]]).await.map(drop)
+        self.d.stop(i).await
     }
 
     /// Starts a stopped or killed node `i` again (same data, same addresses) and waits
@@ -502,7 +369,7 @@ impl ZkEnsemble {
     /// [`ServerError::Io`] when `docker start` fails, [`ServerError::Start`] when the
     /// node does not serve within two minutes.
     pub async fn start_node(&self, i: usize) -> Result<(), ServerError> {
-        docker(&["start", &self.containers[i]]).await?;
+        self.d.start(i).await?;
         self.wait_serving(i, STARTUP).await
     }
 
@@ -513,14 +380,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn partition(&self, i: usize) -> Result<(), ServerError> {
-        docker(&[
-            "network",
-            "disconnect",
-            &self.peers.name,
-            &self.containers[i],
-        ])
-        .await
-        .map(drop)
+        self.d.partition(i).await
     }
 
     /// Undoes [`partition`](Self::partition): connects node `i` to the peers network
@@ -530,7 +390,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network connect` fails.
     pub async fn heal(&self, i: usize) -> Result<(), ServerError> {
-        connect(&self.peers, &self.containers[i], i).await
+        self.d.heal(i).await
     }
 
     /// Cuts client `client` off from every node: disconnects the nodes from that client's
@@ -540,11 +400,7 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network disconnect` fails.
     pub async fn cut_client(&self, client: usize) -> Result<(), ServerError> {
-        let net = &self.clients[client];
-        for name in &self.containers {
-            docker(&["network", "disconnect", &net.name, name]).await?;
-        }
-        Ok(())
+        self.d.cut_client(client).await
     }
 
     /// Undoes [`cut_client`](Self::cut_client).
@@ -553,109 +409,20 @@ impl ZkEnsemble {
     ///
     /// [`ServerError::Io`] when `docker network connect` fails.
     pub async fn restore_client(&self, client: usize) -> Result<(), ServerError> {
-        let net = &self.clients[client];
-        for (i, name) in self.containers.iter().enumerate() {
-            connect(net, name, i).await?;
-        }
-        Ok(())
+        self.d.restore_client(client).await
     }
 
     /// The last `lines` lines of node `i`'s log.
     pub async fn logs(&self, i: usize, lines: usize) -> String {
-        let Some(name) = self.containers.get(i) else {
-            return String::new();
-        };
-        let tail = lines.to_string();
-        let output = Command::new("docker")
-            .args(["logs", "--tail", &tail, name])
-            .output()
-            .await;
-        match output {
-            Ok(o) => format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => format!("docker logs {name}: {e}"),
-        }
-    }
-
-    /// The networks' names, for the removal.
-    fn network_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.clients.iter().map(|n| n.name.clone()).collect();
-        names.push(self.control.name.clone());
-        names.push(self.peers.name.clone());
-        names.retain(|n| !n.is_empty());
-        names
-    }
-}
-
-/// Connects container `name` (node `i`) to `net` at its fixed address.
-async fn connect(net: &Net, name: &str, i: usize) -> Result<(), ServerError> {
-    let ip = net.node_ip(i).to_string();
-    docker(&["network", "connect", "--ip", &ip, &net.name, name])
-        .await
-        .map(drop)
-}
-
-impl Drop for ZkEnsemble {
-    /// Removes the containers and the networks (synchronously, with the `docker` command,
-    /// so that it also works while a test panics).
-    fn drop(&mut self) {
-        if !self.containers.is_empty() {
-            let status = std::process::Command::new("docker")
-                .args(["rm", "-f", "-v"])
-                .args(&self.containers)
-                .stdout(std::process::Stdio::null())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                eprintln!(
-                    "simba-test-kit: could not remove the containers of {} ({status:?}); \
-                     `scripts/containers.sh clean` removes them",
-                    self.prefix
-                );
-            }
-        }
-        let networks = self.network_names();
-        if !networks.is_empty() {
-            let status = std::process::Command::new("docker")
-                .args(["network", "rm"])
-                .args(&networks)
-                .stdout(std::process::Stdio::null())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                eprintln!(
-                    "simba-test-kit: could not remove the networks of {} ({status:?}); \
-                     `scripts/containers.sh clean` removes them",
-                    self.prefix
-                );
-            }
-        }
+        self.d.logs(i, lines).await
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::Ipv4Addr;
 
-    #[test]
-    fn subnets_and_addresses() {
-        let base = parse_subnet("172.19.0.0/16");
-        assert_eq!(base, Some(Ipv4Addr::new(172, 19, 0, 0)));
-        let net = Net {
-            name: "n".into(),
-            base: Ipv4Addr::new(192, 168, 16, 0),
-        };
-        assert_eq!(net.node_ip(0), Ipv4Addr::new(192, 168, 16, 11));
-        assert_eq!(net.node_ip(2), Ipv4Addr::new(192, 168, 16, 13));
-        assert_eq!(
-            parse_subnet("10.1.2.3/24"),
-            Some(Ipv4Addr::new(10, 1, 2, 0))
-        );
-        assert_eq!(parse_subnet("10.1.2.3/30"), None);
-        assert_eq!(parse_subnet("fd00::/64"), None);
-        assert_eq!(parse_subnet("nonsense"), None);
-    }
+    use super::*;
 
     #[test]
     fn config_names_every_node_on_the_peers_network() {

@@ -13,6 +13,7 @@ const KIND: ServerKind = ServerKind::Etcd;
 #[derive(Debug, Clone)]
 pub(crate) struct Etcd {
     server: PathBuf,
+    tls: Option<super::tls::EtcdTls>,
 }
 
 impl Etcd {
@@ -23,7 +24,30 @@ impl Etcd {
                 "etcd was not found on PATH or in /usr/bin, /usr/sbin, /usr/local/bin",
             )
         })?;
-        Ok(Self { server })
+        Ok(Self { server, tls: None })
+    }
+
+    /// The same server speaking only TLS on its client port, with `tls`'s certificates,
+    /// and `/health` in plain HTTP on a metrics port of its own (the kit's readiness probe
+    /// speaks no TLS).
+    pub(crate) fn with_tls(mut self, tls: super::tls::EtcdTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The plain metrics port of a TLS server (chosen at its first start, kept in
+    /// `dir/metrics-port`).
+    pub(crate) fn metrics_port(&self, dir: &Path) -> Option<u16> {
+        self.tls.as_ref()?;
+        std::fs::read_to_string(dir.join("metrics-port"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     pub(crate) async fn prepare(&self, dir: &Path) -> Result<(), ServerError> {
@@ -36,23 +60,9 @@ impl Etcd {
     /// start and kept in `dir/peer-port` (a restart reuses it), data in `dir/data`, no
     /// fsync wait beyond etcd's own, heartbeat 100 ms / election 1 s (etcd's defaults).
     pub(crate) fn command(&self, dir: &Path, port: u16) -> Result<Command, ServerError> {
-        let peer_file = dir.join("peer-port");
-        let peer = match std::fs::read_to_string(&peer_file) {
-            Ok(p) => p.trim().parse::<u16>().map_err(|e| {
-                ServerError::io(
-                    KIND,
-                    "reading the peer port",
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-                )
-            })?,
-            Err(_) => {
-                let p = free_port().map_err(|e| ServerError::io(KIND, "finding a peer port", e))?;
-                std::fs::write(&peer_file, p.to_string())
-                    .map_err(|e| ServerError::io(KIND, "writing the peer port", e))?;
-                p
-            }
-        };
-        let client = format!("http://127.0.0.1:{port}");
+        let peer = kept_port(dir, "peer-port")?;
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{port}");
         let peer = format!("http://127.0.0.1:{peer}");
         let mut cmd = Command::new(&self.server);
         cmd.arg("--name")
@@ -72,6 +82,43 @@ impl Etcd {
             .args(["--initial-cluster-state", "new"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"]);
+        if let Some(tls) = &self.tls {
+            let metrics = kept_port(dir, "metrics-port")?;
+            cmd.arg("--cert-file")
+                .arg(&tls.server.cert)
+                .arg("--key-file")
+                .arg(&tls.server.key)
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{metrics}"));
+            // etcd 3.4 asks every client for a certificate once it has a trusted CA file
+            // (`--client-cert-auth` or not): the CA only where certificates are required.
+            if tls.require_client_cert {
+                cmd.arg("--trusted-ca-file")
+                    .arg(&tls.ca)
+                    .arg("--client-cert-auth");
+            }
+        }
         Ok(cmd)
+    }
+}
+
+/// A port chosen at the first start and kept in `dir/{file}` (a restart reuses it).
+fn kept_port(dir: &Path, file: &str) -> Result<u16, ServerError> {
+    let path = dir.join(file);
+    match std::fs::read_to_string(&path) {
+        Ok(p) => p.trim().parse::<u16>().map_err(|e| {
+            ServerError::io(
+                KIND,
+                format!("reading {file}"),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        }),
+        Err(_) => {
+            let p = free_port()
+                .map_err(|e| ServerError::io(KIND, format!("finding a port for {file}"), e))?;
+            std::fs::write(&path, p.to_string())
+                .map_err(|e| ServerError::io(KIND, format!("writing {file}"), e))?;
+            Ok(p)
+        }
     }
 }

@@ -45,9 +45,15 @@ mod etcd;
 #[cfg(feature = "containers")]
 pub use container::LABEL;
 #[cfg(feature = "containers")]
+mod docker;
+#[cfg(feature = "containers")]
 mod ensemble;
 #[cfg(feature = "containers")]
 pub use ensemble::{ENSEMBLE_SIZE, NodeMode, ZkEnsemble};
+#[cfg(feature = "containers")]
+mod etcd_cluster;
+#[cfg(feature = "containers")]
+pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster, MemberState};
 
 /// The tag of the kit's images (`docker/*/Dockerfile`), the same as in `docker-compose.yml`
 /// (a test reads that file to keep the two in step).
@@ -78,7 +84,8 @@ pub use sentinel::{
     redis_sentinel_with_replicas,
 };
 pub use tls::{
-    CertPair, MysqlTls, PostgresTls, RedisTls, TestCerts, mysql_tls, postgres_tls, redis_tls,
+    CertPair, EtcdTls, MysqlTls, PostgresTls, RedisTls, TestCerts, etcd_tls, mysql_tls,
+    postgres_tls, redis_tls,
 };
 
 use process::LocalServer;
@@ -240,6 +247,19 @@ pub enum ServerError {
     InvalidSelection {
         /// The value as given.
         value: String,
+    },
+    /// A control operation on a deployment (a cluster in containers: a leader, a quorum,
+    /// a member serving again) did not come about within its bound.
+    #[error("{kind} test servers: {operation} not done within {within:?}: {state}")]
+    Timeout {
+        /// The server kind.
+        kind: ServerKind,
+        /// What was waited for.
+        operation: String,
+        /// The bound.
+        within: Duration,
+        /// What the deployment looked like at the end.
+        state: String,
     },
     /// An I/O or helper-command failure while managing a server.
     #[error("{kind} test server: {context}: {source}")]

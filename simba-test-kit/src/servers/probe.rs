@@ -53,6 +53,58 @@ pub(crate) async fn etcd_health(addr: SocketAddr) -> Result<(), String> {
     }
 }
 
+/// What one etcd member says of itself (`POST /v3/maintenance/status`, the gRPC gateway on
+/// the client port): its member id, the leader it follows (0: none) and its Raft term.
+#[cfg(feature = "containers")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EtcdStatus {
+    pub(crate) member: u64,
+    pub(crate) leader: u64,
+    pub(crate) term: u64,
+}
+
+/// Asks the member at `addr` for its [`EtcdStatus`]. The member answers from its own state,
+/// without a quorum, so a partitioned member answers too (with its own, possibly stale,
+/// view of the leader).
+#[cfg(feature = "containers")]
+pub(crate) async fn etcd_status(addr: SocketAddr) -> Result<EtcdStatus, String> {
+    let mut stream = connect(addr).await?;
+    let body = "{}";
+    let request = format!(
+        "POST /v3/maintenance/status HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("sending the status request: {e}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("reading the status answer: {e}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    parse_etcd_status(&answer).ok_or_else(|| format!("status answered {:?}", answer.trim()))
+}
+
+/// The numbers of a status answer; the gateway writes 64-bit integers as JSON strings.
+/// A member without a leader leaves `leader` out (0).
+#[cfg(feature = "containers")]
+fn parse_etcd_status(text: &str) -> Option<EtcdStatus> {
+    let field = |key: &str| -> Option<u64> {
+        let pattern = format!("\"{key}\":\"");
+        let start = text.find(&pattern)? + pattern.len();
+        let end = start + text[start..].find('"')?;
+        text[start..end].parse().ok()
+    };
+    Some(EtcdStatus {
+        member: field("member_id")?,
+        leader: field("leader").unwrap_or(0),
+        term: field("raftTerm").or_else(|| field("raft_term"))?,
+    })
+}
+
 async fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
     let stream = TcpStream::connect(addr)
         .await
@@ -357,6 +409,26 @@ async fn postgres_startup(addr: SocketAddr, user: &str, database: &str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "containers")]
+    #[test]
+    fn parses_etcd_status() {
+        // etcd 3.4.23's answer, as printed by a single member.
+        let text = r#"HTTP/1.1 200 OK
+
+{"header":{"cluster_id":"151","member_id":"1366","revision":"1","raft_term":"2"},"version":"3.4.23","dbSize":"20480","leader":"1366","raftIndex":"4","raftTerm":"2"}"#;
+        assert_eq!(
+            parse_etcd_status(text),
+            Some(EtcdStatus {
+                member: 1366,
+                leader: 1366,
+                term: 2
+            })
+        );
+        let no_leader = r#"{"header":{"member_id":"7","raft_term":"5"},"raftTerm":"5"}"#;
+        assert_eq!(parse_etcd_status(no_leader).map(|s| s.leader), Some(0));
+        assert_eq!(parse_etcd_status("{\"error\":\"x\"}"), None);
+    }
 
     #[test]
     fn parses_resp() {

@@ -80,6 +80,11 @@ impl Flavor {
         {
             return format!("rediss://127.0.0.1:{port}");
         }
+        if let Self::Etcd(e) = self
+            && e.is_tls()
+        {
+            return format!("etcds://127.0.0.1:{port}");
+        }
         match self.kind() {
             ServerKind::Redis => format!("redis://127.0.0.1:{port}"),
             ServerKind::Mysql => format!("mysql://root@127.0.0.1:{port}/{}", super::DATABASE),
@@ -91,10 +96,17 @@ impl Flavor {
         }
     }
 
-    /// Whether the server at `addr` is ready. A TLS-only Redis is ready when it accepts
-    /// connections (the kit speaks no TLS itself).
-    async fn ready(&self, addr: SocketAddr) -> Result<(), String> {
+    /// Whether the server at `addr` (its files in `dir`) is ready. A TLS-only Redis is
+    /// ready when it accepts connections (the kit speaks no TLS itself).
+    async fn ready(&self, dir: &Path, addr: SocketAddr) -> Result<(), String> {
         match self {
+            // A TLS etcd answers `/health` in plain HTTP on its metrics port.
+            Self::Etcd(e) if e.is_tls() => {
+                let port = e
+                    .metrics_port(dir)
+                    .ok_or_else(|| "the metrics port is not written yet".to_owned())?;
+                probe::ready(ServerKind::Etcd, SocketAddr::new(addr.ip(), port)).await
+            }
             // A TLS Redis with a plain admin port: PING there once the TLS port accepts.
             Self::Redis(r) if r.admin_port().is_some() => {
                 tokio::net::TcpStream::connect(addr)
@@ -302,7 +314,11 @@ impl LocalServer {
                     return Err(LaunchError::Fatal(self.io("waiting for the server", e)));
                 }
             }
-            match tokio::time::timeout(Duration::from_secs(2), self.flavor.ready(self.addr())).await
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                self.flavor.ready(self.dir.path(), self.addr()),
+            )
+            .await
             {
                 Ok(Ok(())) => {
                     state.child = Some(child);

@@ -1,5 +1,5 @@
-//! Certificates generated for a test, and private Redis, PostgreSQL and MariaDB servers
-//! that speak only TLS.
+//! Certificates generated for a test, and private Redis, PostgreSQL, MariaDB and etcd
+//! servers that speak only TLS.
 
 use std::path::{Path, PathBuf};
 
@@ -225,5 +225,31 @@ pub async fn mysql_tls(tls: MysqlTls) -> Result<TestServer, ServerError> {
         .with_tls(tls);
     Ok(TestServer::from_local(
         LocalServer::create(Flavor::Mysql(mysql)).await?,
+    ))
+}
+
+/// How a TLS etcd server is set up.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The server's certificate and key (`--cert-file`, `--key-file`).
+    pub server: CertPair,
+    /// The CA whose client certificates the server accepts (`--trusted-ca-file`, given
+    /// only with `require_client_cert`: etcd 3.4 asks every client for a certificate once
+    /// it has one).
+    pub ca: PathBuf,
+    /// Whether clients must present a certificate signed by `ca` (`--client-cert-auth`).
+    pub require_client_cert: bool,
+}
+
+/// A private single-member etcd (as [`etcd_private`](super::etcd_private)) that speaks only
+/// TLS on its client port; its URL is `etcds://127.0.0.1:P` (add `?tlsCaFile=…` as the
+/// test needs). The certificate files are read where they are (keep the [`TestCerts`]
+/// alive).
+pub async fn etcd_tls(tls: EtcdTls) -> Result<TestServer, ServerError> {
+    let etcd = super::etcd::Etcd::detect()
+        .map_err(|e| e.with_advice(true))?
+        .with_tls(tls);
+    Ok(TestServer::from_local(
+        LocalServer::create(Flavor::Etcd(etcd)).await?,
     ))
 }
