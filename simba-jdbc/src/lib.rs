@@ -37,6 +37,7 @@ pub use config::{
 pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};
 /// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
 pub use simba_core::tls::{TlsFailure, TlsProblem};
+pub use native::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL};
 pub use sql::{create_table_sql, lease_clock_sql};
 pub use store::{RenewalCounts, SqlStore};
 

@@ -62,18 +62,24 @@ macro_rules! on_conn {
             }
         }
     }};
-    // Without taking a turn on SQLite: renewal batches, which must not queue behind
-    // thousands of acquisitions (they meet SQLite's busy handler instead, for the length
-    // of one statement).
-    (@unturned $inner:expr, |$c:ident| $body:expr) => {{
+    // Renewal batches: on the renewal connections (`crate::dialect::split_pool`), and on
+    // SQLite with the next turn, ahead of every queued acquisition (see `Turns`).
+    (@renewal $inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
-        on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
+        let _turn = match &inner.turns {
+            Some(turns) => Some(turns.turn.lock().await),
+            None => None,
+        };
+        on_pool!(renew &inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
     }};
     ($inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
         // SQLite: one call at a time per store (see `Inner::turns`).
         let _turn = match &inner.turns {
-            Some(turns) => Some(turns.lock().await),
+            Some(turns) => {
+                let line = turns.line.lock().await;
+                Some((line, turns.turn.lock().await))
+            }
             None => None,
         };
         on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
@@ -148,9 +154,19 @@ struct Inner {
     /// with "busy" and retry after sleeps of 1 to 100 ms (its busy handler), so hundreds
     /// of concurrent acquisitions spent most of their time asleep. In turn, each call
     /// finds the write lock free (unless another process holds it: then the busy
-    /// handler waits). Renewal batches do not take a turn (see `on_conn!`). `None`
-    /// elsewhere.
-    turns: Option<tokio::sync::Mutex<()>>,
+    /// handler waits). A renewal batch takes the next turn, ahead of the queued calls
+    /// ([`Turns`]). `None` elsewhere.
+    turns: Option<Turns>,
+}
+
+/// SQLite's turns: calls queue in `line` (first come first) and then take `turn`; a
+/// renewal batch takes `turn` only, so it waits for at most the call running and the one
+/// call that has left the line, never behind the thousands queued there (10,000
+/// acquisitions at once must not make every renewal late).
+#[derive(Default)]
+struct Turns {
+    line: tokio::sync::Mutex<()>,
+    turn: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -408,12 +424,20 @@ impl SqlStore {
             lock_scope(&target, config.table()),
             config.statement_timeout(),
         ));
+        // A release heard by push pokes the mutex's gate (a wait beyond the cap on native
+        // waits polls otherwise). Weak: the listener lives in the store it would keep.
+        let weak = Arc::downgrade(&gates);
+        dialect.on_release(Box::new(move |mutex| {
+            if let Some(gates) = weak.upgrade() {
+                gates.poke(mutex);
+            }
+        }));
         Ok(SqlStore {
             inner: Arc::new(Inner {
                 kind,
                 discard: kind != Backend::Sqlite,
                 renewals: renew::Renewals::new(kind, config.pool_size()),
-                turns: (kind == Backend::Sqlite).then(|| tokio::sync::Mutex::new(())),
+                turns: (kind == Backend::Sqlite).then(Turns::default),
                 gates,
                 config,
                 dialect,
