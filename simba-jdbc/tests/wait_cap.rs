@@ -24,7 +24,7 @@ use simba_jdbc::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL, SqlStore};
 use simba_test_kit::suite::Harness;
 use simba_test_kit::support::unique_name;
 use tokio::sync::mpsc::Receiver;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 use common::SqlHarness;
 
@@ -233,6 +233,7 @@ async fn capped(
     for m in &mutexes {
         assert!(owner.release(m, "o").await.expect("release"), "{name}");
     }
+    let name = name.as_str();
     let waits = rxs.into_iter().enumerate().map(|(i, mut rx)| {
         let m = mutexes[i].clone();
         async move {
