@@ -106,7 +106,8 @@ pub(crate) enum Held {
     /// On the store's shared holder session (taken by a non-blocking try).
     Shared,
     /// On a session of its own (taken by a blocking wait); back to the spares on unlock.
-    Own(OwnSession),
+    /// Boxed: every gate has a `held` slot, and few hold a session.
+    Own(Box<OwnSession>),
     /// The lock file, open and locked; closing it unlocks.
     File(FileLock),
     /// Nothing to hold (`sqlite::memory:`).
@@ -293,9 +294,9 @@ impl Locks {
                     }
                 };
                 match (got, given_up) {
-                    (Ok(()), false) => Ok(Waited::Got(Held::Own(own))),
+                    (Ok(()), false) => Ok(Waited::Got(Held::Own(Box::new(own)))),
                     (Ok(()), true) => {
-                        self.unlock(key, Held::Own(own)).await?;
+                        self.unlock(key, Held::Own(Box::new(own))).await?;
                         Ok(Waited::GaveUp)
                     }
                     // The session is dropped: its connection closes, and whatever the server
@@ -381,7 +382,7 @@ impl Locks {
                         self.spare
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push(own);
+                            .push(*own);
                     }
                     Ok(())
                 }
