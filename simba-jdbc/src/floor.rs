@@ -265,7 +265,14 @@ impl SqlHandoffProbe {
                         format!("SELECT pg_advisory_unlock({key})"),
                     );
                     let ends = (lock.as_str(), unlock.as_str());
-                    sql_handoff(kind, self.holder.as_mut(), self.waiter.as_mut(), self.queued.as_ref(), ends).await
+                    sql_handoff(
+                        kind,
+                        self.holder.as_mut(),
+                        self.waiter.as_mut(),
+                        self.queued.as_ref(),
+                        ends,
+                    )
+                    .await
                 }
                 NativeLock::Named(name) => {
                     let (lock, unlock) = (
@@ -273,7 +280,14 @@ impl SqlHandoffProbe {
                         format!("DO RELEASE_LOCK('{name}')"),
                     );
                     let ends = (lock.as_str(), unlock.as_str());
-                    sql_handoff(kind, self.holder.as_mut(), self.waiter.as_mut(), self.queued.as_ref(), ends).await
+                    sql_handoff(
+                        kind,
+                        self.holder.as_mut(),
+                        self.waiter.as_mut(),
+                        self.queued.as_ref(),
+                        ends,
+                    )
+                    .await
                 }
             }
         };

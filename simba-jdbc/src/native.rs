@@ -26,8 +26,8 @@
 //! connection MySQL's `KILL QUERY` of a cancelled wait opens).
 
 use std::fmt;
-use std::sync::{Arc, Mutex as StdMutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
@@ -261,11 +261,10 @@ impl Locks {
                         Entry::Slot(slot) => {
                             let session = timeout(self.bound, Session::connect(&self.kind))
                                 .await
-                                .map_err(|_| format!("no lock session within {:?}", self.bound))??;
-                            OwnSession {
-                                session,
-                                slot,
-                            }
+                                .map_err(|_| {
+                                    format!("no lock session within {:?}", self.bound)
+                                })??;
+                            OwnSession { session, slot }
                         }
                         Entry::Got(held) => return Ok(Waited::Got(held)),
                         Entry::GaveUp => return Ok(Waited::GaveUp),
@@ -323,7 +322,10 @@ impl Locks {
         }
         self.capped.fetch_add(1, Ordering::Relaxed);
         let _capped = Capped(&self.capped);
-        debug!(cap = MAX_NATIVE_WAITS, "native waits at the cap: polling the lock instead");
+        debug!(
+            cap = MAX_NATIVE_WAITS,
+            "native waits at the cap: polling the lock instead"
+        );
         loop {
             tokio::select! {
                 // FIFO: the waits beyond the cap get freed slots in the order they came.

@@ -557,26 +557,32 @@ impl LeaseStore for SqlStore {
     /// Dropping the future may leave the acquisition applied or not (the connection is then
     /// closed); acquiring again is idempotent for the same contender.
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let sent = tokio::time::Instant::now();
-        let pass = inner.gates.enter(mutex, contender_id).await;
-        let row = run_fast!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
-            c,
-            contender_id,
-            lease,
-            pass
-        ))?;
-        let grace = match pass {
-            Pass::Locked => None,
-            Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
-        };
-        let reply = inner.reply(row, grace)?;
-        let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
-        inner
-            .gates
-            .outcome(mutex, contender_id, owns, sent + lease.total());
-        Ok(reply)
+        // Boxed: the statement futures of three dialects take about 4.5 KB, and a
+        // contender's driver future would hold that much for its whole life (10,000
+        // contenders: 45 MB); boxed, only calls in flight use it.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, Some(contender_id))?;
+            let sent = tokio::time::Instant::now();
+            let pass = inner.gates.enter(mutex, contender_id).await;
+            let row = run_fast!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
+                c,
+                contender_id,
+                lease,
+                pass
+            ))?;
+            let grace = match pass {
+                Pass::Locked => None,
+                Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
+            };
+            let reply = inner.reply(row, grace)?;
+            let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
+            inner
+                .gates
+                .outcome(mutex, contender_id, owns, sent + lease.total());
+            Ok(reply)
+        })
+        .await
     }
 
     /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
@@ -593,39 +599,51 @@ impl LeaseStore for SqlStore {
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let released = run_fast!(inner, format!("release mutex {mutex:?}"), |c| call
-            .release(c, contender_id));
-        // The row first, then the native lock: the waiter it wakes finds the row free.
-        // On failure too: the engine releases only what it no longer believes it owns.
-        inner.gates.done(mutex, contender_id, false).await;
-        released
+        // Boxed, as `acquire`.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, Some(contender_id))?;
+            let released = run_fast!(inner, format!("release mutex {mutex:?}"), |c| call
+                .release(c, contender_id));
+            // The row first, then the native lock: the waiter it wakes finds the row free.
+            // On failure too: the engine releases only what it no longer believes it owns.
+            inner.gates.done(mutex, contender_id, false).await;
+            released
+        })
+        .await
     }
 
     /// One conditional UPDATE on the database clock (see [`LeaseStore::release_after`]).
     async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let ms = hold_millis(hold)?;
-        if ms == 0 {
-            return self.release(mutex, contender_id).await;
-        }
-        let held = run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
-            call.release_after(c, contender_id, ms)
-        });
-        // The next waiter gets the native lock, finds the row held, and waits for the
-        // hold's end on the lease clock.
-        inner.gates.done(mutex, contender_id, false).await;
-        held
+        // Boxed, as `acquire`.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, Some(contender_id))?;
+            let ms = hold_millis(hold)?;
+            if ms == 0 {
+                return self.release(mutex, contender_id).await;
+            }
+            let held = run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
+                call.release_after(c, contender_id, ms)
+            });
+            // The next waiter gets the native lock, finds the row held, and waits for the
+            // hold's end on the lease clock.
+            inner.gates.done(mutex, contender_id, false).await;
+            held
+        })
+        .await
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, None)?;
-        let row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
-            .select(c))?;
-        inner.reply(row, None)
+        // Boxed, as `acquire`.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, None)?;
+            let row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
+                .select(c))?;
+            inner.reply(row, None)
+        })
+        .await
     }
 
     /// Takes the contender out of the mutex's wait queue: its place in the local queue,
