@@ -253,6 +253,17 @@ pub(crate) fn split_pool(kind: Backend, size: usize) -> (usize, Option<usize>) {
     (size - renew, Some(renew))
 }
 
+/// The pool of a store of `kind` with `size` connections, and its renewal connections
+/// ([`split_pool`]); `build` builds a pool of the given size.
+pub(crate) fn pools<P>(
+    kind: Backend,
+    size: usize,
+    build: impl Fn(usize) -> Result<P>,
+) -> Result<(P, Option<P>)> {
+    let (main, renewals) = split_pool(kind, size);
+    Ok((build(main)?, renewals.map(&build).transpose()?))
+}
+
 /// Evaluates `$body` with `$pool` bound to the store's pool (`&deadpool::Pool<C>` of the
 /// dialect's connection type `C`): `$body` is compiled once per dialect.
 /// With `renew` first, the connections of renewal batches ([`split_pool`]; the pool itself

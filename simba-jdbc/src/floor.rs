@@ -230,6 +230,24 @@ impl SqlStore {
     }
 }
 
+impl NativeLock {
+    /// The lock and unlock statements of a server's lock (`None` for a lock file).
+    fn statements(&self) -> Option<(String, String)> {
+        match self {
+            NativeLock::Advisory(key) => Some((
+                format!("SELECT pg_advisory_lock({key})"),
+                format!("SELECT pg_advisory_unlock({key})"),
+            )),
+            NativeLock::Named(name) => Some((
+                format!("DO GET_LOCK('{name}', 60)"),
+                format!("DO RELEASE_LOCK('{name}')"),
+            )),
+            #[cfg(feature = "sqlite")]
+            NativeLock::File(..) => None,
+        }
+    }
+}
+
 impl SqlHandoffProbe {
     /// What the handoff is (`pg_advisory_lock`, `GET_LOCK`, `OFD lock`).
     pub fn name(&self) -> &'static str {
@@ -259,33 +277,18 @@ impl SqlHandoffProbe {
             match &self.lock {
                 #[cfg(feature = "sqlite")]
                 NativeLock::File(key, _) => file_handoff(kind, key).await,
-                NativeLock::Advisory(key) => {
-                    let (lock, unlock) = (
-                        format!("SELECT pg_advisory_lock({key})"),
-                        format!("SELECT pg_advisory_unlock({key})"),
-                    );
-                    let ends = (lock.as_str(), unlock.as_str());
+                sql => {
+                    let Some((lock, unlock)) = sql.statements() else {
+                        return Err(Error::InvalidState(
+                            "the handoff probe's lock is not a server's".into(),
+                        ));
+                    };
                     sql_handoff(
                         kind,
                         self.holder.as_mut(),
                         self.waiter.as_mut(),
                         self.queued.as_ref(),
-                        ends,
-                    )
-                    .await
-                }
-                NativeLock::Named(name) => {
-                    let (lock, unlock) = (
-                        format!("DO GET_LOCK('{name}', 60)"),
-                        format!("DO RELEASE_LOCK('{name}')"),
-                    );
-                    let ends = (lock.as_str(), unlock.as_str());
-                    sql_handoff(
-                        kind,
-                        self.holder.as_mut(),
-                        self.waiter.as_mut(),
-                        self.queued.as_ref(),
-                        ends,
+                        (lock.as_str(), unlock.as_str()),
                     )
                     .await
                 }

@@ -26,7 +26,7 @@ use simba_test_kit::support::unique_name;
 use tokio::sync::mpsc::Receiver;
 use tokio::time::Instant;
 
-use common::SqlHarness;
+use common::{SqlHarness, sqlite_blocked};
 
 /// Waiters on distinct mutexes: five times the cap.
 const WAITERS: usize = 5 * MAX_NATIVE_WAITS;
@@ -119,33 +119,10 @@ async fn count(h: &SqlHarness, c: &Counter) -> (usize, usize) {
             )
         }
         Counter::Sqlite => {
-            let blocked = sqlite_blocked(h);
+            let blocked = sqlite_blocked(h, true);
             (blocked, blocked)
         }
     }
-}
-
-/// Blocked lock requests on the lock file of the harness's SQLite database.
-fn sqlite_blocked(h: &SqlHarness) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let path = h.url().trim_start_matches("sqlite://");
-    let Ok(meta) = std::fs::metadata(format!("{path}-simba.locks")) else {
-        return 0;
-    };
-    let ino = meta.ino();
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    locks
-        .lines()
-        .filter(|l| l.contains("->"))
-        .filter(|l| {
-            // `N: -> OFDLCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END`
-            l.split_whitespace()
-                .find(|f| f.matches(':').count() == 2)
-                .and_then(|f| f.rsplit(':').next())
-                .and_then(|i| i.parse::<u64>().ok())
-                .is_some_and(|i| i == ino)
-        })
-        .count()
 }
 
 /// The next event other than a Resync, within `limit`.
@@ -220,7 +197,8 @@ async fn capped(
         assert!(
             sessions <= bound && queued <= MAX_NATIVE_WAITS,
             "{name}: {sessions} sessions ({queued} waiting) while the waits beyond the cap \
-             poll; the cap allows {bound}"
+             poll; the cap allows {bound}; /proc/locks:\n{}",
+            std::fs::read_to_string("/proc/locks").unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

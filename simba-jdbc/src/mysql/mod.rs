@@ -17,7 +17,7 @@ pub(crate) use connect::{classify, diesel, opts};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
-use crate::dialect::{pool_error, split_pool};
+use crate::dialect::{pool_error, pools};
 
 impl_sql_conn!(AsyncMysqlConnection, diesel::mysql::Mysql);
 
@@ -64,16 +64,15 @@ impl Store {
             });
             AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc)
         };
-        let build = |size: usize| {
+        let (pool, renew) = pools(Backend::Mysql, size, |n| {
             DeadPool::builder(manager())
-                .max_size(size)
+                .max_size(n)
                 .build()
                 .map_err(|e| pool_error(Backend::Mysql, e))
-        };
-        let (main, renewals) = split_pool(Backend::Mysql, size);
+        })?;
         Ok(Store {
-            pool: build(main)?,
-            renew: renewals.map(build).transpose()?,
+            pool,
+            renew,
             url: url.to_owned(),
         })
     }

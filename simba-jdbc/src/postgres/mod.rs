@@ -23,7 +23,7 @@ pub(crate) use listen::{Listener, acquired_payload, released_payload};
 
 use crate::config::{Backend, SqlConfig, redact_url};
 use crate::conn::impl_sql_conn;
-use crate::dialect::{pool_error, split_pool};
+use crate::dialect::{pool_error, pools};
 
 impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg);
 
@@ -65,15 +65,12 @@ impl Store {
             });
             AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc)
         };
-        let build = |size: usize| {
+        let (pool, renew) = pools(Backend::Postgres, size, |n| {
             DeadPool::builder(manager())
-                .max_size(size)
+                .max_size(n)
                 .build()
                 .map_err(|e| pool_error(Backend::Postgres, e))
-        };
-        let (main, renewals) = split_pool(Backend::Postgres, size);
-        let pool = build(main)?;
-        let renew = renewals.map(build).transpose()?;
+        })?;
         let listener = Listener::new(pg.clone(), channel.to_owned(), timeout);
         let fast = Fast::new(pg.clone(), timeout);
         Ok(Store {

@@ -21,7 +21,7 @@ pub(crate) use lock::{FileKey, FileLock, sweep_earlier};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
-use crate::dialect::{pool_error, split_pool};
+use crate::dialect::{pool_error, pools};
 
 /// A SQLite connection, run on blocking threads.
 pub(crate) type SqliteConn =
@@ -86,21 +86,16 @@ impl Store {
             });
             AsyncDieselConnectionManager::new_with_config(path.to_owned(), mc)
         };
-        let build = |size: usize| {
+        // Every connection to `:memory:` is a database of its own: use exactly one, shared.
+        let (pool, renew) = pools(Backend::Sqlite, if memory { 1 } else { size }, |n| {
             DeadPool::builder(manager())
-                .max_size(size)
+                .max_size(n)
                 .build()
                 .map_err(|e| pool_error(Backend::Sqlite, e))
-        };
-        // Every connection to `:memory:` is a database of its own: use exactly one, shared.
-        let (main, renewals) = if memory {
-            (1, None)
-        } else {
-            split_pool(Backend::Sqlite, size)
-        };
+        })?;
         Ok(Store {
-            pool: build(main)?,
-            renew: renewals.map(build).transpose()?,
+            pool,
+            renew,
             path: path.to_owned(),
             memory,
         })
