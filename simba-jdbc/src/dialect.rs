@@ -131,6 +131,17 @@ impl Dialect {
         }
     }
 
+    /// Tells `poke` the mutex of every release another process makes that the store hears
+    /// (PostgreSQL's LISTEN; nothing elsewhere).
+    pub(crate) fn on_release(&self, poke: Box<dyn Fn(&str) + Send + Sync>) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => d.listener.on_release(poke),
+            #[allow(unreachable_patterns)]
+            _ => drop(poke),
+        }
+    }
+
     /// Opens one connection of the same kind as the pool's (same driver, same URL, same
     /// SQLite file; PostgreSQL's through the store's connector, with its TLS), outside the
     /// pool: for floor measurements (`crate::floor`).
@@ -219,29 +230,71 @@ pub(crate) fn pool_error(
     )
 }
 
+/// How many renewal batches of a store may run at once: 1 on SQLite (one writer at a time
+/// anyway: more would only wait for its lock), 2 elsewhere (a slow statement does not
+/// hold every renewal up).
+pub(crate) fn renewal_lanes(kind: Backend) -> usize {
+    match kind {
+        Backend::Sqlite => 1,
+        Backend::Mysql | Backend::Postgres => 2,
+    }
+}
+
+/// How a store's `size` connections are split: the pool of every other call, and the
+/// connections of its renewal batches (one per lane, [`renewal_lanes`]), so that a batch
+/// never waits for a pooled connection behind thousands of acquisitions. At least one
+/// connection stays with the others; a pool of one is shared (`None`).
+pub(crate) fn split_pool(kind: Backend, size: usize) -> (usize, Option<usize>) {
+    let size = size.max(1);
+    if size == 1 {
+        return (1, None);
+    }
+    let renew = renewal_lanes(kind).min(size - 1);
+    (size - renew, Some(renew))
+}
+
+/// The pool of a store of `kind` with `size` connections, and its renewal connections
+/// ([`split_pool`]); `build` builds a pool of the given size.
+pub(crate) fn pools<P>(
+    kind: Backend,
+    size: usize,
+    build: impl Fn(usize) -> Result<P>,
+) -> Result<(P, Option<P>)> {
+    let (main, renewals) = split_pool(kind, size);
+    Ok((build(main)?, renewals.map(&build).transpose()?))
+}
+
 /// Evaluates `$body` with `$pool` bound to the store's pool (`&deadpool::Pool<C>` of the
 /// dialect's connection type `C`): `$body` is compiled once per dialect.
+/// With `renew` first, the connections of renewal batches ([`split_pool`]; the pool itself
+/// when it is not split).
 macro_rules! on_pool {
-    ($dialect:expr, |$pool:ident| $body:expr) => {{
+    (@pick $dialect:expr, |$d:ident| $which:expr, |$pool:ident| $body:expr) => {{
         match $dialect {
             #[cfg(feature = "mysql")]
-            $crate::dialect::Dialect::Mysql(d) => {
-                let $pool = &d.pool;
+            $crate::dialect::Dialect::Mysql($d) => {
+                let $pool = $which;
                 $body
             }
             #[cfg(feature = "postgres")]
-            $crate::dialect::Dialect::Postgres(d) => {
-                let $pool = &d.pool;
+            $crate::dialect::Dialect::Postgres($d) => {
+                let $pool = $which;
                 $body
             }
             #[cfg(feature = "sqlite")]
-            $crate::dialect::Dialect::Sqlite(d) => {
-                let $pool = &d.pool;
+            $crate::dialect::Dialect::Sqlite($d) => {
+                let $pool = $which;
                 $body
             }
             #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
             $crate::dialect::Dialect::Never(never) => match *never {},
         }
+    }};
+    (renew $dialect:expr, |$pool:ident| $body:expr) => {{
+        $crate::dialect::on_pool!(@pick $dialect, |d| d.renew.as_ref().unwrap_or(&d.pool), |$pool| $body)
+    }};
+    ($dialect:expr, |$pool:ident| $body:expr) => {{
+        $crate::dialect::on_pool!(@pick $dialect, |d| &d.pool, |$pool| $body)
     }};
 }
 pub(crate) use on_pool;

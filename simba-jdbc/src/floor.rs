@@ -93,10 +93,38 @@ impl SqlProbe {
     }
 }
 
-/// How long the waiter of a handoff floor is given to queue on the lock before the holder
-/// releases: the database only has to receive the waiter's call (one trip one way), so
-/// this is generous on a loaded machine, and it is not timed.
+/// SQLite only: how long the waiter of a handoff floor is given to queue on the lock file
+/// before the holder releases. The kernel tells no one that a blocking `fcntl` has
+/// started to wait (`/proc/locks` shows it, but reading and parsing it on every handoff
+/// costs more than the handoff), so this one stays a pause: the waiter's thread only has
+/// to enter the call, and it is not timed. PostgreSQL and MariaDB wait for the event
+/// instead (`Queued`).
+#[cfg(feature = "sqlite")]
 const QUEUE_SETTLE: Duration = Duration::from_millis(3);
+
+/// How the holder of a handoff floor sees that the waiter's session is queued on the
+/// server's lock, before it releases: a query that counts the waiter's waiting lock
+/// requests.
+struct Queued(String);
+
+impl Queued {
+    /// PostgreSQL: the waiter's ungranted advisory lock in `pg_locks`.
+    fn postgres(waiter_pid: i64) -> Self {
+        Queued(format!(
+            "(SELECT COUNT(*) FROM pg_locks WHERE pid = {waiter_pid} AND locktype = 'advisory' \
+             AND NOT granted)"
+        ))
+    }
+
+    /// MariaDB / MySQL: the waiter's connection in `PROCESSLIST`, in the state of a
+    /// `GET_LOCK` that waits.
+    fn mysql(waiter_id: i64) -> Self {
+        Queued(format!(
+            "(SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {waiter_id} \
+             AND STATE = 'User lock')"
+        ))
+    }
+}
 
 /// What the lock of a handoff floor is.
 enum NativeLock {
@@ -115,6 +143,8 @@ enum NativeLock {
 pub struct SqlHandoffProbe {
     holder: Option<ProbeConn>,
     waiter: Option<ProbeConn>,
+    /// How the holder sees the waiter queued (PostgreSQL, MySQL).
+    queued: Option<Queued>,
     lock: NativeLock,
     kind: Backend,
 }
@@ -164,20 +194,57 @@ impl SqlStore {
                 ));
             }
         };
-        let (holder, waiter) = match lock {
+        let (holder, waiter, queued) = match lock {
             #[cfg(feature = "sqlite")]
-            NativeLock::File(..) => (None, None),
-            _ => (
-                Some(self.probe().await?.conn),
-                Some(self.probe().await?.conn),
-            ),
+            NativeLock::File(..) => (None, None, None),
+            _ => {
+                let holder = self.probe().await?.conn;
+                let mut waiter = self.probe().await?.conn;
+                let failed = |e: diesel::result::Error| {
+                    Error::backend_source(kind.name(), "handoff floor: session id", true, e)
+                };
+                let queued = match kind {
+                    Backend::Postgres => Queued::postgres(
+                        waiter
+                            .scalar("pg_backend_pid()::bigint")
+                            .await
+                            .map_err(failed)?,
+                    ),
+                    _ => Queued::mysql(
+                        waiter
+                            .scalar("CAST(CONNECTION_ID() AS SIGNED)")
+                            .await
+                            .map_err(failed)?,
+                    ),
+                };
+                (Some(holder), Some(waiter), Some(queued))
+            }
         };
         Ok(SqlHandoffProbe {
             holder,
             waiter,
+            queued,
             lock,
             kind,
         })
+    }
+}
+
+impl NativeLock {
+    /// The lock and unlock statements of a server's lock (`None` for a lock file).
+    fn statements(&self) -> Option<(String, String)> {
+        match self {
+            NativeLock::Advisory(key) => Some((
+                format!("SELECT pg_advisory_lock({key})"),
+                format!("SELECT pg_advisory_unlock({key})"),
+            )),
+            NativeLock::Named(name) => Some((
+                format!("DO GET_LOCK('{name}', 60)"),
+                format!("DO RELEASE_LOCK('{name}')"),
+            )),
+            #[cfg(feature = "sqlite")]
+            NativeLock::File(..) => None,
+        }
     }
 }
 
@@ -210,19 +277,20 @@ impl SqlHandoffProbe {
             match &self.lock {
                 #[cfg(feature = "sqlite")]
                 NativeLock::File(key, _) => file_handoff(kind, key).await,
-                NativeLock::Advisory(key) => {
-                    let (lock, unlock) = (
-                        format!("SELECT pg_advisory_lock({key})"),
-                        format!("SELECT pg_advisory_unlock({key})"),
-                    );
-                    sql_handoff(kind, &mut self.holder, &mut self.waiter, &lock, &unlock).await
-                }
-                NativeLock::Named(name) => {
-                    let (lock, unlock) = (
-                        format!("DO GET_LOCK('{name}', 60)"),
-                        format!("DO RELEASE_LOCK('{name}')"),
-                    );
-                    sql_handoff(kind, &mut self.holder, &mut self.waiter, &lock, &unlock).await
+                sql => {
+                    let Some((lock, unlock)) = sql.statements() else {
+                        return Err(Error::InvalidState(
+                            "the handoff probe's lock is not a server's".into(),
+                        ));
+                    };
+                    sql_handoff(
+                        kind,
+                        self.holder.as_mut(),
+                        self.waiter.as_mut(),
+                        self.queued.as_ref(),
+                        (lock.as_str(), unlock.as_str()),
+                    )
+                    .await
                 }
             }
         };
@@ -248,14 +316,17 @@ impl Drop for SqlHandoffProbe {
     }
 }
 
+/// One handoff between two sessions: `ends` are the lock and unlock statements. The
+/// holder releases once `queued` shows the waiter's session queued on the server (polled
+/// with one query per round trip; not timed).
 async fn sql_handoff(
     kind: Backend,
-    holder: &mut Option<ProbeConn>,
-    waiter: &mut Option<ProbeConn>,
-    lock: &str,
-    unlock: &str,
+    holder: Option<&mut ProbeConn>,
+    waiter: Option<&mut ProbeConn>,
+    queued: Option<&Queued>,
+    (lock, unlock): (&str, &str),
 ) -> Result<Duration> {
-    let (Some(holder), Some(waiter)) = (holder.as_mut(), waiter.as_mut()) else {
+    let (Some(holder), Some(waiter), Some(queued)) = (holder, waiter, queued) else {
         return Err(Error::InvalidState(
             "the handoff probe has no connections".into(),
         ));
@@ -269,15 +340,21 @@ async fn sql_handoff(
         .map_err(|e| failed("holder lock", e))?;
     let took = {
         let mut wait = std::pin::pin!(waiter.execute(lock));
-        tokio::select! {
-            r = &mut wait => {
-                r.map_err(|e| failed("waiter lock", e))?;
-                return Err(Error::backend(
-                    kind.name(),
-                    "handoff floor: the waiter got the lock while the holder held it",
-                ));
+        loop {
+            tokio::select! {
+                r = &mut wait => {
+                    r.map_err(|e| failed("waiter lock", e))?;
+                    return Err(Error::backend(
+                        kind.name(),
+                        "handoff floor: the waiter got the lock while the holder held it",
+                    ));
+                }
+                n = holder.scalar(&queued.0) => {
+                    if n.map_err(|e| failed("is the waiter queued", e))? > 0 {
+                        break;
+                    }
+                }
             }
-            () = tokio::time::sleep(QUEUE_SETTLE) => {}
         }
         holder
             .execute(unlock)
@@ -324,6 +401,24 @@ async fn file_handoff(kind: Backend, key: &crate::sqlite::FileKey) -> Result<Dur
 }
 
 impl ProbeConn {
+    /// Selects `expr`, an expression of one `BIGINT` value (a scalar subquery in
+    /// parentheses, or a function call): one round trip.
+    async fn scalar(&mut self, expr: &str) -> diesel::QueryResult<i64> {
+        use diesel::sql_types::BigInt;
+        let q = diesel::select(diesel::dsl::sql::<BigInt>(expr));
+        let _ = &q;
+        match self {
+            #[cfg(feature = "mysql")]
+            ProbeConn::Mysql(c) => diesel_async::RunQueryDsl::get_result(q, c).await,
+            #[cfg(feature = "postgres")]
+            ProbeConn::Postgres(c) => diesel_async::RunQueryDsl::get_result(q, &mut **c).await,
+            #[cfg(feature = "sqlite")]
+            ProbeConn::Sqlite(c) => diesel_async::RunQueryDsl::get_result(q, c).await,
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            ProbeConn::Never(never) => match *never {},
+        }
+    }
+
     /// Runs `sql` (one statement, its result discarded): one round trip.
     async fn execute(&mut self, sql: &str) -> diesel::QueryResult<()> {
         use diesel_async::SimpleAsyncConnection;

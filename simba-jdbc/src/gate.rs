@@ -18,6 +18,12 @@
 //! row, then unlocks; the server grants the lock to the next waiting session, whose gate
 //! wakes its first local waiter with [`StoreEvent::Released`] (one wake-up per release).
 //!
+//! A store runs at most `crate::native::MAX_NATIVE_WAITS` (16) blocking waits at once (each
+//! holds a session or a blocking thread): a gate whose mutex is beyond that cap waits
+//! without one, trying the lock once a second and whenever a push about the mutex comes
+//! (PostgreSQL's NOTIFY of a release), and blocks again as soon as a place frees (see
+//! `crate::native`, *The cap on blocking waits*).
+//!
 //! Everything that changes the native lock runs in a spawned task and records its result
 //! in the gate itself, so a caller's future that is dropped halfway never leaves the lock
 //! held by nobody's knowledge.
@@ -34,7 +40,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, timeout};
 use tracing::{debug, warn};
 
-use crate::native::{FileLock, Held, Key, Kind, Locks, Waited};
+use crate::native::{FileLock, Held, Key, Kind, Locks, WaitSlot, Waited};
 
 /// Events a subscriber may have queued before it reads them. A full queue already holds an
 /// event that makes the contender look again, so dropping more is harmless.
@@ -155,6 +161,9 @@ struct Gate {
     state: StdMutex<State>,
     /// Signalled when a lingering lock-file wait has ended (`State::lingering`).
     lingered: tokio::sync::Notify,
+    /// A push about this mutex (PostgreSQL's NOTIFY of a release): a wait beyond the cap
+    /// (`crate::native::MAX_NATIVE_WAITS`) tries the lock at once rather than at its next poll.
+    poke: tokio::sync::Notify,
 }
 
 impl Gate {
@@ -203,6 +212,7 @@ impl Gates {
                     key: self.key(mutex),
                     state: StdMutex::new(State::default()),
                     lingered: tokio::sync::Notify::new(),
+                    poke: tokio::sync::Notify::new(),
                 })
             })
             .clone()
@@ -231,6 +241,14 @@ impl Gates {
                 .try_clone()
                 .map(|f| Some(std::os::fd::OwnedFd::from(f))),
             _ => Ok(None),
+        }
+    }
+
+    /// A push says `mutex` was released by another process: a wait of its gate beyond the
+    /// cap tries the lock now (one stored wake-up if it is not polling at this instant).
+    pub(crate) fn poke(&self, mutex: &str) {
+        if let Some(gate) = self.existing(mutex) {
+            gate.poke.notify_one();
         }
     }
 
@@ -529,7 +547,7 @@ impl Gates {
     /// Wakes one local waiter of `mutex` (the one holding its native lock, else the first
     /// in the local queue, which may take a row freed outside the queue without the lock):
     /// the owner outside the native queue has gone.
-    pub(crate) fn poke(&self, mutex: &str) {
+    pub(crate) fn wake_one(&self, mutex: &str) {
         if let Some(gate) = self.existing(mutex) {
             let s = gate.lock();
             if let Some(id) = s.granted.as_deref().or(s.queue.front().map(String::as_str)) {
@@ -643,7 +661,10 @@ impl Gates {
                     _ = &mut cancelled => {}
                 }
             }
-            let got = this.locks.wait(&task_gate.key, cancelled).await;
+            let got = this
+                .locks
+                .wait(&task_gate.key, cancelled, &task_gate.poke)
+                .await;
             let mut s = task_gate.lock();
             s.busy = false;
             s.wait = None;
@@ -653,9 +674,9 @@ impl Gates {
                     s.held = Some(held);
                     this.assign(&task_gate, &mut s);
                 }
-                Ok(Waited::Lingering(blocking)) => {
+                Ok(Waited::Lingering(blocking, slot)) => {
                     s.lingering = true;
-                    this.linger(&task_gate, blocking);
+                    this.linger(&task_gate, blocking, slot);
                 }
                 Ok(Waited::GaveUp) => {
                     // Given up (nobody here waited any more); whoever queued since waits anew.
@@ -681,11 +702,18 @@ impl Gates {
     /// returns: the lock it then holds goes to whoever here wants it (`assign`); when
     /// nobody does, or the gate holds or is changing the lock meanwhile, it is dropped
     /// (unlocked) at once.
-    fn linger(self: &Arc<Self>, gate: &Arc<Gate>, blocking: JoinHandle<Result<FileLock, String>>) {
+    fn linger(
+        self: &Arc<Self>,
+        gate: &Arc<Gate>,
+        blocking: JoinHandle<Result<FileLock, String>>,
+        slot: WaitSlot,
+    ) {
         let this = self.clone();
         let gate = gate.clone();
         tokio::spawn(async move {
             let got = blocking.await;
+            // Its thread is free: so is its place under the cap.
+            drop(slot);
             {
                 let mut s = gate.lock();
                 s.lingering = false;

@@ -36,6 +36,7 @@ pub use config::{
 };
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};
+pub use native::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL};
 /// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
 pub use simba_core::tls::{TlsFailure, TlsProblem};
 pub use sql::{create_table_sql, lease_clock_sql};

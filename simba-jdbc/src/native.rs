@@ -7,13 +7,30 @@
 //!
 //! An enum per role, as for the store (`crate::dialect`): a store keeps sessions of its
 //! dialect in a spare list and a holder slot, and their methods are `async` (no `dyn`).
+//!
+//! # The cap on blocking waits
+//! A blocking wait holds a server session (PostgreSQL, MySQL) or a blocking thread (the
+//! lock file) for as long as it waits, and a session that got its lock keeps it while its
+//! mutex is owned. Without a bound, a process that waits for thousands of distinct mutexes
+//! opens thousands of sessions (MariaDB answered "Too many connections" at scale) or fills
+//! tokio's blocking pool, which the SQLite connections also run on. So one store runs at
+//! most [`MAX_NATIVE_WAITS`] of them: its lock sessions other than the shared holder (waiting,
+//! holding a lock for an owner, or spare) and its lock-file waits in flight. A wait beyond
+//! the cap takes none: its gate tries the lock once per [`NATIVE_WAIT_POLL`] with a
+//! non-blocking try (on the shared holder session, or on the lock file), takes a free slot
+//! as soon as one frees (first come first, a FIFO semaphore), and is woken at once by the
+//! push that exists: on PostgreSQL the store's LISTEN connection pokes the gate of a
+//! mutex whose release it hears. No waiter is starved (each tries at least once per
+//! interval, and a released row is also theirs by the lease once its grace ends), and no
+//! storm of connections happens (at most `MAX_NATIVE_WAITS` sessions, plus the transient
+//! connection MySQL's `KILL QUERY` of a cancelled wait opens).
 
 use std::fmt;
-use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tracing::debug;
@@ -32,14 +49,56 @@ pub(crate) use no_files::{FileKey, FileLock};
 /// the queue's order and push.
 const MAX_SHARED_LOCKS: usize = 1000;
 
+/// The most blocking waits for a native lock one store runs at once: lock sessions besides
+/// the shared one (waiting, holding a lock for an owner, or spare) on PostgreSQL and
+/// MySQL, lock-file waits in flight (each on a blocking thread) on SQLite. Waits beyond
+/// it take no session: they try the lock every [`NATIVE_WAIT_POLL`] and on every push
+/// (see the crate README, *Connections at scale*).
+pub const MAX_NATIVE_WAITS: usize = 16;
+
+/// How often a wait beyond [`MAX_NATIVE_WAITS`] tries its native lock when no push wakes
+/// it sooner.
+pub const NATIVE_WAIT_POLL: Duration = Duration::from_secs(1);
+
 /// How a blocking wait for the native lock ended.
 pub(crate) enum Waited {
     Got(Held),
     /// Given up (cancelled); nothing of it is left.
     GaveUp,
     /// Given up, but a blocking lock-file call of it cannot be interrupted: it still waits,
-    /// holding the entry, and returns the lock when the lock is free.
-    Lingering(JoinHandle<Result<FileLock, String>>),
+    /// holding the entry, and returns the lock when the lock is free. Its slot under the
+    /// cap is held until then.
+    Lingering(JoinHandle<Result<FileLock, String>>, WaitSlot),
+}
+
+/// A place under [`MAX_NATIVE_WAITS`]: dropping it frees it for the next wait.
+pub(crate) type WaitSlot = OwnedSemaphorePermit;
+
+/// A lock session other than the shared holder, with its place under the cap.
+pub(crate) struct OwnSession {
+    session: Session,
+    slot: WaitSlot,
+}
+
+/// How a wait that found no free slot under the cap went on.
+enum Entry {
+    /// A slot freed: wait blocking.
+    Slot(WaitSlot),
+    /// A spare session appeared (it has its slot): wait blocking on it.
+    Spare(OwnSession),
+    /// A poll found the lock free and took it.
+    Got(Held),
+    /// Cancelled meanwhile.
+    GaveUp,
+}
+
+/// Counts a wait beyond the cap while it polls.
+struct Capped<'a>(&'a AtomicUsize);
+
+impl Drop for Capped<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A native lock this process holds, and what holds it.
@@ -47,7 +106,8 @@ pub(crate) enum Held {
     /// On the store's shared holder session (taken by a non-blocking try).
     Shared,
     /// On a session of its own (taken by a blocking wait); back to the spares on unlock.
-    Own(Session),
+    /// Boxed: every gate has a `held` slot, and few hold a session.
+    Own(Box<OwnSession>),
     /// The lock file, open and locked; closing it unlocks.
     File(FileLock),
     /// Nothing to hold (`sqlite::memory:`).
@@ -65,7 +125,12 @@ pub(crate) struct Locks {
     /// How many locks the holder session holds.
     shared: AtomicUsize,
     /// Idle sessions for blocking waits.
-    spare: StdMutex<Vec<Session>>,
+    spare: StdMutex<Vec<OwnSession>>,
+    /// The places under [`MAX_NATIVE_WAITS`].
+    slots: Arc<Semaphore>,
+    /// Waits beyond the cap, polling: while there are any, a session that comes back is
+    /// closed rather than kept spare, so that its slot goes to them.
+    capped: AtomicUsize,
     /// Whether the lock files of earlier builds were swept (SQLite, first lock call).
     #[cfg(feature = "sqlite")]
     swept: std::sync::Once,
@@ -79,6 +144,8 @@ impl Locks {
             holder: tokio::sync::Mutex::new(None),
             shared: AtomicUsize::new(0),
             spare: StdMutex::new(Vec::new()),
+            slots: Arc::new(Semaphore::new(MAX_NATIVE_WAITS)),
+            capped: AtomicUsize::new(0),
             #[cfg(feature = "sqlite")]
             swept: std::sync::Once::new(),
         }
@@ -152,11 +219,13 @@ impl Locks {
 
     /// Waits (without bound) until the native lock is this process's, or until `cancel`
     /// fires (or its sender is dropped): then `None`, and no lock is left granted to a
-    /// session of this process that nobody waits on.
+    /// session of this process that nobody waits on. Beyond the cap ([`MAX_NATIVE_WAITS`]) it
+    /// polls instead, waking early when `poke` is notified (a push about the mutex).
     pub(crate) async fn wait(
         &self,
         key: &Key,
         mut cancel: oneshot::Receiver<()>,
+        poke: &Notify,
     ) -> Result<Waited, String> {
         // Fired, or its sender dropped: given up. A receiver that `try_recv` found closed
         // is finished and must not be polled again (tokio panics "called after complete").
@@ -167,6 +236,12 @@ impl Locks {
             Key::Local => Ok(Waited::Got(Held::Local)),
             Key::File(files) => {
                 self.sweep_once();
+                let slot = match self.slot_or_poll(key, &mut cancel, poke).await {
+                    Entry::Slot(slot) => slot,
+                    Entry::Spare(own) => own.slot,
+                    Entry::Got(held) => return Ok(Waited::Got(held)),
+                    Entry::GaveUp => return Ok(Waited::GaveUp),
+                };
                 let mut blocking = files.wait();
                 tokio::select! {
                     r = &mut blocking => r
@@ -174,21 +249,31 @@ impl Locks {
                         .map(|f| Waited::Got(Held::File(f))),
                     // A blocking lock call cannot be interrupted: its thread goes on
                     // waiting, and the gate follows it (`Gates::linger`).
-                    _ = cancel => Ok(Waited::Lingering(blocking)),
+                    _ = cancel => Ok(Waited::Lingering(blocking, slot)),
                 }
             }
             Key::Session(_) => {
                 let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
-                let mut session = match spare {
+                let mut own = match spare {
                     Some(s) => s,
-                    None => timeout(self.bound, Session::connect(&self.kind))
-                        .await
-                        .map_err(|_| format!("no lock session within {:?}", self.bound))??,
+                    None => match self.slot_or_poll(key, &mut cancel, poke).await {
+                        Entry::Spare(own) => own,
+                        Entry::Slot(slot) => {
+                            let session = timeout(self.bound, Session::connect(&self.kind))
+                                .await
+                                .map_err(|_| {
+                                    format!("no lock session within {:?}", self.bound)
+                                })??;
+                            OwnSession { session, slot }
+                        }
+                        Entry::Got(held) => return Ok(Waited::Got(held)),
+                        Entry::GaveUp => return Ok(Waited::GaveUp),
+                    },
                 };
-                let canceller = session.canceller(&self.kind);
+                let canceller = own.session.canceller(&self.kind);
                 let mut given_up = false;
                 let got = {
-                    let lock = session.lock(key);
+                    let lock = own.session.lock(key);
                     tokio::pin!(lock);
                     tokio::select! {
                         r = &mut lock => r,
@@ -208,16 +293,58 @@ impl Locks {
                     }
                 };
                 match (got, given_up) {
-                    (Ok(()), false) => Ok(Waited::Got(Held::Own(session))),
+                    (Ok(()), false) => Ok(Waited::Got(Held::Own(Box::new(own)))),
                     (Ok(()), true) => {
-                        self.unlock(key, Held::Own(session)).await?;
+                        self.unlock(key, Held::Own(Box::new(own))).await?;
                         Ok(Waited::GaveUp)
                     }
                     // The session is dropped: its connection closes, and whatever the server
-                    // still had it wait for or hold goes with it.
+                    // still had it wait for or hold goes with it (and its slot frees).
                     (Err(_), true) => Ok(Waited::GaveUp),
                     (Err(e), false) => Err(e),
                 }
+            }
+        }
+    }
+
+    /// A slot under the cap for a blocking wait on `key`: at once if one is free;
+    /// otherwise (beyond the cap) the lock is tried without blocking once per
+    /// [`NATIVE_WAIT_POLL`] and on every `poke`, until a slot or a spare session frees, the
+    /// lock is got, or `cancel` fires.
+    async fn slot_or_poll(
+        &self,
+        key: &Key,
+        cancel: &mut oneshot::Receiver<()>,
+        poke: &Notify,
+    ) -> Entry {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Entry::Slot(slot);
+        }
+        self.capped.fetch_add(1, Ordering::Relaxed);
+        let _capped = Capped(&self.capped);
+        debug!(
+            cap = MAX_NATIVE_WAITS,
+            "native waits at the cap: polling the lock instead"
+        );
+        loop {
+            tokio::select! {
+                // FIFO: the waits beyond the cap get freed slots in the order they came.
+                slot = self.slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => return Entry::Slot(slot),
+                    // Never closed; poll on.
+                    Err(_) => tokio::time::sleep(NATIVE_WAIT_POLL).await,
+                },
+                () = tokio::time::sleep(NATIVE_WAIT_POLL) => {}
+                () = poke.notified() => {}
+                _ = &mut *cancel => return Entry::GaveUp,
+            }
+            if let Some(own) = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+                return Entry::Spare(own);
+            }
+            match self.try_lock(key).await {
+                Ok(Some(held)) => return Entry::Got(held),
+                Ok(None) => {}
+                Err(e) => debug!("a capped wait's try failed (it tries again): {e}"),
             }
         }
     }
@@ -250,12 +377,15 @@ impl Locks {
                     }
                 }
             }
-            Held::Own(mut session) => match timeout(self.bound, session.unlock(key)).await {
+            Held::Own(mut own) => match timeout(self.bound, own.session.unlock(key)).await {
                 Ok(Ok(())) => {
-                    self.spare
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(session);
+                    // Waits beyond the cap want its slot more than the spares want it.
+                    if self.capped.load(Ordering::Relaxed) == 0 {
+                        self.spare
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(*own);
+                    }
                     Ok(())
                 }
                 Ok(Err(e)) => Err(e),
@@ -500,7 +630,7 @@ mod tests {
             let key = locks.kind.key("simba_mutex", "m");
             let (tx, rx) = oneshot::channel::<()>();
             drop(tx);
-            let waited = locks.wait(&key, rx).await;
+            let waited = locks.wait(&key, rx, &Notify::new()).await;
             assert!(matches!(waited, Ok(Waited::GaveUp)), "{:?}", waited.is_ok());
         }
     }

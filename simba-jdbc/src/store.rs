@@ -64,18 +64,24 @@ macro_rules! on_conn {
             }
         }
     }};
-    // Without taking a turn on SQLite: renewal batches, which must not queue behind
-    // thousands of acquisitions (they meet SQLite's busy handler instead, for the length
-    // of one statement).
-    (@unturned $inner:expr, |$c:ident| $body:expr) => {{
+    // Renewal batches: on the renewal connections (`crate::dialect::split_pool`), and on
+    // SQLite with the next turn, ahead of every queued acquisition (see `Turns`).
+    (@renewal $inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
-        on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
+        let _turn = match &inner.turns {
+            Some(turns) => Some(turns.turn.lock().await),
+            None => None,
+        };
+        on_pool!(renew &inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
     }};
     ($inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
         // SQLite: one call at a time per store (see `Inner::turns`).
         let _turn = match &inner.turns {
-            Some(turns) => Some(turns.lock().await),
+            Some(turns) => {
+                let line = turns.line.lock().await;
+                Some((line, turns.turn.lock().await))
+            }
             None => None,
         };
         on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
@@ -165,9 +171,19 @@ struct Inner {
     /// with "busy" and retry after sleeps of 1 to 100 ms (its busy handler), so hundreds
     /// of concurrent acquisitions spent most of their time asleep. In turn, each call
     /// finds the write lock free (unless another process holds it: then the busy
-    /// handler waits). Renewal batches do not take a turn (see `on_conn!`). `None`
-    /// elsewhere.
-    turns: Option<tokio::sync::Mutex<()>>,
+    /// handler waits). A renewal batch takes the next turn, ahead of the queued calls
+    /// ([`Turns`]). `None` elsewhere.
+    turns: Option<Turns>,
+}
+
+/// SQLite's turns: calls queue in `line` (first come first) and then take `turn`; a
+/// renewal batch takes `turn` only, so it waits for at most the call running and the one
+/// call that has left the line, never behind the thousands queued there (10,000
+/// acquisitions at once must not make every renewal late).
+#[derive(Default)]
+struct Turns {
+    line: tokio::sync::Mutex<()>,
+    turn: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -465,12 +481,20 @@ impl SqlStore {
             lock_scope(&target, config.table()),
             config.statement_timeout(),
         ));
+        // A release heard by push pokes the mutex's gate (a wait beyond the cap on native
+        // waits polls otherwise). Weak: the listener lives in the store it would keep.
+        let weak = Arc::downgrade(&gates);
+        dialect.on_release(Box::new(move |mutex| {
+            if let Some(gates) = weak.upgrade() {
+                gates.poke(mutex);
+            }
+        }));
         Ok(SqlStore {
             inner: Arc::new(Inner {
                 kind,
                 discard: kind != Backend::Sqlite,
                 renewals: renew::Renewals::new(kind, config.pool_size()),
-                turns: (kind == Backend::Sqlite).then(|| tokio::sync::Mutex::new(())),
+                turns: (kind == Backend::Sqlite).then(Turns::default),
                 gates,
                 config,
                 dialect,
@@ -732,6 +756,9 @@ fn watch_foreign(inner: &Arc<Inner>, mutex: &str, owner: String) {
                 Err(_) => false,
             };
             if gone {
+                // The waiter here, and a wait beyond the native-wait cap (which then
+                // tries the lock now rather than at its next poll).
+                inner.gates.wake_one(&mutex);
                 inner.gates.poke(&mutex);
                 break;
             }
@@ -780,48 +807,54 @@ impl LeaseStore for SqlStore {
     /// Dropping the future may leave the acquisition applied or not (the connection is then
     /// closed); acquiring again is idempotent for the same contender.
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let sent = tokio::time::Instant::now();
-        let pass = inner.gates.enter(mutex, contender_id).await;
-        let row = run_fast!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
-            c,
-            contender_id,
-            lease,
-            pass
-        ))?;
-        let grace = match pass {
-            Pass::Locked => None,
-            Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
-        };
-        let foreign = row.as_ref().and_then(foreign_owner);
-        let reply = inner.reply(row, grace)?;
-        let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
-        inner
-            .gates
-            .outcome(mutex, contender_id, owns, sent + lease.total());
-        if let Some(foreign) = foreign
-            && !owns
-            && reply.owner.owner_id == foreign
-        {
-            watch_foreign(&self.inner, mutex, foreign);
-        }
-        // SQLite stores any integer whatever the declared type: a narrow `version` is
-        // checked here (MySQL and PostgreSQL refuse the write themselves).
-        let max = inner.fence_max.load(Ordering::Relaxed);
-        if owns && i64::try_from(reply.owner.fence).unwrap_or(i64::MAX) > max {
-            let _ = self.release(mutex, contender_id).await;
-            return Err(permanent(
-                inner.kind.name(),
-                format!(
-                    "acquire mutex {mutex:?}: the fence {} is past the largest value of the \
-                     `version` column of {} ({max}); widen the column",
-                    reply.owner.fence,
-                    inner.config.table()
-                ),
-            ));
-        }
-        Ok(reply)
+        // Boxed: the statement futures of three dialects take about 4.5 KB, and a
+        // contender's driver future would hold that much for its whole life (10,000
+        // contenders: 45 MB); boxed, only calls in flight use it.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, Some(contender_id))?;
+            let sent = tokio::time::Instant::now();
+            let pass = inner.gates.enter(mutex, contender_id).await;
+            let row = run_fast!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
+                c,
+                contender_id,
+                lease,
+                pass
+            ))?;
+            let grace = match pass {
+                Pass::Locked => None,
+                Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
+            };
+            let foreign = row.as_ref().and_then(foreign_owner);
+            let reply = inner.reply(row, grace)?;
+            let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
+            inner
+                .gates
+                .outcome(mutex, contender_id, owns, sent + lease.total());
+            if let Some(foreign) = foreign
+                && !owns
+                && reply.owner.owner_id == foreign
+            {
+                watch_foreign(&self.inner, mutex, foreign);
+            }
+            // SQLite stores any integer whatever the declared type: a narrow `version` is
+            // checked here (MySQL and PostgreSQL refuse the write themselves).
+            let max = inner.fence_max.load(Ordering::Relaxed);
+            if owns && i64::try_from(reply.owner.fence).unwrap_or(i64::MAX) > max {
+                let _ = self.release(mutex, contender_id).await;
+                return Err(permanent(
+                    inner.kind.name(),
+                    format!(
+                        "acquire mutex {mutex:?}: the fence {} is past the largest value of \
+                         the `version` column of {} ({max}); widen the column",
+                        reply.owner.fence,
+                        inner.config.table()
+                    ),
+                ));
+            }
+            Ok(reply)
+        })
+        .await
     }
 
     /// Renews only: never takes a mutex that `contender_id` does not own within its lease.
@@ -838,39 +871,51 @@ impl LeaseStore for SqlStore {
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let released = run_fast!(inner, format!("release mutex {mutex:?}"), |c| call
-            .release(c, contender_id));
-        // The row first, then the native lock: the waiter it wakes finds the row free.
-        // On failure too: the engine releases only what it no longer believes it owns.
-        inner.gates.done(mutex, contender_id, false).await;
-        released
+        // Boxed, as `acquire`.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, Some(contender_id))?;
+            let released = run_fast!(inner, format!("release mutex {mutex:?}"), |c| call
+                .release(c, contender_id));
+            // The row first, then the native lock: the waiter it wakes finds the row free.
+            // On failure too: the engine releases only what it no longer believes it owns.
+            inner.gates.done(mutex, contender_id, false).await;
+            released
+        })
+        .await
     }
 
     /// One conditional UPDATE on the database clock (see [`LeaseStore::release_after`]).
     async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, Some(contender_id))?;
-        let ms = hold_millis(hold)?;
-        if ms == 0 {
-            return self.release(mutex, contender_id).await;
-        }
-        let held = run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
-            call.release_after(c, contender_id, ms)
-        });
-        // The next waiter gets the native lock, finds the row held, and waits for the
-        // hold's end on the lease clock.
-        inner.gates.done(mutex, contender_id, false).await;
-        held
+        // Boxed, as `acquire`.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, Some(contender_id))?;
+            let ms = hold_millis(hold)?;
+            if ms == 0 {
+                return self.release(mutex, contender_id).await;
+            }
+            let held = run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
+                call.release_after(c, contender_id, ms)
+            });
+            // The next waiter gets the native lock, finds the row held, and waits for the
+            // hold's end on the lease clock.
+            inner.gates.done(mutex, contender_id, false).await;
+            held
+        })
+        .await
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
-        let inner = &*self.inner;
-        let call = inner.start(mutex, None)?;
-        let row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
-            .select(c))?;
-        inner.reply(row, None)
+        // Boxed, as `acquire`.
+        Box::pin(async move {
+            let inner = &*self.inner;
+            let call = inner.start(mutex, None)?;
+            let row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
+                .select(c))?;
+            inner.reply(row, None)
+        })
+        .await
     }
 
     /// Takes the contender out of the mutex's wait queue: its place in the local queue,

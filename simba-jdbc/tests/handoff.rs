@@ -132,3 +132,35 @@ async fn sqlite_handoff_and_failover() {
     handoff(&h, SuiteTiming::SHORT, poll_bound(SuiteTiming::SHORT)).await;
     failover(&h).await;
 }
+
+/// The native handoff floor of `simba bench` (two sessions handing the database's own lock
+/// over) on a server: the holder releases once it sees the waiter's session queued
+/// (`pg_locks`, `PROCESSLIST`). If that query never saw it, the handoff would run into its
+/// limit and fail; if the waiter got the lock while held, it fails too.
+async fn native_floor(h: &SqlHarness) {
+    let store = h.store().await.expect("store");
+    let mut probe = store
+        .handoff_probe(&unique_name("floor"))
+        .await
+        .expect("handoff probe");
+    for _ in 0..20 {
+        // Generous for a loaded machine: a handoff takes well under a millisecond.
+        let took = probe
+            .handoff(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {}: {e}", h.name(), probe.name()));
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_native_handoff_floor() {
+    native_floor(&SqlHarness::postgres().await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_native_handoff_floor() {
+    native_floor(&SqlHarness::mysql().await).await;
+}

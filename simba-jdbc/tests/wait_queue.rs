@@ -23,7 +23,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc::Receiver;
 use tokio::time::{Instant, timeout};
 
-use common::{LEASE, SqlHarness};
+use common::{LEASE, SqlHarness, sqlite_blocked};
 use simba_test_kit::suite::Harness;
 
 /// Set in the children: `ROLE|URL|TABLE|MUTEX|ID|TTL MS`.
@@ -99,40 +99,8 @@ async fn queued(h: &SqlHarness) -> usize {
             let _ = conn.disconnect().await;
             usize::try_from(n.unwrap_or(0)).unwrap_or(0)
         }
-        _ => sqlite_blocked(h),
+        _ => sqlite_blocked(h, false),
     }
-}
-
-/// Blocked lock requests on the lock files of the harness's SQLite database.
-fn sqlite_blocked(h: &SqlHarness) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let path = h.url().trim_start_matches("sqlite://");
-    let dir = std::path::Path::new(path)
-        .parent()
-        .expect("the database file has a directory");
-    let inodes: Vec<u64> = std::fs::read_dir(dir)
-        .expect("read the database directory")
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            // Linux: the one `.locks` file; elsewhere a `.lock` and `.entry` per mutex.
-            name.ends_with(".locks") || name.ends_with(".lock") || name.ends_with(".entry")
-        })
-        .filter_map(|e| e.metadata().ok().map(|m| m.ino()))
-        .collect();
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    locks
-        .lines()
-        .filter(|l| l.contains("->"))
-        .filter(|l| {
-            // `N: -> OFDLCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END` (or `FLOCK`)
-            l.split_whitespace()
-                .find(|f| f.matches(':').count() == 2)
-                .and_then(|f| f.rsplit(':').next())
-                .and_then(|ino| ino.parse::<u64>().ok())
-                .is_some_and(|ino| inodes.contains(&ino))
-        })
-        .count()
 }
 
 /// Waits (bounded) until `n` sessions wait on the server.

@@ -17,13 +17,15 @@ pub(crate) use connect::{classify, diesel, opts};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
-use crate::dialect::pool_error;
+use crate::dialect::{pool_error, pools};
 
 impl_sql_conn!(AsyncMysqlConnection, diesel::mysql::Mysql);
 
 /// What a MySQL / MariaDB store holds: its pool, and the URL its lock sessions connect to.
 pub(crate) struct Store {
     pub(crate) pool: DeadPool<AsyncMysqlConnection>,
+    /// The connections of renewal batches (`crate::dialect::split_pool`).
+    pub(crate) renew: Option<DeadPool<AsyncMysqlConnection>>,
     pub(crate) url: String,
 }
 
@@ -41,30 +43,36 @@ impl Store {
             "SET SESSION innodb_lock_wait_timeout = {}",
             timeout.as_secs().clamp(1, 1_073_741_824)
         );
-        let mut mc = ManagerConfig::<AsyncMysqlConnection>::default();
-        mc.recycling_method = RecyclingMethod::Fast;
-        mc.custom_setup = Box::new(move |url| {
+        let manager = || {
             let (a, b) = (max_statement_time.clone(), lock_wait.clone());
-            Box::pin(async move {
-                // The URL's TLS options and matched-row counts (`connect`).
-                let mut conn = diesel(url).await?;
-                // Server-side bounds, best effort: max_statement_time is MariaDB's.
-                if let Err(e) = conn.batch_execute(&a).await {
-                    debug!("mysql: server-side statement timeout not set: {e}");
-                }
-                if let Err(e) = conn.batch_execute(&b).await {
-                    debug!("mysql: innodb_lock_wait_timeout not set: {e}");
-                }
-                Ok(conn)
-            })
-        });
-        let mgr = AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc);
-        let pool = DeadPool::builder(mgr)
-            .max_size(size)
-            .build()
-            .map_err(|e| pool_error(Backend::Mysql, e))?;
+            let mut mc = ManagerConfig::<AsyncMysqlConnection>::default();
+            mc.recycling_method = RecyclingMethod::Fast;
+            mc.custom_setup = Box::new(move |url| {
+                let (a, b) = (a.clone(), b.clone());
+                Box::pin(async move {
+                    // The URL's TLS options and matched-row counts (`connect`).
+                    let mut conn = diesel(url).await?;
+                    // Server-side bounds, best effort: max_statement_time is MariaDB's.
+                    if let Err(e) = conn.batch_execute(&a).await {
+                        debug!("mysql: server-side statement timeout not set: {e}");
+                    }
+                    if let Err(e) = conn.batch_execute(&b).await {
+                        debug!("mysql: innodb_lock_wait_timeout not set: {e}");
+                    }
+                    Ok(conn)
+                })
+            });
+            AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc)
+        };
+        let (pool, renew) = pools(Backend::Mysql, size, |n| {
+            DeadPool::builder(manager())
+                .max_size(n)
+                .build()
+                .map_err(|e| pool_error(Backend::Mysql, e))
+        })?;
         Ok(Store {
             pool,
+            renew,
             url: url.to_owned(),
         })
     }

@@ -43,10 +43,15 @@ impl Sub {
     }
 }
 
+/// What the store does when it hears a release (pokes the mutex's gate).
+pub(crate) type OnRelease = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Subscribers by mutex name.
 #[derive(Default)]
 struct Hub {
     subs: StdMutex<HashMap<String, Vec<Sub>>>,
+    /// Told of every release heard (see [`Listener::on_release`]).
+    on_release: std::sync::OnceLock<OnRelease>,
 }
 
 impl Hub {
@@ -106,7 +111,12 @@ impl Hub {
             return;
         };
         match kind {
-            "R" => self.dispatch(mutex, actor, &StoreEvent::Released),
+            "R" => {
+                self.dispatch(mutex, actor, &StoreEvent::Released);
+                if let Some(f) = self.on_release.get() {
+                    f(mutex);
+                }
+            }
             "A" => self.dispatch(
                 mutex,
                 actor,
@@ -156,6 +166,13 @@ impl Listener {
             timeout,
             task: StdMutex::new(None),
         }
+    }
+
+    /// Sets what the store does with every release heard: its gates poke a wait beyond the
+    /// cap on native waits (`crate::native::MAX_NATIVE_WAITS`), which has no session on the
+    /// server's queue to be woken by. Set once; later calls are ignored.
+    pub(crate) fn on_release(&self, f: OnRelease) {
+        let _ = self.hub.on_release.set(f);
     }
 
     /// Registers `contender` for events about `mutex` (on `tx`, until `contending` is set)

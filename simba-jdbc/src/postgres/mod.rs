@@ -23,13 +23,15 @@ pub(crate) use listen::{Listener, acquired_payload, released_payload};
 
 use crate::config::{Backend, SqlConfig, redact_url};
 use crate::conn::impl_sql_conn;
-use crate::dialect::pool_error;
+use crate::dialect::{pool_error, pools};
 
 impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg);
 
 /// What a PostgreSQL store holds.
 pub(crate) struct Store {
     pub(crate) pool: DeadPool<AsyncPgConnection>,
+    /// The connections of renewal batches (`crate::dialect::split_pool`).
+    pub(crate) renew: Option<DeadPool<AsyncPgConnection>>,
     /// Opens every connection of the store (TLS set up once).
     pub(crate) pg: Arc<Connector>,
     pub(crate) listener: Listener,
@@ -44,30 +46,36 @@ impl Store {
         let size = config.pool_size();
         let timeout = config.statement_timeout();
         let setup = format!("SET statement_timeout = {}", timeout.as_millis());
-        let mut mc = ManagerConfig::<AsyncPgConnection>::default();
-        mc.recycling_method = RecyclingMethod::Fast;
-        // Every connection through the store's connector (its TLS), not the URL.
-        let connector = pg.clone();
-        mc.custom_setup = Box::new(move |_url| {
+        let manager = || {
+            let mut mc = ManagerConfig::<AsyncPgConnection>::default();
+            mc.recycling_method = RecyclingMethod::Fast;
+            // Every connection through the store's connector (its TLS), not the URL.
+            let connector = pg.clone();
             let setup = setup.clone();
-            let pg = connector.clone();
-            Box::pin(async move {
-                let mut conn = pg.diesel().await?;
-                conn.batch_execute(&setup)
-                    .await
-                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                Ok(conn)
-            })
-        });
-        let mgr = AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc);
-        let pool = DeadPool::builder(mgr)
-            .max_size(size)
-            .build()
-            .map_err(|e| pool_error(Backend::Postgres, e))?;
+            mc.custom_setup = Box::new(move |_url| {
+                let setup = setup.clone();
+                let pg = connector.clone();
+                Box::pin(async move {
+                    let mut conn = pg.diesel().await?;
+                    conn.batch_execute(&setup)
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                })
+            });
+            AsyncDieselConnectionManager::new_with_config(url.to_owned(), mc)
+        };
+        let (pool, renew) = pools(Backend::Postgres, size, |n| {
+            DeadPool::builder(manager())
+                .max_size(n)
+                .build()
+                .map_err(|e| pool_error(Backend::Postgres, e))
+        })?;
         let listener = Listener::new(pg.clone(), channel.to_owned(), timeout);
         let fast = Fast::new(pg.clone(), timeout);
         Ok(Store {
             pool,
+            renew,
             pg,
             listener,
             fast,

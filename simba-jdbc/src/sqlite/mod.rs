@@ -21,7 +21,7 @@ pub(crate) use lock::{FileKey, FileLock, sweep_earlier};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
-use crate::dialect::pool_error;
+use crate::dialect::{pool_error, pools};
 
 /// A SQLite connection, run on blocking threads.
 pub(crate) type SqliteConn =
@@ -32,6 +32,8 @@ impl_sql_conn!(SqliteConn, diesel::sqlite::Sqlite);
 /// What a SQLite store holds: its pool, and where its database lives.
 pub(crate) struct Store {
     pub(crate) pool: DeadPool<SqliteConn>,
+    /// The connection of renewal batches (`crate::dialect::split_pool`).
+    pub(crate) renew: Option<DeadPool<SqliteConn>>,
     /// The database file (its lock files live beside it).
     pub(crate) path: String,
     /// `:memory:`: no other process can reach the database.
@@ -50,45 +52,50 @@ impl Store {
             "PRAGMA busy_timeout = {}",
             timeout.as_millis().min(i32::MAX as u128)
         );
-        let mut mc = ManagerConfig::<SqliteConn>::default();
-        mc.recycling_method = RecyclingMethod::Fast;
-        mc.custom_setup = Box::new(move |url| {
+        let manager = || {
             let busy = busy.clone();
-            Box::pin(async move {
-                let setup = diesel::ConnectionError::CouldntSetupConfiguration;
-                let mut conn = SqliteConn::establish(url).await?;
-                conn.batch_execute(&busy).await.map_err(setup)?;
-                // Switching a file to WAL needs it to itself for an instant, and fails
-                // at once with "database is locked" (the busy timeout does not apply)
-                // while other connections open it: retry, within the statement timeout.
-                let give_up = tokio::time::Instant::now() + timeout;
-                loop {
-                    match conn.batch_execute("PRAGMA journal_mode = WAL").await {
-                        Ok(()) => break,
-                        Err(e) if is_busy(&e) && tokio::time::Instant::now() < give_up => {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut mc = ManagerConfig::<SqliteConn>::default();
+            mc.recycling_method = RecyclingMethod::Fast;
+            mc.custom_setup = Box::new(move |url| {
+                let busy = busy.clone();
+                Box::pin(async move {
+                    let setup = diesel::ConnectionError::CouldntSetupConfiguration;
+                    let mut conn = SqliteConn::establish(url).await?;
+                    conn.batch_execute(&busy).await.map_err(setup)?;
+                    // Switching a file to WAL needs it to itself for an instant, and fails
+                    // at once with "database is locked" (the busy timeout does not apply)
+                    // while other connections open it: retry, within the statement timeout.
+                    let give_up = tokio::time::Instant::now() + timeout;
+                    loop {
+                        match conn.batch_execute("PRAGMA journal_mode = WAL").await {
+                            Ok(()) => break,
+                            Err(e) if is_busy(&e) && tokio::time::Instant::now() < give_up => {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            Err(e) => return Err(setup(e)),
                         }
-                        Err(e) => return Err(setup(e)),
                     }
-                }
-                // A commit syncs the WAL only at checkpoints, not every time: see the
-                // crate README (*SQLite*, durability) for why a lock table may lose its
-                // last commits in a power loss.
-                conn.batch_execute("PRAGMA synchronous = NORMAL")
-                    .await
-                    .map_err(setup)?;
-                Ok(conn)
-            })
-        });
-        let mgr = AsyncDieselConnectionManager::new_with_config(path.to_owned(), mc);
-        // Every connection to `:memory:` is a database of its own: use exactly one.
-        let size = if memory { 1 } else { size };
-        let pool = DeadPool::builder(mgr)
-            .max_size(size)
-            .build()
-            .map_err(|e| pool_error(Backend::Sqlite, e))?;
+                    // A commit syncs the WAL only at checkpoints, not every time: see the
+                    // crate README (*SQLite*, durability) for why a lock table may lose its
+                    // last commits in a power loss.
+                    conn.batch_execute("PRAGMA synchronous = NORMAL")
+                        .await
+                        .map_err(setup)?;
+                    Ok(conn)
+                })
+            });
+            AsyncDieselConnectionManager::new_with_config(path.to_owned(), mc)
+        };
+        // Every connection to `:memory:` is a database of its own: use exactly one, shared.
+        let (pool, renew) = pools(Backend::Sqlite, if memory { 1 } else { size }, |n| {
+            DeadPool::builder(manager())
+                .max_size(n)
+                .build()
+                .map_err(|e| pool_error(Backend::Sqlite, e))
+        })?;
         Ok(Store {
             pool,
+            renew,
             path: path.to_owned(),
             memory,
         })

@@ -5,7 +5,10 @@
 //! than [`Renewals::lanes`] batches run, the call starts a batch task at once (so a lone
 //! renewal costs what it did alone, plus one task hop); otherwise it waits in the queue, and
 //! the next batch to start takes every queued call of the same lease, up to [`MAX_BATCH`].
-//! A batch is two statements on one pooled connection: one `UPDATE` that renews every pair
+//! A batch is two statements on one of the store's renewal connections (the pool keeps one
+//! per lane apart for them, `crate::dialect::split_pool`, so a batch never waits for a
+//! connection behind thousands of acquisitions; on SQLite it also takes the next turn,
+//! ahead of the queued calls): one `UPDATE` that renews every pair
 //! whose row the contender owns within its lease (the single renewal's `WHERE`, pair by
 //! pair), then one read of all the rows with the database's time. Each call gets the reply
 //! its own single renewal would have given: its row as it is after the `UPDATE`, judged on
@@ -43,7 +46,7 @@ use tracing::debug;
 use super::{Failure, Inner, owner_reply};
 use crate::config::Backend;
 use crate::conn::{Arg, BatchRow, Checked, OwnerRow, SqlConn};
-use crate::dialect::on_pool;
+use crate::dialect::{on_pool, renewal_lanes};
 
 /// The most renewals one statement carries (3 bound values each: far below every
 /// database's limit on bound values, and a statement of a few milliseconds).
@@ -80,9 +83,8 @@ struct Queue {
 /// The renewal queue of one store.
 pub(super) struct Renewals {
     queue: StdMutex<Queue>,
-    /// Batches that may run at once: 1 on SQLite (one writer at a time anyway: more
-    /// would only wait for its lock), 2 elsewhere (a slow statement does not hold every
-    /// renewal up).
+    /// Batches that may run at once ([`renewal_lanes`]), each on a connection of its own
+    /// when the pool is split ([`split_pool`](crate::dialect::split_pool)).
     lanes: usize,
     calls: AtomicU64,
     batches: AtomicU64,
@@ -90,13 +92,9 @@ pub(super) struct Renewals {
 
 impl Renewals {
     pub(super) fn new(kind: Backend, pool_size: usize) -> Renewals {
-        let lanes = match kind {
-            Backend::Sqlite => 1,
-            Backend::Mysql | Backend::Postgres => 2,
-        };
         Renewals {
             queue: StdMutex::new(Queue::default()),
-            lanes: lanes.min(pool_size.max(1)),
+            lanes: renewal_lanes(kind).min(pool_size.max(1)),
             calls: AtomicU64::new(0),
             batches: AtomicU64::new(0),
         }
@@ -218,7 +216,7 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
     // documentation on the local deadline).
     let rows: Result<Vec<BatchRow>> = inner
         .bounded(&what, inner.config.statement_timeout(), async {
-            on_conn!(@unturned inner, |c| async {
+            on_conn!(@renewal inner, |c| async {
                 c.exec(&update, &update_args).await?;
                 c.load_batch(&select, &select_args).await
             })

@@ -332,3 +332,45 @@ impl StoreSource for SqlHarness {
         self.pushes_release
     }
 }
+
+/// Blocked lock requests on the lock files of the harness's SQLite database.
+///
+/// With `distinct`, requests on the same byte range count once: `/proc/locks` is read in
+/// pages, and a line can come twice when other processes change their locks between two
+/// pages (seen with several test processes at once); use it where every waiter waits on
+/// a byte of its own.
+pub fn sqlite_blocked(h: &SqlHarness, distinct: bool) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let path = h.url().trim_start_matches("sqlite://");
+    let dir = std::path::Path::new(path)
+        .parent()
+        .expect("the database file has a directory");
+    let inodes: Vec<u64> = std::fs::read_dir(dir)
+        .expect("read the database directory")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // Linux: the one `.locks` file; elsewhere a `.lock` and `.entry` per mutex.
+            name.ends_with(".locks") || name.ends_with(".lock") || name.ends_with(".entry")
+        })
+        .filter_map(|e| e.metadata().ok().map(|m| m.ino()))
+        .collect();
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let blocked = locks.lines().filter(|l| l.contains("->")).filter(|l| {
+        // `N: -> OFDLCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END` (or `FLOCK`)
+        l.split_whitespace()
+            .find(|f| f.matches(':').count() == 2)
+            .and_then(|f| f.rsplit(':').next())
+            .and_then(|ino| ino.parse::<u64>().ok())
+            .is_some_and(|ino| inodes.contains(&ino))
+    });
+    if distinct {
+        // The line without its index: file, byte range.
+        let ranges: std::collections::HashSet<&str> = blocked
+            .filter_map(|l| l.split_once("->").map(|(_, rest)| rest))
+            .collect();
+        ranges.len()
+    } else {
+        blocked.count()
+    }
+}
