@@ -17,6 +17,7 @@ mod lease;
 mod locker;
 mod memory;
 pub mod metrics;
+mod multi;
 #[cfg(test)]
 mod model;
 mod owner;
@@ -40,6 +41,7 @@ pub use lease::{
 };
 pub use locker::{LockGuard, LockRegistry, Locker};
 pub use memory::MemoryStore;
+pub use multi::{MAX_MULTI_LOCK_NAMES, MultiGuard, MultiLocker, PartLost};
 pub use owner::{
     ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, HELD_PREFIX, MutexOwner,
     MutexState,
