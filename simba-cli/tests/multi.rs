@@ -233,3 +233,4 @@ fn a_stopped_multi_exec_loses_its_group_at_the_deadline() {
     // The group runs on while the lease protects it, and is gone at the local deadline.
     assert!(h.first_last_seen < Duration::from_millis(2500), "{h:?}");
 }
+
