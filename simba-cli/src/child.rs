@@ -112,8 +112,7 @@ pub(crate) async fn spawn(
         for name in unset {
             cmd.env_remove(name);
         }
-        cmd
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
+        cmd.stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             // A group of its own: neither simba's (a kill of simba's job leaves it) nor

@@ -562,3 +562,54 @@ async fn release(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use simba_core::{ContenderStatus, Held};
+    use tokio::sync::watch;
+    use tokio::time::Instant;
+
+    use super::Statuses;
+
+    fn held(fence: u64, deadline: Option<Instant>) -> ContenderStatus {
+        ContenderStatus {
+            running: true,
+            held: Some(Held {
+                fence,
+                suspect: false,
+            }),
+            deadline,
+            ..ContenderStatus::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_guardian_gets_the_earliest_deadline_of_all_parts_or_none() {
+        let now = Instant::now();
+        let (early, late) = (now + Duration::from_secs(1), now + Duration::from_secs(5));
+        let (tx_a, rx_a) = watch::channel(held(3, Some(late)));
+        let (tx_b, rx_b) = watch::channel(held(7, Some(early)));
+        let mut statuses = Statuses(vec![(rx_a, 3), (rx_b, 7)]);
+        assert_eq!(statuses.earliest_deadline(), Some(early));
+
+        // A renewal of b moves the earliest deadline to a's.
+        tx_b.send_replace(held(7, Some(now + Duration::from_secs(9))));
+        assert!(statuses.changed().await);
+        assert_eq!(statuses.earliest_deadline(), Some(late));
+
+        // A part that is not held (or held under another fence) gives no deadline at all:
+        // the other part's must not stand in for it.
+        tx_a.send_replace(ContenderStatus::default());
+        assert!(statuses.changed().await);
+        assert_eq!(statuses.earliest_deadline(), None);
+        tx_a.send_replace(held(4, Some(late)));
+        assert_eq!(statuses.earliest_deadline(), None);
+
+        // A part whose service is gone ends the watching.
+        drop(tx_a);
+        assert!(!statuses.changed().await);
+        drop(tx_b);
+    }
+}

@@ -87,8 +87,16 @@ fn the_command_gets_each_mutex_and_fence_in_the_order_given() {
         "{vars:?}"
     );
     assert!(!get("SIMBA_OWNER_ID_1").is_empty() && !get("SIMBA_OWNER_ID_2").is_empty());
-    for gone in ["SIMBA_MUTEX", "SIMBA_FENCE", "SIMBA_OWNER_ID", "SIMBA_FENCE_3"] {
-        assert!(!vars.contains_key(gone), "{gone} set for a multi-lock: {vars:?}");
+    for gone in [
+        "SIMBA_MUTEX",
+        "SIMBA_FENCE",
+        "SIMBA_OWNER_ID",
+        "SIMBA_FENCE_3",
+    ] {
+        assert!(
+            !vars.contains_key(gone),
+            "{gone} set for a multi-lock: {vars:?}"
+        );
     }
 
     // One mutex: the variables of today, plus the numbered ones.
@@ -103,7 +111,10 @@ fn the_command_gets_each_mutex_and_fence_in_the_order_given() {
     assert_eq!(vars.get("SIMBA_MUTEX_1"), Some(&a), "{vars:?}");
     assert_eq!(vars.get("SIMBA_MUTEX_COUNT").map(String::as_str), Some("1"));
     let fence = vars.get("SIMBA_FENCE").cloned().unwrap_or_default();
-    assert!(fence.parse::<u64>().is_ok_and(|f| f > fences[1]), "{vars:?}");
+    assert!(
+        fence.parse::<u64>().is_ok_and(|f| f > fences[1]),
+        "{vars:?}"
+    );
     assert_eq!(vars.get("SIMBA_FENCES"), Some(&fence), "{vars:?}");
     assert!(vars.contains_key("SIMBA_OWNER_ID"), "{vars:?}");
 }
@@ -123,7 +134,9 @@ fn a_multi_exec_that_gives_up_leaves_no_mutex_held() {
         .args(sh(&format!("touch {}; sleep 30", ready.display())))
         .spawn()
         .expect("start the holder");
-    eventually(Duration::from_secs(30), "the holder runs", || ready.exists());
+    eventually(Duration::from_secs(30), "the holder runs", || {
+        ready.exists()
+    });
     for wait in [&["--timeout", "500ms"][..], &["--no-wait"][..]] {
         let started = Instant::now();
         let out = run(
@@ -233,4 +246,3 @@ fn a_stopped_multi_exec_loses_its_group_at_the_deadline() {
     // The group runs on while the lease protects it, and is gone at the local deadline.
     assert!(h.first_last_seen < Duration::from_millis(2500), "{h:?}");
 }
-

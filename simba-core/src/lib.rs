@@ -17,9 +17,9 @@ mod lease;
 mod locker;
 mod memory;
 pub mod metrics;
-mod multi;
 #[cfg(test)]
 mod model;
+mod multi;
 mod owner;
 mod redact;
 mod rt;

@@ -342,7 +342,11 @@ pub struct PartLost {
 
 impl fmt::Display for PartLost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ownership of mutex {:?} lost: {}", self.mutex, self.reason)
+        write!(
+            f,
+            "ownership of mutex {:?} lost: {}",
+            self.mutex, self.reason
+        )
     }
 }
 

@@ -26,12 +26,7 @@ fn factory_over<S: LeaseStore>(store: S) -> Arc<dyn ContendServiceFactory> {
 }
 
 async fn is_free(memory: &MemoryStore, mutex: &str) -> bool {
-    !memory
-        .owner(mutex)
-        .await
-        .expect("owner")
-        .owner
-        .has_owner()
+    !memory.owner(mutex).await.expect("owner").owner.has_owner()
 }
 
 #[test]
@@ -42,7 +37,10 @@ fn names_are_deduplicated_and_sorted_and_bad_sets_refused() {
     let none: [&str; 0] = [];
     assert!(matches!(
         MultiLocker::new(f.clone(), none),
-        Err(Error::InvalidConfig { field: "mutexes", .. })
+        Err(Error::InvalidConfig {
+            field: "mutexes",
+            ..
+        })
     ));
     let many = (0..=MAX_MULTI_LOCK_NAMES).map(|i| format!("m{i}"));
     let e = MultiLocker::new(f.clone(), many).expect_err("too many");
@@ -53,7 +51,10 @@ fn names_are_deduplicated_and_sorted_and_bad_sets_refused() {
     // Duplicates do not count against the limit.
     let repeated = (0..100).map(|i| format!("m{}", i % MAX_MULTI_LOCK_NAMES));
     assert_eq!(
-        MultiLocker::new(f.clone(), repeated).expect("multi").names().len(),
+        MultiLocker::new(f.clone(), repeated)
+            .expect("multi")
+            .names()
+            .len(),
         MAX_MULTI_LOCK_NAMES
     );
     assert!(matches!(
@@ -101,10 +102,19 @@ async fn a_timeout_leaves_no_part_held() {
         "{e}"
     );
     // "a" was won first; the give-up released it before returning.
-    assert!(is_free(&memory, "a").await, "a part stayed held after the timeout");
+    assert!(
+        is_free(&memory, "a").await,
+        "a part stayed held after the timeout"
+    );
     let e = multi.try_acquire().await.expect_err("b is held");
-    assert!(matches!(&e, Error::WouldBlock { mutex } if mutex == "b"), "{e}");
-    assert!(is_free(&memory, "a").await, "a part stayed held after try_acquire");
+    assert!(
+        matches!(&e, Error::WouldBlock { mutex } if mutex == "b"),
+        "{e}"
+    );
+    assert!(
+        is_free(&memory, "a").await,
+        "a part stayed held after try_acquire"
+    );
     hb.release().await.expect("release");
     let g = multi.try_acquire().await.expect("both free");
     assert_eq!(g.names().collect::<Vec<_>>(), ["a", "b"]);
@@ -122,7 +132,10 @@ async fn a_cancelled_acquisition_leaves_no_part_held() {
     let r = tokio::time::timeout(Duration::from_millis(500), multi.acquire()).await;
     assert!(r.is_err(), "acquired although b is held");
     multi.settled().await;
-    assert!(is_free(&memory, "a").await, "a stayed held after the cancel");
+    assert!(
+        is_free(&memory, "a").await,
+        "a stayed held after the cancel"
+    );
     hb.release().await.expect("release");
 }
 
@@ -145,6 +158,12 @@ async fn the_loss_of_one_part_is_the_loss_of_the_guard() {
     assert_eq!(g.valid_for(), Some(Duration::ZERO));
     assert!(g.part("a").is_some_and(|p| p.is_held()), "only b was lost");
     let e = g.release().await.expect_err("b had ended");
-    assert!(matches!(&e, Error::Lost { mutex, .. } if mutex == "b"), "{e}");
-    assert!(is_free(&memory, "a").await, "the part still held was not released");
+    assert!(
+        matches!(&e, Error::Lost { mutex, .. } if mutex == "b"),
+        "{e}"
+    );
+    assert!(
+        is_free(&memory, "a").await,
+        "the part still held was not released"
+    );
 }

@@ -163,7 +163,9 @@ fn claimed(parts: &[LockGuard]) -> Vec<String> {
     let Some(first) = parts.first() else {
         return Vec::new();
     };
-    let base = first.mutex().trim_end_matches(|c: char| c.is_ascii_lowercase());
+    let base = first
+        .mutex()
+        .trim_end_matches(|c: char| c.is_ascii_lowercase());
     ["b", "c"].iter().map(|s| format!("{base}{s}")).collect()
 }
 
@@ -181,23 +183,18 @@ async fn caller_order_deadlocks_and_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parts_kept_on_give_up_are_caught() {
-    let e = suite::multi_lock_no_partial_hold_with(
-        &harness(),
-        &Broken::new(Flaw::KeepsPartsOnGiveUp),
-    )
-    .await
-    .expect_err("a multi-lock that keeps what it won on a give-up must fail");
+    let e =
+        suite::multi_lock_no_partial_hold_with(&harness(), &Broken::new(Flaw::KeepsPartsOnGiveUp))
+            .await
+            .expect_err("a multi-lock that keeps what it won on a give-up must fail");
     assert!(e.to_string().contains("a part stayed held"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loss_signal_of_the_first_part_only_is_caught() {
-    let e = suite::multi_lock_lost_part_with(
-        &harness(),
-        &Broken::new(Flaw::WatchesFirstPartOnly),
-    )
-    .await
-    .expect_err("a multi-lock whose loss signal misses a part must fail");
+    let e = suite::multi_lock_lost_part_with(&harness(), &Broken::new(Flaw::WatchesFirstPartOnly))
+        .await
+        .expect_err("a multi-lock whose loss signal misses a part must fail");
     assert!(e.to_string().contains("loss signal"), "{e}");
 }
 
@@ -218,11 +215,17 @@ async fn holding_the_first_part_only_is_caught() {
     let e = suite::multi_lock_release_frees_all_with(&harness(), &broken)
         .await
         .expect_err("a multi-lock that takes one part only must fail");
-    assert!(e.to_string().contains("while the multi-lock held it"), "{e}");
+    assert!(
+        e.to_string().contains("while the multi-lock held it"),
+        "{e}"
+    );
     let e = suite::multi_lock_with_singles_with(&harness(), &broken)
         .await
         .expect_err("and a single locker of the other part meets it");
-    assert!(e.to_string().contains("while another party holds it"), "{e}");
+    assert!(
+        e.to_string().contains("while another party holds it"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

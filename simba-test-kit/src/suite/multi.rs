@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use simba_core::backend::BoxFuture;
-use simba_core::{ContendServiceFactory, Error, Locker, LossReason, MultiGuard, MultiLocker, PartLost};
+use simba_core::{
+    ContendServiceFactory, Error, Locker, LossReason, MultiGuard, MultiLocker, PartLost,
+};
 use tokio::time::Instant;
 
 use super::{CaseError, CaseResult, Harness, SuiteTiming, acquire_bound, within};
@@ -114,7 +116,12 @@ struct InUse(Vec<(String, AtomicBool)>);
 
 impl InUse {
     fn new(names: &[String]) -> Self {
-        InUse(names.iter().map(|n| (n.clone(), AtomicBool::new(false))).collect())
+        InUse(
+            names
+                .iter()
+                .map(|n| (n.clone(), AtomicBool::new(false)))
+                .collect(),
+        )
     }
 
     fn enter(&self, who: &str, names: &[String]) -> CaseResult {
@@ -137,6 +144,21 @@ impl InUse {
     }
 }
 
+/// A third party's `try_acquire` through `locker` succeeds (and is released); `failed`
+/// says what it means when it does not.
+async fn takes_at_once(locker: &Locker, failed: impl FnOnce(Error) -> String) -> CaseResult {
+    match within(
+        "a third party's try_acquire",
+        Duration::from_secs(10),
+        locker.try_acquire(),
+    )
+    .await?
+    {
+        Ok(g) => Ok(g.release().await?),
+        Err(e) => Err(CaseError(failed(e))),
+    }
+}
+
 /// The bound for one multi-lock acquisition behind one other holder: two handoffs, each
 /// at most a failover (a handoff that found no push waits for the lease), generous for a
 /// loaded machine. A deadlock never ends, so it exceeds any bound.
@@ -151,7 +173,10 @@ pub async fn multi_lock_no_deadlock(h: &dyn Harness) -> CaseResult {
 }
 
 /// [`multi_lock_no_deadlock`] for any multi-lock.
-pub async fn multi_lock_no_deadlock_with(h: &dyn Harness, imp: &dyn MultiLockUnderTest) -> CaseResult {
+pub async fn multi_lock_no_deadlock_with(
+    h: &dyn Harness,
+    imp: &dyn MultiLockUnderTest,
+) -> CaseResult {
     const ROUNDS: usize = 20;
     let set = names("multi_order", 2);
     let in_use = InUse::new(&set);
@@ -205,8 +230,16 @@ pub async fn multi_lock_no_partial_hold_with(
     let holder = Locker::new(h.factory(SuiteTiming::SHORT).await?, &set[1])?;
     let multi = h.factory(SuiteTiming::SHORT).await?;
     let third = Locker::new(h.factory(SuiteTiming::SHORT).await?, &set[0])?;
-    let held = within("acquire the last part", acquire_bound(&caps), holder.acquire()).await??;
-    for wait in [MultiWait::Timeout(Duration::from_millis(600)), MultiWait::Try] {
+    let held = within(
+        "acquire the last part",
+        acquire_bound(&caps),
+        holder.acquire(),
+    )
+    .await??;
+    for wait in [
+        MultiWait::Timeout(Duration::from_millis(600)),
+        MultiWait::Try,
+    ] {
         let t0 = Instant::now();
         let r = within(
             &format!("{wait:?} on a set with a held part"),
@@ -217,7 +250,10 @@ pub async fn multi_lock_no_partial_hold_with(
         let took = t0.elapsed();
         match (wait, r) {
             (MultiWait::Timeout(d), Err(Error::Timeout { .. })) => {
-                ensure!(took >= d, "gave up after {took:?}, before the wait of {d:?}");
+                ensure!(
+                    took >= d,
+                    "gave up after {took:?}, before the wait of {d:?}"
+                );
             }
             (MultiWait::Try, Err(Error::WouldBlock { .. })) => {}
             (_, Ok(hold)) => {
@@ -232,18 +268,14 @@ pub async fn multi_lock_no_partial_hold_with(
                 return Err(CaseError(format!("{wait:?}: unexpected error {e}")));
             }
         }
-        let r = within("a third party's try_acquire", Duration::from_secs(10), third.try_acquire())
-            .await?;
-        match r {
-            Ok(g) => g.release().await?,
-            Err(e) => {
-                return Err(CaseError(format!(
-                    "after the multi-lock gave up ({wait:?}), a third party could not take \
-                     {:?}: {e} (a part stayed held)",
-                    set[0]
-                )));
-            }
-        }
+        takes_at_once(&third, |e| {
+            format!(
+                "after the multi-lock gave up ({wait:?}), a third party could not take {:?}: \
+                 {e} (a part stayed held)",
+                set[0]
+            )
+        })
+        .await?;
     }
     ensure!(held.is_held(), "the holder lost its mutex meanwhile");
     held.release().await?;
@@ -258,7 +290,10 @@ pub async fn multi_lock_lost_part(h: &dyn Harness) -> CaseResult {
 }
 
 /// [`multi_lock_lost_part`] for any multi-lock.
-pub async fn multi_lock_lost_part_with(h: &dyn Harness, imp: &dyn MultiLockUnderTest) -> CaseResult {
+pub async fn multi_lock_lost_part_with(
+    h: &dyn Harness,
+    imp: &dyn MultiLockUnderTest,
+) -> CaseResult {
     let caps = h.capabilities(SuiteTiming::SHORT);
     let set = names("multi_lost", 2);
     let fa = h.factory(SuiteTiming::SHORT).await?;
@@ -291,7 +326,10 @@ pub async fn multi_lock_lost_part_with(h: &dyn Harness, imp: &dyn MultiLockUnder
         set[1]
     );
     ensure!(
-        matches!(lost.reason, LossReason::LeaseExpired | LossReason::SessionLost),
+        matches!(
+            lost.reason,
+            LossReason::LeaseExpired | LossReason::SessionLost
+        ),
         "loss reported as {:?}",
         lost.reason
     );
@@ -307,16 +345,13 @@ pub async fn multi_lock_lost_part_with(h: &dyn Harness, imp: &dyn MultiLockUnder
         "release after a lost part must say Error::Lost for it, got {r:?}"
     );
     let third = Locker::new(h.factory(SuiteTiming::SHORT).await?, &set[0])?;
-    match within("a third party's try_acquire", Duration::from_secs(10), third.try_acquire()).await? {
-        Ok(g) => g.release().await?,
-        Err(e) => {
-            return Err(CaseError(format!(
-                "the part that was still held ({:?}) was not released: {e}",
-                set[0]
-            )));
-        }
-    }
-    Ok(())
+    takes_at_once(&third, |e| {
+        format!(
+            "the part that was still held ({:?}) was not released: {e}",
+            set[0]
+        )
+    })
+    .await
 }
 
 /// While a multi-lock holds, nobody else can take any part; its fences are positive and
@@ -337,7 +372,10 @@ pub async fn multi_lock_release_frees_all_with(
     let hold = within(
         "acquire a free set",
         acquire_bound(&caps) * 3,
-        imp.acquire(lockers(&f, &[&set[2], &set[0], &set[1], &set[0]])?, MultiWait::Forever),
+        imp.acquire(
+            lockers(&f, &[&set[2], &set[0], &set[1], &set[0]])?,
+            MultiWait::Forever,
+        ),
     )
     .await??;
     let fences = hold.fences();
@@ -347,12 +385,19 @@ pub async fn multi_lock_release_frees_all_with(
         named == set.iter().map(String::as_str).collect::<Vec<_>>(),
         "fences {fences:?} do not name each of {set:?} once"
     );
-    ensure!(fences.iter().all(|(_, f)| *f > 0), "a fence of 0: {fences:?}");
+    ensure!(
+        fences.iter().all(|(_, f)| *f > 0),
+        "a fence of 0: {fences:?}"
+    );
     ensure!(hold.is_held(), "not held right after the acquisition");
     let third = lockers(&others, &set.iter().collect::<Vec<_>>())?;
     for locker in &third {
-        let r = within("a third party's try_acquire", Duration::from_secs(10), locker.try_acquire())
-            .await?;
+        let r = within(
+            "a third party's try_acquire",
+            Duration::from_secs(10),
+            locker.try_acquire(),
+        )
+        .await?;
         if let Ok(g) = r {
             let _ = g.release().await;
             return Err(CaseError(format!(
@@ -363,17 +408,13 @@ pub async fn multi_lock_release_frees_all_with(
     }
     within("release", Duration::from_secs(10), hold.release()).await??;
     for locker in &third {
-        match within("a third party's try_acquire", Duration::from_secs(10), locker.try_acquire())
-            .await?
-        {
-            Ok(g) => g.release().await?,
-            Err(e) => {
-                return Err(CaseError(format!(
-                    "{:?} was still held after the multi-lock's release: {e}",
-                    locker.mutex()
-                )));
-            }
-        }
+        takes_at_once(locker, |e| {
+            format!(
+                "{:?} was still held after the multi-lock's release: {e}",
+                locker.mutex()
+            )
+        })
+        .await?;
     }
     Ok(())
 }
