@@ -88,7 +88,7 @@ pub(crate) struct ExecArgs {
     /// A mutex to hold; repeat it to hold several at once (at most 32), all or none. They
     /// are taken in one order (sorted by name), so execs that ask for the same mutexes in
     /// any order never deadlock. The command gets SIMBA_MUTEX_COUNT and, for each mutex in
-    /// the order given, SIMBA_MUTEX_<i>, SIMBA_FENCE_<i> and SIMBA_OWNER_ID_<i> (i from
+    /// the order given, SIMBA_MUTEX_i, SIMBA_FENCE_i and SIMBA_OWNER_ID_i (i from
     /// 1), and SIMBA_FENCES (the fences, comma separated); SIMBA_MUTEX, SIMBA_FENCE and
     /// SIMBA_OWNER_ID only when there is one mutex.
     #[arg(long = "mutex", value_name = "NAME")]

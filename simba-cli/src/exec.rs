@@ -439,8 +439,8 @@ impl Statuses {
     }
 }
 
-/// The command's environment: SIMBA_MUTEX_COUNT, SIMBA_MUTEX_<i>, SIMBA_FENCE_<i>,
-/// SIMBA_OWNER_ID_<i> (i from 1, in the order given) and SIMBA_FENCES; SIMBA_MUTEX,
+/// The command's environment: SIMBA_MUTEX_COUNT, SIMBA_MUTEX_i, SIMBA_FENCE_i,
+/// SIMBA_OWNER_ID_i (i from 1, in the order given) and SIMBA_FENCES; SIMBA_MUTEX,
 /// SIMBA_FENCE and SIMBA_OWNER_ID for one mutex. Second: the variables of these families
 /// inherited from simba's own environment (an outer `simba exec`) that are not set
 /// here, to be removed, so that none describes a mutex this command does not hold.
