@@ -167,3 +167,37 @@ async fn the_loss_of_one_part_is_the_loss_of_the_guard() {
         "the part still held was not released"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_part_lost_while_a_later_one_is_awaited_makes_it_start_over() {
+    let memory = MemoryStore::new();
+    let faulty = FaultStore::new(memory.clone());
+    let holder = Locker::new(factory_over(memory.clone()), "b").expect("locker");
+    let hb = holder.acquire().await.expect("acquire b");
+    let a = Locker::new(factory_over(faulty.clone()), "a").expect("a");
+    let b = Locker::new(factory_over(memory.clone()), "b").expect("b");
+    let multi = MultiLocker::from_lockers([a, b]).expect("multi");
+    let waiting = tokio::spawn(async move { multi.acquire().await });
+    // "a" is taken first, then "b" is awaited.
+    while is_free(&memory, "a").await {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first_a = memory.owner("a").await.expect("owner").owner.fence;
+    // "a" goes silent past its lease (its deadline passes), then comes back.
+    faulty.control().set_all(Behavior::Hang);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    faulty.control().set_all(Behavior::Pass);
+    hb.release().await.expect("release b");
+    let g = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the multi-lock did not start over")
+        .expect("task")
+        .expect("acquire");
+    assert!(g.is_held());
+    assert!(
+        g.fence("a").is_some_and(|f| f > first_a),
+        "the lost part was not taken anew: {:?} after fence {first_a}",
+        g.fences()
+    );
+    g.release().await.expect("release");
+}
