@@ -106,6 +106,20 @@ pub enum Error {
         /// Why not, and what to do instead.
         reason: String,
     },
+    /// A semaphore was asked for with a permit count other than the one its holders agreed
+    /// on: every contender of one semaphore name must ask for the same number of permits.
+    #[error(
+        "semaphore {semaphore:?} has {existing} permits (its holders asked for that), \
+         not {asked}: every contender of one semaphore must ask for the same count"
+    )]
+    PermitsMismatch {
+        /// The semaphore.
+        semaphore: String,
+        /// The permit count this contender asked for.
+        asked: u32,
+        /// The permit count of the semaphore's current holders.
+        existing: u32,
+    },
     /// The backend failed.
     #[error("{backend} backend: {message}")]
     Backend {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
-use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent};
+use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
 
 /// A store operation, to aim a fault at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -188,5 +188,55 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
 
     async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
         self.inner.leave(mutex, contender_id).await
+    }
+
+    // Permits fail as the mutex calls of the same kind do.
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        let call = self
+            .inner
+            .permit_acquire(semaphore, contender_id, permits, lease);
+        self.run(Op::Acquire, call).await
+    }
+
+    async fn permit_guard(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        let call = self
+            .inner
+            .permit_guard(semaphore, contender_id, permits, lease);
+        self.run(Op::Guard, call).await
+    }
+
+    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
+        let call = self.inner.permit_release(semaphore, contender_id);
+        self.run(Op::Release, call).await
+    }
+
+    async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
+        self.run(Op::Owner, self.inner.permit_owners(semaphore))
+            .await
+    }
+
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        let call = self.inner.permit_subscribe(semaphore, contender_id);
+        self.run(Op::Subscribe, call).await
+    }
+
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
+        self.inner.permit_leave(semaphore, contender_id).await
     }
 }

@@ -49,16 +49,43 @@ fn host_name() -> String {
     }
 }
 
+/// The longest id [`generate_contender_id`] makes: it fits the `owner_id CHAR(32)` of a
+/// table made by the JVM Simba library, with the 6 characters of a hold's `held@@` prefix.
+pub const GENERATED_ID_MAX_LEN: usize = 26;
+
 /// A new contender id, unique across hosts, processes, restarts and calls:
-/// `{n}:{pid}@{host}:{random}`, e.g. `3:4121@web-1:9f1c2a7be0d4c311`.
+/// `{n}:{pid}@{host}:{random}`, e.g. `3:4121@web-1:2kD9xPq0aZb`, at most
+/// [`GENERATED_ID_MAX_LEN`] characters.
 ///
-/// The readable part follows Simba's `n:pid@host`; the random suffix keeps two processes
-/// that reuse a pid (a restart, a container) apart.
+/// The readable part follows Simba's `n:pid@host`; the random suffix (64 bits, in 11
+/// characters of base 62) keeps two processes that reuse a pid (a restart, a container)
+/// apart. The host name is cut to fit, and left out when the counter and the pid leave no
+/// room for it.
 pub fn generate_contender_id() -> String {
     static HOST: OnceLock<String> = OnceLock::new();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let host = HOST.get_or_init(host_name);
-    format!("{n}:{}@{host}:{:016x}", std::process::id(), random_u64())
+    let random = base62(random_u64());
+    let head = format!("{n}:{}", std::process::id());
+    // head + '@' + host + ':' + random
+    let room = GENERATED_ID_MAX_LEN.saturating_sub(head.len() + 2 + random.len());
+    if room == 0 {
+        return format!("{}:{random}", std::process::id());
+    }
+    // The host name is ASCII (see `host_name`): any cut is a character boundary.
+    let host = &host[..host.len().min(room)];
+    format!("{head}@{host}:{random}")
+}
+
+/// `v` in base 62 (`0-9A-Za-z`), always 11 characters.
+fn base62(mut v: u64) -> String {
+    const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut out = [b'0'; 11];
+    for slot in out.iter_mut().rev() {
+        *slot = DIGITS[(v % 62) as usize];
+        v /= 62;
+    }
+    out.iter().map(|&b| char::from(b)).collect()
 }
 
 fn shorten(s: &str) -> String {
@@ -199,6 +226,18 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.contains(&format!(":{}@", std::process::id())), "{a}");
         check_common_contender_id(&a).expect("generated id is valid");
+        for _ in 0..1000 {
+            let id = generate_contender_id();
+            assert!(id.len() <= GENERATED_ID_MAX_LEN, "{id}");
+        }
+    }
+
+    #[test]
+    fn base62_is_fixed_width_and_distinct() {
+        assert_eq!(base62(0), "00000000000");
+        assert_eq!(base62(61), "0000000000z");
+        assert_eq!(base62(u64::MAX).len(), 11);
+        assert_ne!(base62(1), base62(62));
     }
 
     #[test]

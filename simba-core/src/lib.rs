@@ -24,6 +24,7 @@ mod owner;
 mod redact;
 mod rt;
 mod scheduler;
+mod semaphore;
 mod service;
 mod store;
 pub mod tls;
@@ -32,8 +33,8 @@ mod wakeups;
 
 pub use error::{Error, LossReason, Result};
 pub use id::{
-    MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, check_common_contender_id, check_common_mutex_name,
-    generate_contender_id,
+    GENERATED_ID_MAX_LEN, MAX_CONTENDER_ID_LEN, MAX_MUTEX_NAME_LEN, check_common_contender_id,
+    check_common_mutex_name, generate_contender_id,
 };
 pub use lease::{
     LeaseConfig, LeaseContendService, LeaseRetrievalService, LeaseServiceFactory, MAX_DURATION,
@@ -48,6 +49,7 @@ pub use owner::{
 };
 pub use redact::{is_secret_key, redact_url_with};
 pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
+pub use semaphore::{PermitGuard, Semaphore};
 pub use service::{
     ContendService, ContendServiceFactory, Contender, ContenderStatus, Held, Loss, MutexRetriever,
     RetrievalService, SilentContender, SilentRetriever,

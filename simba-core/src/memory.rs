@@ -7,15 +7,92 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::error::Error;
 use crate::error::Result;
 use crate::owner::{MutexOwner, held_owner_id};
-use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
+use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, hold_millis};
 
 #[derive(Default)]
 struct Entry {
     owner: MutexOwner,
     fence: u64,
     subscribers: Vec<(String, mpsc::Sender<StoreEvent>)>,
+}
+
+/// One semaphore: its holders (each a mutex owner of its own), the count they agreed on,
+/// the last fence, and the wait queue (contender id, when it is dropped unless it calls
+/// again), first come first served.
+#[derive(Default)]
+struct Permits {
+    permits: u32,
+    holders: Vec<MutexOwner>,
+    fence: u64,
+    queue: Vec<(String, i64)>,
+    subscribers: Vec<(String, mpsc::Sender<StoreEvent>)>,
+}
+
+/// How soon a waiter that is not yet first in line for a free permit looks again (the
+/// waiters ahead of it were woken and should take theirs by then).
+pub(crate) const PERMIT_TURN_MS: i64 = 250;
+
+/// How long a queued waiter stays in line without calling again: it calls again by the
+/// time its last answer said (`look_at`), so a lease and two seconds more is generous.
+fn waiter_keep(now: i64, look_at: i64, lease: Lease) -> i64 {
+    look_at.max(now) + lease.ttl_ms() + lease.transition_ms() + 2000
+}
+
+impl Permits {
+    fn prune(&mut self, now: i64) {
+        self.holders.retain(|h| h.is_in_lease(now));
+        self.queue.retain(|(_, until)| *until > now);
+    }
+
+    /// Wakes the first `count` queued waiters that can still hear it (one wake-up per free
+    /// permit); the waiters that cannot (their receiver is gone) leave the queue.
+    fn wake(&mut self, mut count: usize) {
+        self.subscribers.retain(|(_, tx)| !tx.is_closed());
+        let mut i = 0;
+        while count > 0 && i < self.queue.len() {
+            let id = &self.queue[i].0;
+            let mut heard = false;
+            for (_, tx) in self.subscribers.iter().filter(|(who, _)| who == id) {
+                // A full channel already holds an event that makes the waiter look again.
+                heard |= !matches!(
+                    tx.try_send(StoreEvent::Released),
+                    Err(mpsc::error::TrySendError::Closed(_))
+                );
+            }
+            if heard {
+                count -= 1;
+                i += 1;
+            } else {
+                self.queue.remove(i);
+            }
+        }
+    }
+
+    /// Takes `contender_id` out of the queue and, if `release`, out of the holders;
+    /// returns whether it held a permit (now freed). Wakes the waiters owed a permit.
+    fn remove(&mut self, contender_id: &str, release: bool) -> bool {
+        let held = self.holders.len();
+        if release {
+            self.holders.retain(|h| h.owner_id != contender_id);
+        }
+        let queued = self.queue.len();
+        self.queue.retain(|(id, _)| id != contender_id);
+        let released = self.holders.len() < held;
+        if released || self.queue.len() < queued {
+            // A freed permit, or a waiter gone that may have been owed one.
+            self.wake(self.free());
+        }
+        released
+    }
+
+    fn free(&self) -> usize {
+        usize::try_from(self.permits)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(self.holders.len())
+    }
 }
 
 /// A lease store in this process's memory.
@@ -26,6 +103,7 @@ struct Entry {
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
+    semaphores: Arc<Mutex<HashMap<String, Permits>>>,
     base_ms: i64,
     base: Instant,
 }
@@ -51,6 +129,7 @@ impl MemoryStore {
             .unwrap_or(0);
         MemoryStore {
             inner: Arc::new(Mutex::new(HashMap::new())),
+            semaphores: Arc::new(Mutex::new(HashMap::new())),
             base_ms,
             base: Instant::now(),
         }
@@ -69,6 +148,26 @@ impl MemoryStore {
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let entry = map.entry(mutex.to_owned()).or_default();
         f(entry, now)
+    }
+
+    fn with_permits<T>(&self, semaphore: &str, f: impl FnOnce(&mut Permits, i64) -> T) -> T {
+        let now = self.now();
+        let mut map = self.semaphores.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map.entry(semaphore.to_owned()).or_default();
+        entry.prune(now);
+        f(entry, now)
+    }
+
+    fn renew_permit(
+        p: &mut Permits,
+        contender_id: &str,
+        lease: Lease,
+        now: i64,
+    ) -> Option<MutexOwner> {
+        let holder = p.holders.iter_mut().find(|h| h.owner_id == contender_id)?;
+        holder.ttl_at = now + lease.ttl_ms();
+        holder.transition_at = holder.ttl_at + lease.transition_ms();
+        Some(holder.clone())
     }
 }
 
@@ -179,6 +278,125 @@ impl LeaseStore for MemoryStore {
             e.subscribers.push((contender_id.to_owned(), tx))
         });
         Ok(Some(rx))
+    }
+
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        self.with_permits(semaphore, |p, now| {
+            if let Some(owner) = Self::renew_permit(p, contender_id, lease, now) {
+                p.queue.retain(|(id, _)| id != contender_id);
+                return Ok(LeaseReply { owner, now });
+            }
+            if p.holders.is_empty() {
+                p.permits = permits;
+            } else if p.permits != permits {
+                return Err(Error::PermitsMismatch {
+                    semaphore: semaphore.to_owned(),
+                    asked: permits,
+                    existing: p.permits,
+                });
+            }
+            let place = p.queue.iter().position(|(id, _)| id == contender_id);
+            let free = p.free();
+            if place.unwrap_or(p.queue.len()) < free {
+                if let Some(i) = place {
+                    p.queue.remove(i);
+                }
+                p.fence += 1;
+                let owner = MutexOwner {
+                    owner_id: contender_id.to_owned(),
+                    acquired_at: now,
+                    ttl_at: now + lease.ttl_ms(),
+                    transition_at: now + lease.ttl_ms() + lease.transition_ms(),
+                    fence: p.fence,
+                };
+                p.holders.push(owner.clone());
+                return Ok(LeaseReply { owner, now });
+            }
+            // Full (look again when the first lease ends), or free but owed to earlier
+            // waiters (look again soon).
+            let look_at = if free > 0 {
+                now + PERMIT_TURN_MS
+            } else {
+                p.holders
+                    .iter()
+                    .map(|h| h.transition_at)
+                    .min()
+                    .unwrap_or(now)
+            };
+            let keep = waiter_keep(now, look_at, lease);
+            match place {
+                Some(i) => p.queue[i].1 = keep,
+                None => p.queue.push((contender_id.to_owned(), keep)),
+            }
+            Ok(look_again_at(look_at, now))
+        })
+    }
+
+    async fn permit_guard(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        _permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        Ok(self.with_permits(semaphore, |p, now| {
+            match Self::renew_permit(p, contender_id, lease, now) {
+                Some(owner) => LeaseReply { owner, now },
+                None => look_again_at(now, now),
+            }
+        }))
+    }
+
+    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
+        Ok(self.with_permits(semaphore, |p, _| p.remove(contender_id, true)))
+    }
+
+    async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
+        Ok(self.with_permits(semaphore, |p, now| PermitHolders {
+            permits: (!p.holders.is_empty()).then_some(p.permits),
+            holders: p.holders.clone(),
+            now,
+        }))
+    }
+
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        let (tx, rx) = mpsc::channel(4);
+        self.with_permits(semaphore, |p, _| {
+            p.subscribers.push((contender_id.to_owned(), tx))
+        });
+        Ok(Some(rx))
+    }
+
+    /// Leaves the queue only: a permit held stays held until its lease ends (the engine
+    /// leaves when it lost track of its permit).
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
+        self.with_permits(semaphore, |p, _| p.remove(contender_id, false));
+        Ok(())
+    }
+}
+
+/// The reply to a contender that may not take a permit yet: an unnamed holder whose
+/// `transition_at` says when to look again.
+fn look_again_at(at: i64, now: i64) -> LeaseReply {
+    LeaseReply {
+        owner: MutexOwner {
+            owner_id: String::new(),
+            acquired_at: 0,
+            ttl_at: at,
+            transition_at: at,
+            fence: 0,
+        },
+        now,
     }
 }
 

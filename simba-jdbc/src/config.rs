@@ -16,6 +16,11 @@ pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MUTEX_COLUMN_LEN: usize = 200;
 /// The width of the `owner_id` column created by the migration, in characters.
 pub const OWNER_COLUMN_LEN: usize = 200;
+/// How often a waiting process reads a row that a contender outside simba's native queue
+/// owns (see [`SqlConfig::with_foreign_poll`]): 5 ms. The JVM Simba library's contenders
+/// look again on their own schedule (at most every 50 ms in the mixed-fleet tests); simba's
+/// waiters read more often so that a mixed fleet gives them their share.
+pub const DEFAULT_FOREIGN_POLL: Duration = Duration::from_millis(5);
 /// The longest table name accepted, in bytes (PostgreSQL channel names derived from it must
 /// stay under 64 bytes).
 pub const MAX_TABLE_NAME_LEN: usize = 48;
@@ -297,6 +302,8 @@ pub struct SqlConfig {
     pool_size: usize,
     statement_timeout: Duration,
     max_name_len: usize,
+    ddl: bool,
+    foreign_poll: Duration,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -307,6 +314,8 @@ impl fmt::Debug for SqlConfig {
             .field("pool_size", &self.pool_size)
             .field("statement_timeout", &self.statement_timeout)
             .field("max_name_len", &self.max_name_len)
+            .field("ddl", &self.ddl)
+            .field("foreign_poll", &self.foreign_poll)
             .finish()
     }
 }
@@ -330,6 +339,8 @@ impl SqlConfig {
             pool_size: DEFAULT_POOL_SIZE,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             max_name_len: MUTEX_COLUMN_LEN,
+            ddl: true,
+            foreign_poll: DEFAULT_FOREIGN_POLL,
         }
     }
 
@@ -364,6 +375,38 @@ impl SqlConfig {
     pub fn with_max_name_len(mut self, chars: usize) -> Self {
         self.max_name_len = chars;
         self
+    }
+
+    /// Whether [`SqlStore::migrate`](crate::SqlStore::migrate) may change the schema
+    /// (default `true`): create the table when it is missing, and add simba's two waiter
+    /// columns to a table that lacks them (one made by the JVM Simba library), an
+    /// additive, online change. With `false` it only inspects the table, and a table
+    /// without the waiter columns is refused with the statements to run: simba-jdbc has
+    /// no mode without them yet.
+    pub fn with_ddl(mut self, allowed: bool) -> Self {
+        self.ddl = allowed;
+        self
+    }
+
+    /// How often a process whose contender waits for a mutex reads its row while the row's
+    /// owner is one that took it outside simba's native wait queue (a JVM Simba contender
+    /// in a mixed fleet): nothing else tells the waiter that this owner released. Default
+    /// [`DEFAULT_FOREIGN_POLL`]; between 1 ms and 10 s. Costs one primary-key read per
+    /// interval per such mutex and process, only while a foreign owner holds it and a simba
+    /// contender of the process waits.
+    pub fn with_foreign_poll(mut self, every: Duration) -> Self {
+        self.foreign_poll = every;
+        self
+    }
+
+    /// See [`SqlConfig::with_foreign_poll`].
+    pub fn foreign_poll(&self) -> Duration {
+        self.foreign_poll
+    }
+
+    /// Whether the migration may change the schema.
+    pub fn ddl(&self) -> bool {
+        self.ddl
     }
 
     /// The database URL as given (it may hold a password: do not log it; `Debug` redacts it).
@@ -442,6 +485,14 @@ impl SqlConfig {
                     "{} is out of range: use 1 to {MAX_MUTEX_NAME_LEN}",
                     self.max_name_len
                 ),
+            ));
+        }
+        if self.foreign_poll < Duration::from_millis(1)
+            || self.foreign_poll > Duration::from_secs(10)
+        {
+            return Err(Error::config(
+                "foreign_poll",
+                format!("{:?} is out of range: use 1 ms to 10 s", self.foreign_poll),
             ));
         }
         Ok(target)

@@ -44,6 +44,10 @@ pub(crate) struct OwnerRow {
     pub(crate) transition_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) version: Option<i64>,
+    /// The id simba wrote beside its own ownerships (see `schema`, *foreign owners*): an
+    /// owner whose id differs took the row without simba (the JVM library).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) waiter_id: Option<String>,
 }
 
 /// A row of the batched renewal's read: the database's time, and one row of the batch
@@ -103,6 +107,12 @@ pub(crate) trait SqlConn: Send {
     ) -> impl Future<Output = QueryResult<Vec<BatchRow>>> + Send + 'a;
 
     fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a;
+
+    fn load_columns<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<crate::schema::ColumnRow>>> + Send + 'a;
 }
 
 /// Implements [`SqlConn`] for a diesel-async connection type `$conn` of backend `$db`
@@ -143,6 +153,15 @@ macro_rules! impl_sql_conn {
             ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<()>> + Send + 'a {
                 ::diesel_async::SimpleAsyncConnection::batch_execute(self, sql)
             }
+
+            fn load_columns<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [$crate::conn::Arg<'a>],
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::schema::ColumnRow>>> + Send + 'a {
+                let q = $crate::conn::bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::load::<$crate::schema::ColumnRow>(q, self).await }
+            }
         }
     };
 }
@@ -181,6 +200,7 @@ impl Call<'_> {
         };
         let payload;
         let mut args = vec![
+            Arg::Text(me),
             Arg::Text(me),
             Arg::Int(gated),
             Arg::Text(me),

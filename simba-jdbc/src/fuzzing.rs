@@ -71,6 +71,7 @@ pub(crate) fn owner_row(data: &[u8]) -> (Option<OwnerRow>, Option<i64>) {
         ttl_at,
         transition_at,
         version,
+        waiter_id: None,
     });
     (row, grace)
 }

@@ -515,6 +515,29 @@ impl Gates {
             .is_some_and(|g| g.lock().contenders.contains(id))
     }
 
+    /// Whether a local contender waits for `mutex` (holding its native lock without the
+    /// row, or queued for it): while the row's owner is one that took it without the
+    /// native queue (a JVM Simba contender), nothing but a read tells it when that
+    /// ownership ends (see `store::watch_foreign`).
+    pub(crate) fn waiting(&self, mutex: &str) -> bool {
+        self.existing(mutex).is_some_and(|g| {
+            let s = g.lock();
+            s.granted.is_some() || !s.queue.is_empty()
+        })
+    }
+
+    /// Wakes one local waiter of `mutex` (the one holding its native lock, else the first
+    /// in the local queue, which may take a row freed outside the queue without the lock):
+    /// the owner outside the native queue has gone.
+    pub(crate) fn poke(&self, mutex: &str) {
+        if let Some(gate) = self.existing(mutex) {
+            let s = gate.lock();
+            if let Some(id) = s.granted.as_deref().or(s.queue.front().map(String::as_str)) {
+                self.wake(&s, id);
+            }
+        }
+    }
+
     /// A channel of events for `id` about `mutex`, and the flag that says it contends.
     pub(crate) fn subscribe(
         self: &Arc<Self>,

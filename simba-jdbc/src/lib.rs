@@ -22,6 +22,7 @@ mod mysql;
 mod native;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod schema;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -30,8 +31,8 @@ mod store;
 mod url_tls;
 
 pub use config::{
-    Backend, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE, MAX_POOL_SIZE,
-    MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
+    Backend, DEFAULT_FOREIGN_POLL, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TABLE,
+    MAX_POOL_SIZE, MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector};

@@ -96,11 +96,11 @@ pub(crate) struct Statements {
     /// statement, `UPDATE … RETURNING` joined with the row); else `select` follows.
     pub(crate) returns_row: bool,
     /// Acquire while this process holds the mutex's native lock: takes a free row (SQLite:
-    /// also the row of an owner whose process is gone). Args: me, 1, me, me, ttl,
+    /// also the row of an owner whose process is gone). Args: me, me, 1, me, me, ttl,
     /// ttl+transition, me, mutex, me [, channel, payload, mutex].
     pub(crate) acquire_locked: String,
     /// Acquire without the native lock: renews its own row, takes a row only when its
-    /// lease ran out (never a released one before `grace` ms). Args: me, 0, me, me, ttl,
+    /// lease ran out (never a released one before `grace` ms). Args: me, me, 0, me, me, ttl,
     /// ttl+transition, me, mutex, me, grace [, channel, payload, mutex].
     pub(crate) acquire_unlocked: String,
     /// The parts of the batched renewal ([`Statements::renew_batch`]).
@@ -120,8 +120,19 @@ pub(crate) struct Statements {
     pub(crate) check: String,
 }
 
+/// How a new ownership's fence is computed from the row's `version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FenceRule {
+    /// `max(version + 1, the database clock in ms)`: simba's own 64-bit column. Floored by
+    /// the clock, so a row deleted and made again never repeats a fence.
+    Clock,
+    /// `version + 1`: a narrower column (a JVM Simba table's `INT UNSIGNED`), which the
+    /// clock would overflow. The JVM library writes `version + 1` too.
+    Counter,
+}
+
 impl Statements {
-    pub(crate) fn new(backend: Backend, table: &str) -> Self {
+    pub(crate) fn new(backend: Backend, table: &str, fence: FenceRule) -> Self {
         let t = quote_table(backend, table);
         let now = lease_clock_sql(backend);
         let greatest = match backend {
@@ -134,13 +145,23 @@ impl Statements {
         //
         // `waiter_until` is the *gated* flag: 1 while the owner took the row holding the native lock, so
         // that on SQLite a waiter that gets the lock file may take the row over at once.
+        // PostgreSQL's driver reads BIGINT only; a JVM table's `version` is an INTEGER.
+        let version_out = match backend {
+            Backend::Postgres => "CAST(m.version AS BIGINT)",
+            Backend::Mysql | Backend::Sqlite => "m.version",
+        };
+        let next_fence = match fence {
+            FenceRule::Clock => format!("{greatest}(version + 1, {now})"),
+            FenceRule::Counter => "version + 1".to_owned(),
+        };
         let update = |take: &str| {
             format!(
                 "UPDATE {t} SET \
+                 waiter_id = ?, \
                  waiter_until = CASE WHEN owner_id = ? AND transition_at > {now} \
                      THEN waiter_until ELSE ? END, \
                  version = CASE WHEN owner_id = ? AND transition_at > {now} \
-                     THEN version ELSE {greatest}(version + 1, {now}) END, \
+                     THEN version ELSE {next_fence} END, \
                  acquired_at = CASE WHEN owner_id = ? AND transition_at > {now} \
                      THEN acquired_at ELSE {now} END, \
                  ttl_at = {now} + ?, \
@@ -157,7 +178,8 @@ impl Statements {
         let locked_take = match backend {
             Backend::Sqlite => format!(
                 "transition_at <= {now} \
-                 OR (waiter_until = 1 AND substr(owner_id, 1, 6) <> 'held@@')"
+                 OR (waiter_until = 1 AND waiter_id = owner_id \
+                     AND substr(owner_id, 1, 6) <> 'held@@')"
             ),
             Backend::Mysql | Backend::Postgres => format!("transition_at <= {now}"),
         };
@@ -190,7 +212,7 @@ impl Statements {
             select: format!(
                 "SELECT n.now_ms AS now_ms, m.mutex AS mutex, m.owner_id AS owner_id, \
                  m.acquired_at AS acquired_at, m.ttl_at AS ttl_at, \
-                 m.transition_at AS transition_at, m.version AS version \
+                 m.transition_at AS transition_at, {version_out} AS version \
                  FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} m ON m.mutex IN "
             ),
         };
@@ -207,7 +229,7 @@ impl Statements {
         };
         let select = format!(
             "SELECT n.now_ms AS now_ms, m.owner_id AS owner_id, m.acquired_at AS acquired_at, \
-             m.ttl_at AS ttl_at, m.transition_at AS transition_at, m.version AS version, \
+             m.ttl_at AS ttl_at, m.transition_at AS transition_at, {version_out} AS version, \
              m.waiter_id AS waiter_id, m.waiter_until AS waiter_until \
              FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} m ON m.mutex = ?"
         );
@@ -232,7 +254,7 @@ impl Statements {
                          COALESCE(u.acquired_at, m.acquired_at) AS acquired_at, \
                          COALESCE(u.ttl_at, m.ttl_at) AS ttl_at, \
                          COALESCE(u.transition_at, m.transition_at) AS transition_at, \
-                         COALESCE(u.version, m.version) AS version, \
+                         CAST(COALESCE(u.version, m.version) AS BIGINT) AS version, \
                          COALESCE(u.waiter_id, m.waiter_id) AS waiter_id, \
                          COALESCE(u.waiter_until, m.waiter_until) AS waiter_until, \
                          (SELECT COUNT(pg_notify(?, ?)) FROM u WHERE u.version IS DISTINCT FROM m.version) \
@@ -336,11 +358,11 @@ mod tests {
 
     #[test]
     fn postgres_placeholders_are_numbered() {
-        let s = Statements::new(Backend::Postgres, "simba_mutex");
+        let s = Statements::new(Backend::Postgres, "simba_mutex", FenceRule::Clock);
         assert!(!s.acquire_locked.contains('?'), "{}", s.acquire_locked);
-        assert!(s.acquire_locked.contains("$12"), "{}", s.acquire_locked);
-        assert!(!s.acquire_locked.contains("$13"), "{}", s.acquire_locked);
-        assert!(s.acquire_unlocked.contains("$13") && !s.acquire_unlocked.contains("$14"));
+        assert!(s.acquire_locked.contains("$13"), "{}", s.acquire_locked);
+        assert!(!s.acquire_locked.contains("$14"), "{}", s.acquire_locked);
+        assert!(s.acquire_unlocked.contains("$14") && !s.acquire_unlocked.contains("$15"));
         assert!(s.release.contains("$4") && !s.release.contains("$5"));
         assert!(s.release_after.contains("$7") && !s.release_after.contains("$8"));
     }
@@ -348,9 +370,9 @@ mod tests {
     #[test]
     fn placeholder_counts_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite] {
-            let s = Statements::new(backend, "simba_mutex");
-            assert_eq!(s.acquire_locked.matches('?').count(), 9);
-            assert_eq!(s.acquire_unlocked.matches('?').count(), 10);
+            let s = Statements::new(backend, "simba_mutex", FenceRule::Clock);
+            assert_eq!(s.acquire_locked.matches('?').count(), 10);
+            assert_eq!(s.acquire_unlocked.matches('?').count(), 11);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);
             assert_eq!(s.insert.matches('?').count(), 1);
@@ -361,7 +383,7 @@ mod tests {
     #[test]
     fn batch_renewal_placeholders_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite, Backend::Postgres] {
-            let s = Statements::new(backend, "simba_mutex");
+            let s = Statements::new(backend, "simba_mutex", FenceRule::Clock);
             for n in [1usize, 2, 7] {
                 let (update, select) = s.renew_batch(n);
                 let args = 2 + 3 * n;

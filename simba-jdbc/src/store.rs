@@ -3,18 +3,20 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_common_mutex_name};
 use tokio::sync::mpsc;
-use tracing::debug;
+use tracing::{debug, info};
 
-use crate::config::{Backend, OWNER_COLUMN_LEN, SqlConfig, Target, redact_url};
-use crate::conn::{Call, Checked, OwnerRow, SqlConn};
+use crate::config::{Backend, SqlConfig, Target, redact_url};
+use crate::conn::{Arg, Call, Checked, OwnerRow, SqlConn};
 use crate::dialect::{Dialect, on_pool, with_fast};
 use crate::gate::{Gates, Pass};
-use crate::sql::Statements;
+use crate::schema::{self, Shape};
+use crate::sql::{FenceRule, Statements};
 
 /// The shortest bound for a migration (DDL may wait for metadata locks).
 const MIGRATE_TIMEOUT_MIN: Duration = Duration::from_secs(30);
@@ -134,7 +136,22 @@ struct Inner {
     config: SqlConfig,
     /// The pool, and what else the store's database needs.
     dialect: Dialect,
+    /// The statements of simba's own table ([`FenceRule::Clock`]).
     st: Statements,
+    /// The same with [`FenceRule::Counter`], for a narrow `version` column.
+    st_counter: Statements,
+    /// The largest value of the table's `version` column when it is narrower than 64 bits
+    /// (then fences are `version + 1`), else `i64::MAX`; set by the migration.
+    fence_max: AtomicI64,
+    /// The longest contender id the table holds (with a hold's prefix), from the
+    /// migration's look at the `owner_id` column.
+    max_contender: AtomicUsize,
+    /// The width of the table's `mutex` column, from the migration (names are also
+    /// bounded by `SqlConfig::max_name_len`).
+    max_name: AtomicUsize,
+    /// Mutexes whose row a watcher reads while a foreign owner holds it
+    /// ([`watch_foreign`]).
+    foreign: std::sync::Mutex<std::collections::HashSet<String>>,
     channel: String,
     /// The native wait queues of this store's mutexes.
     gates: Arc<Gates>,
@@ -212,8 +229,18 @@ impl Inner {
         let missing_column = lower.contains("no such column")
             || lower.contains("unknown column")
             || (lower.contains("column") && lower.contains("does not exist"));
-        let permanent = missing_table || missing_column || lower.contains("syntax");
-        let hint = if missing_table {
+        let fence_full = self.counter_fence() && schema::fence_exhausted(&text);
+        let permanent = missing_table || missing_column || fence_full || lower.contains("syntax");
+        let hint = if fence_full {
+            format!(
+                "; the `version` column of {} (the fence, narrower than 64 bits in a JVM Simba \
+                 table) is at its largest value: the database refuses `version + 1` rather \
+                 than let a fence wrap; widen it to BIGINT (MySQL: ALTER TABLE … MODIFY \
+                 version BIGINT UNSIGNED NOT NULL; PostgreSQL: ALTER TABLE … ALTER COLUMN \
+                 version TYPE BIGINT)",
+                self.config.table()
+            )
+        } else if missing_table {
             format!(
                 "; the table {} is missing: call SqlStore::migrate() or create it with the SQL \
                  in the simba-jdbc README",
@@ -248,7 +275,7 @@ impl Inner {
 
     fn call<'a>(&'a self, mutex: &'a str) -> Call<'a> {
         Call {
-            st: &self.st,
+            st: self.st(),
             mutex,
             channel: &self.channel,
         }
@@ -257,7 +284,10 @@ impl Inner {
     fn check_name(&self, mutex: &str) -> Result<()> {
         check_common_mutex_name(mutex)?;
         let chars = mutex.chars().count();
-        let max = self.config.max_name_len();
+        let max = self
+            .config
+            .max_name_len()
+            .min(self.max_name.load(Ordering::Relaxed));
         if chars > max {
             let short: String = mutex.chars().take(64).collect();
             return Err(Error::InvalidName {
@@ -279,13 +309,33 @@ impl Inner {
 
     fn check_contender(&self, contender: &str) -> Result<()> {
         check_common_contender_id(contender)?;
-        if contender.chars().count() > OWNER_COLUMN_LEN {
+        let max = self.max_contender.load(Ordering::Relaxed);
+        if contender.chars().count() > max {
             return Err(Error::InvalidContenderId {
                 id: contender.chars().take(64).collect(),
-                reason: format!("longer than the `owner_id` column ({OWNER_COLUMN_LEN})"),
+                reason: format!(
+                    "longer than {max} characters, what the `owner_id` column of {} holds \
+                     with the `held@@` prefix of a hold (contender ids are generated \
+                     shorter; give a shorter one, or widen the column)",
+                    self.config.table()
+                ),
             });
         }
         Ok(())
+    }
+
+    /// Whether fences are `version + 1` (a narrow `version` column).
+    fn counter_fence(&self) -> bool {
+        self.fence_max.load(Ordering::Relaxed) < i64::MAX
+    }
+
+    /// The statements for this table's fence rule.
+    fn st(&self) -> &Statements {
+        if self.counter_fence() {
+            &self.st_counter
+        } else {
+            &self.st
+        }
     }
 
     /// The reply from the row ([`owner_reply`] for this store's backend).
@@ -312,7 +362,13 @@ pub(crate) fn owner_reply(
     };
     let now = row.now_ms;
     let transition_at = row.transition_at.unwrap_or(0);
-    let owner = match row.owner_id {
+    // A `CHAR(n)` column (a JVM Simba table) comes back padded with spaces on
+    // PostgreSQL; contender ids hold no whitespace, so trailing spaces are padding.
+    let owner_id = row.owner_id.map(|mut id| {
+        id.truncate(id.trim_end_matches(' ').len());
+        id
+    });
+    let owner = match owner_id {
         Some(owner_id) if !owner_id.is_empty() => {
             if transition_at > now {
                 let version = row.version.unwrap_or(0);
@@ -400,7 +456,8 @@ impl SqlStore {
     pub fn connect_lazy(config: SqlConfig) -> Result<SqlStore> {
         let target = config.target()?;
         let kind = target.backend();
-        let st = Statements::new(kind, config.table());
+        let st = Statements::new(kind, config.table(), FenceRule::Clock);
+        let st_counter = Statements::new(kind, config.table(), FenceRule::Counter);
         let channel = channel_name(config.table());
         let dialect = Dialect::new(&target, &config, &channel)?;
         let gates = Arc::new(Gates::new(
@@ -418,32 +475,148 @@ impl SqlStore {
                 config,
                 dialect,
                 st,
+                st_counter,
+                fence_max: AtomicI64::new(i64::MAX),
+                max_contender: AtomicUsize::new(Shape::default().max_contender_len()),
+                max_name: AtomicUsize::new(usize::MAX),
+                foreign: std::sync::Mutex::new(std::collections::HashSet::new()),
                 channel,
             }),
         })
     }
 
     /// Creates the table if it does not exist (`CREATE TABLE IF NOT EXISTS`, see
-    /// [`create_table_sql`](crate::create_table_sql)) and checks that it has every column
-    /// the store uses. Idempotent, and safe to run from many processes at once
-    /// (PostgreSQL serialises it with an advisory lock).
+    /// [`create_table_sql`](crate::create_table_sql)), adds simba's two waiter columns to
+    /// a table that lacks them (a table made by the JVM Simba library: see the crate
+    /// README's migration guide), learns the widths of `owner_id` and `version`, and checks
+    /// that the table has every column the store uses. Idempotent, and safe to run from
+    /// many processes at once (PostgreSQL serialises it with an advisory lock; elsewhere a
+    /// column another process added first is found on a second look). With
+    /// [`SqlConfig::with_ddl`]`(false)` it changes nothing and only checks.
+    ///
+    /// A table whose `version` is narrower than 64 bits (JVM Simba's `INT UNSIGNED`) gets
+    /// fences `version + 1`; one whose `owner_id` is narrower than 200 characters lowers
+    /// the longest contender id accepted to its width less 6 (the `held@@` prefix).
     ///
     /// # Errors
-    /// [`Error::Backend`] if the database fails, denies the DDL, or the existing table lacks
-    /// a column. Bounded by the statement timeout, but at least 30 s.
+    /// [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
+    /// column (and may not or cannot get it). Bounded by the statement timeout, but at
+    /// least 30 s.
     ///
     /// # Cancel safety
-    /// Dropping the future may leave the table created or not; running it again is fine.
+    /// Dropping the future may leave the table created or a column added, or not; running
+    /// it again is fine.
     pub async fn migrate(&self) -> Result<()> {
         let inner = &*self.inner;
         let limit = inner.config.statement_timeout().max(MIGRATE_TIMEOUT_MIN);
-        let st = &inner.st;
+        let ddl = inner.config.ddl();
+        let (describe, describe_args) = schema::describe(inner.kind, inner.config.table());
+        let columns = || async {
+            inner
+                .bounded("migrate", limit, async {
+                    on_conn!(inner, |c| async {
+                        let args: Vec<Arg<'_>> =
+                            describe_args.iter().map(|a| Arg::Text(a)).collect();
+                        c.load_columns(&describe, &args).await
+                    })
+                })
+                .await
+        };
+        if ddl {
+            let st = &inner.st;
+            inner
+                .bounded("migrate", limit, async {
+                    on_conn!(inner, |c| c.batch(&st.migrate))
+                })
+                .await?;
+        }
+        let mut found = schema::inspect(inner.kind, &columns().await?);
+        if ddl && found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
+            let quoted = crate::sql::quote_table(inner.kind, inner.config.table());
+            for statement in schema::add_columns(inner.kind, &quoted, &found.missing_waiter) {
+                info!(
+                    backend = inner.kind.name(),
+                    table = inner.config.table(),
+                    "adding a column simba uses: {statement}"
+                );
+                let added = inner
+                    .bounded("migrate", limit, async {
+                        on_conn!(inner, |c| c.batch(&statement))
+                    })
+                    .await;
+                let fallback = schema::alter_fallback(&statement);
+                if let (Err(e), Some(fallback)) = (&added, fallback) {
+                    debug!("{e}; trying {fallback}");
+                    let _ = inner
+                        .bounded("migrate", limit, async {
+                            on_conn!(inner, |c| c.batch(&fallback))
+                        })
+                        .await;
+                } else if let Err(e) = added {
+                    // Another process may have added it first: the second look decides.
+                    debug!("{e}");
+                }
+            }
+            found = schema::inspect(inner.kind, &columns().await?);
+        }
+        let quoted = crate::sql::quote_table(inner.kind, inner.config.table());
+        if !found.missing_lease.is_empty()
+            && found.missing_lease.len() < schema::LEASE_COLUMNS.len()
+        {
+            return Err(permanent(
+                inner.kind.name(),
+                format!(
+                    "migrate: the table {} lacks the column(s) {}: it is neither simba's nor \
+                     the JVM Simba library's; compare it with create_table_sql()",
+                    inner.config.table(),
+                    found.missing_lease.join(", ")
+                ),
+            ));
+        }
+        if found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
+            let statements = schema::add_columns(inner.kind, &quoted, &found.missing_waiter);
+            let why = if ddl {
+                "adding them failed (see the log)"
+            } else {
+                "DDL is off (SqlConfig::with_ddl(false))"
+            };
+            return Err(permanent(
+                inner.kind.name(),
+                format!(
+                    "migrate: the table {} lacks the waiter column(s) {} and {why}; add them \
+                     (online, and the JVM Simba library's statements keep working): {}; or \
+                     compare the table with create_table_sql()",
+                    inner.config.table(),
+                    found.missing_waiter.join(", "),
+                    statements.join("; ")
+                ),
+            ));
+        }
+        inner
+            .fence_max
+            .store(found.shape.fence_max.unwrap_or(i64::MAX), Ordering::Relaxed);
+        inner
+            .max_contender
+            .store(found.shape.max_contender_len(), Ordering::Relaxed);
+        inner
+            .max_name
+            .store(found.shape.name_len, Ordering::Relaxed);
+        if found.shape != Shape::default() {
+            info!(
+                backend = inner.kind.name(),
+                table = inner.config.table(),
+                fence_max = ?found.shape.fence_max,
+                owner_len = found.shape.owner_len,
+                name_len = found.shape.name_len,
+                "a narrow table (JVM Simba's?): fences are version + 1 and contender ids at \
+                 most {} characters",
+                found.shape.max_contender_len()
+            );
+        }
+        let st = inner.st();
         inner
             .bounded("migrate", limit, async {
-                on_conn!(inner, |c| async {
-                    c.batch(&st.migrate).await?;
-                    c.batch(&st.check).await
-                })
+                on_conn!(inner, |c| c.batch(&st.check))
             })
             .await
     }
@@ -510,6 +683,79 @@ fn lock_scope(target: &Target, table: &str) -> String {
     format!("{database}\n{table}")
 }
 
+/// The id of the row's owner if it took the row outside simba (its id is not the one simba
+/// writes beside its own ownerships, `waiter_id`), and is not a hold.
+fn foreign_owner(row: &OwnerRow) -> Option<String> {
+    let owner = row.owner_id.as_deref()?.trim_end_matches(' ');
+    let marked = row.waiter_id.as_deref().map(|w| w.trim_end_matches(' '));
+    (!owner.is_empty() && !owner.starts_with(simba_core::HELD_PREFIX) && marked != Some(owner))
+        .then(|| owner.to_owned())
+}
+
+/// Reads `mutex`'s row every [`SqlConfig::foreign_poll`] while `owner` (a foreign owner) holds it and
+/// a local contender waits, and wakes one waiter once `owner` no longer owns it (the one
+/// holding the native lock, else the first queued, which may take a row the JVM library
+/// released without the lock: such a release leaves `transition_at = 0`, past any grace).
+/// One watcher per mutex and store; it ends with the foreign ownership, when nobody here
+/// waits any more, or with the store.
+fn watch_foreign(inner: &Arc<Inner>, mutex: &str, owner: String) {
+    {
+        let mut watched = inner.foreign.lock().unwrap_or_else(|p| p.into_inner());
+        if !watched.insert(mutex.to_owned()) {
+            return;
+        }
+    }
+    debug!(
+        mutex,
+        owner, "an owner outside simba's queue: reading its row until it goes"
+    );
+    let weak = Arc::downgrade(inner);
+    let mutex = mutex.to_owned();
+    tokio::spawn(async move {
+        loop {
+            let Some(every) = weak.upgrade().map(|i| i.config.foreign_poll()) else {
+                return;
+            };
+            tokio::time::sleep(every).await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            if !inner.gates.waiting(&mutex) {
+                break;
+            }
+            let call = inner.call(&mutex);
+            let read = run!(&inner, format!("read owner of mutex {mutex:?}"), |c| call
+                .select(c));
+            let gone = match read.and_then(|row| inner.reply(row, None)) {
+                Ok(r) => r.owner.owner_id != owner,
+                // Try again at the next tick (the waiter's own schedule still runs).
+                Err(_) => false,
+            };
+            if gone {
+                inner.gates.poke(&mutex);
+                break;
+            }
+        }
+        if let Some(inner) = weak.upgrade() {
+            inner
+                .foreign
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&mutex);
+        }
+    });
+}
+
+/// A backend error that retrying does not heal.
+fn permanent(backend: &'static str, message: String) -> Error {
+    Error::Backend {
+        backend,
+        message,
+        retryable: false,
+        source: None,
+    }
+}
+
 fn channel_name(table: &str) -> String {
     format!("simba:{table}")
 }
@@ -524,7 +770,8 @@ impl LeaseStore for SqlStore {
         self.inner.check_name(mutex)
     }
 
-    /// At most [`OWNER_COLUMN_LEN`] characters (the `owner_id` column).
+    /// At most [`OWNER_COLUMN_LEN`](crate::OWNER_COLUMN_LEN) characters (the `owner_id` column), or
+    /// the width of a narrower one less 6 (a JVM Simba table; see [`SqlStore::migrate`]).
     fn check_contender_id(&self, contender_id: &str) -> Result<()> {
         self.inner.check_contender(contender_id)
     }
@@ -547,11 +794,33 @@ impl LeaseStore for SqlStore {
             Pass::Locked => None,
             Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
         };
+        let foreign = row.as_ref().and_then(foreign_owner);
         let reply = inner.reply(row, grace)?;
         let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
         inner
             .gates
             .outcome(mutex, contender_id, owns, sent + lease.total());
+        if let Some(foreign) = foreign
+            && !owns
+            && reply.owner.owner_id == foreign
+        {
+            watch_foreign(&self.inner, mutex, foreign);
+        }
+        // SQLite stores any integer whatever the declared type: a narrow `version` is
+        // checked here (MySQL and PostgreSQL refuse the write themselves).
+        let max = inner.fence_max.load(Ordering::Relaxed);
+        if owns && i64::try_from(reply.owner.fence).unwrap_or(i64::MAX) > max {
+            let _ = self.release(mutex, contender_id).await;
+            return Err(permanent(
+                inner.kind.name(),
+                format!(
+                    "acquire mutex {mutex:?}: the fence {} is past the largest value of the \
+                     `version` column of {} ({max}); widen the column",
+                    reply.owner.fence,
+                    inner.config.table()
+                ),
+            ));
+        }
         Ok(reply)
     }
 

@@ -6,6 +6,14 @@ mod common;
 
 simba_test_kit::conformance_tests!(common::SqlHarness::mysql().await);
 
+/// The suite on a table the JVM Simba library made (issue #27): what `migrate()` makes of
+/// it must behave like simba's own table.
+mod jvm_table {
+    use super::common;
+
+    simba_test_kit::conformance_tests!(common::SqlHarness::mysql().await.on_jvm_table().await);
+}
+
 /// The lease clock of MySQL / MariaDB does not follow the session's time zone: on a session
 /// in `America/New_York` whose clock is stepped across the autumn change (the hour
 /// 01:00–02:00 local happens twice), it equals the true UTC epoch milliseconds and never

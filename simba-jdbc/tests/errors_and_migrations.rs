@@ -151,9 +151,12 @@ async fn missing_table_says_how_to_fix_it() {
     drop(store);
 }
 
+/// A table of an older simba-jdbc (no waiter columns): without DDL the migration refuses
+/// it and says what to run, and calls fail with a clear error; with DDL (the default) the
+/// migration adds the columns and keeps the rows.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_without_the_waiter_columns_says_how_to_fix_it() {
+async fn a_table_without_the_waiter_columns_gets_them() {
     use diesel::Connection;
     use diesel::connection::SimpleConnection;
     let h = SqlHarness::sqlite();
@@ -164,21 +167,23 @@ async fn a_table_without_the_waiter_columns_says_how_to_fix_it() {
         "CREATE TABLE old_mutex (mutex VARCHAR(200) NOT NULL PRIMARY KEY, \
          acquired_at BIGINT NOT NULL DEFAULT 0, ttl_at BIGINT NOT NULL DEFAULT 0, \
          transition_at BIGINT NOT NULL DEFAULT 0, owner_id VARCHAR(200) NOT NULL DEFAULT '', \
-         version BIGINT NOT NULL DEFAULT 0)",
+         version BIGINT NOT NULL DEFAULT 0); \
+         INSERT INTO old_mutex (mutex, version) VALUES ('kept', 17)",
     )
     .expect("create the old table");
-    let store = SqlStore::connect(h.config(h.url()).with_table("old_mutex"))
+    let config = h.config(h.url()).with_table("old_mutex");
+    let strict = SqlStore::connect(config.clone().with_ddl(false))
         .await
         .expect("connect");
-    let e = store.migrate().await.expect_err("the check finds the gap");
+    let e = strict.migrate().await.expect_err("the check finds the gap");
     assert!(!e.is_retryable(), "{e}");
     let text = e.to_string();
-    assert!(text.contains("waiter"), "names the column: {text}");
+    assert!(text.contains("waiter_id"), "names the column: {text}");
     assert!(
-        text.contains("create_table_sql"),
+        text.contains("ALTER TABLE \"old_mutex\" ADD COLUMN waiter_id"),
         "says how to fix it: {text}"
     );
-    let e = store
+    let e = strict
         .acquire("m", "c", common::LEASE)
         .await
         .expect_err("no acquire on the old table");
@@ -186,6 +191,15 @@ async fn a_table_without_the_waiter_columns_says_how_to_fix_it() {
         !e.is_retryable() && e.to_string().contains("lacks a column"),
         "{e}"
     );
+
+    let store = SqlStore::connect(config).await.expect("connect");
+    store.migrate().await.expect("the columns are added");
+    let kept = store
+        .acquire("kept", "c", common::LEASE)
+        .await
+        .expect("acquire");
+    assert_eq!(kept.owner.owner_id, "c");
+    assert!(kept.owner.fence > 17, "the row was kept: {kept:?}");
 }
 
 #[cfg(feature = "mysql")]

@@ -2,7 +2,7 @@
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
-use simba_core::backend::LeaseReply;
+use simba_core::backend::{LeaseReply, PermitHolders};
 use simba_core::{Error, MutexOwner, Result};
 
 /// The backend name in errors and traces.
@@ -122,6 +122,46 @@ pub(crate) fn lease_reply(what: &str, v: Value) -> Result<LeaseReply> {
 }
 
 /// Parses the release script's `{released (0/1), notified waiter}`.
+/// The semaphore owners script's reply: `{count (-1: none), now, then per holder id,
+/// acquired_at, ttl_at, transition_at, fence}`; holders in the order they acquired.
+pub(crate) fn permit_holders(v: Value) -> Result<PermitHolders> {
+    const WHAT: &str = "semaphore owners script";
+    let Value::Array(items) = v else {
+        return Err(bad_reply(
+            WHAT,
+            format_args!("expected an array, got {v:?}"),
+        ));
+    };
+    let [count, now, rest @ ..] = items.as_slice() else {
+        return Err(bad_reply(WHAT, "fewer than 2 values"));
+    };
+    if rest.len() % 5 != 0 {
+        return Err(bad_reply(
+            WHAT,
+            format_args!("{} holder values, not a multiple of 5", rest.len()),
+        ));
+    }
+    let count = as_i64(WHAT, count)?;
+    let mut holders = Vec::with_capacity(rest.len() / 5);
+    for h in rest.chunks_exact(5) {
+        let fence = as_i64(WHAT, &h[4])?;
+        holders.push(MutexOwner {
+            owner_id: as_text(WHAT, &h[0])?,
+            acquired_at: as_i64(WHAT, &h[1])?,
+            ttl_at: as_i64(WHAT, &h[2])?,
+            transition_at: as_i64(WHAT, &h[3])?,
+            fence: u64::try_from(fence)
+                .map_err(|_| bad_reply(WHAT, format_args!("negative fence {fence}")))?,
+        });
+    }
+    holders.sort_by_key(|h| h.fence);
+    Ok(PermitHolders {
+        permits: u32::try_from(count).ok(),
+        holders,
+        now: as_i64(WHAT, now)?,
+    })
+}
+
 pub(crate) fn release_reply(v: Value) -> Result<(bool, String)> {
     const WHAT: &str = "release script";
     let Value::Array(items) = v else {

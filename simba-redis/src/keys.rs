@@ -9,6 +9,9 @@ pub const MESSAGE_SEPARATOR: &str = "@@";
 /// spells it out too).
 pub(crate) const HANDOFF_CHANNEL_SUFFIX: &str = ":@@handoff";
 
+/// What a semaphore waiter's own channel has after the name's part (`P:{S}:@@sem:w:<id>`).
+pub(crate) const SEMAPHORE_WAITER: &str = ":@@sem:w:";
+
 /// How the keys and channels of a mutex are named.
 #[derive(Debug, Clone)]
 pub(crate) struct KeySpace {
@@ -51,6 +54,23 @@ impl KeySpace {
         keys.push(owner);
         keys.extend(others);
         keys
+    }
+
+    /// Every key of a semaphore, in the order its scripts expect them (`KEYS[1..5]`, see
+    /// `sem_common.lua`): holders (also the channel of a release that woke no waiter),
+    /// data, wait queue, waiter expiry, fence counter. They carry the name's hash tag, as a
+    /// mutex's keys do, under `:@@sem`, which no mutex key or contender channel has
+    /// (contender ids cannot contain `@@`): a semaphore and a mutex of one name are apart.
+    pub(crate) fn semaphore_keys(&self, semaphore: &str) -> Vec<String> {
+        let holders = format!("{}:@@sem", self.owner(semaphore));
+        let mut keys = vec![holders.clone()];
+        keys.extend([":data", ":queue", ":expires", ":fence"].map(|s| format!("{holders}{s}")));
+        keys
+    }
+
+    /// The channel on which a waiter for a permit of `semaphore` is woken.
+    pub(crate) fn semaphore_waiter_channel(&self, semaphore: &str, contender_id: &str) -> String {
+        format!("{}{SEMAPHORE_WAITER}{contender_id}", self.owner(semaphore))
     }
 
     /// The boot marker `P:{}:boot`: set at the first acquisition a server sees, so that its
@@ -96,6 +116,20 @@ mod tests {
         assert_eq!(k.contender_channel("m", "c1"), "simba:{m}:c1");
         assert_eq!(k.handoff_channel("m"), "simba:{m}:@@handoff");
         assert_eq!(k.boot(), "simba:{}:boot");
+        assert_eq!(
+            k.semaphore_keys("s"),
+            [
+                "simba:{s}:@@sem",
+                "simba:{s}:@@sem:data",
+                "simba:{s}:@@sem:queue",
+                "simba:{s}:@@sem:expires",
+                "simba:{s}:@@sem:fence"
+            ]
+        );
+        assert_eq!(
+            k.semaphore_waiter_channel("s", "c1"),
+            "simba:{s}:@@sem:w:c1"
+        );
         let k = KeySpace::new("app", false);
         assert_eq!(k.owner("m"), "app:m");
         assert_eq!(k.contender_channel("m", "c"), "app:m:c");

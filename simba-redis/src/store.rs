@@ -10,7 +10,9 @@ use fred::types::config::{
     ConnectionConfig, PerformanceConfig, ReconnectPolicy, TcpConfig, UnresponsiveConfig,
 };
 use fred::types::{Builder, Value, scripts::Script};
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, held_owner_id, hold_millis};
+use simba_core::backend::{
+    Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, held_owner_id, hold_millis,
+};
 use simba_core::{Error, Result, check_common_contender_id, check_common_mutex_name};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -42,6 +44,27 @@ const LEAVE_LUA: &str = include_str!("scripts/leave.lua");
 const RELEASE_AFTER_LUA: &str = include_str!("scripts/release_after.lua");
 const RETRACT_LUA: &str = include_str!("scripts/retract.lua");
 const CONFIRM_LUA: &str = include_str!("scripts/confirm.lua");
+// Each semaphore script starts with the common part (key names, pruning, helpers).
+const SEM_ACQUIRE_LUA: &str = concat!(
+    include_str!("scripts/sem_common.lua"),
+    include_str!("scripts/sem_acquire.lua")
+);
+const SEM_GUARD_LUA: &str = concat!(
+    include_str!("scripts/sem_common.lua"),
+    include_str!("scripts/sem_guard.lua")
+);
+const SEM_RELEASE_LUA: &str = concat!(
+    include_str!("scripts/sem_common.lua"),
+    include_str!("scripts/sem_release.lua")
+);
+const SEM_OWNERS_LUA: &str = concat!(
+    include_str!("scripts/sem_common.lua"),
+    include_str!("scripts/sem_owners.lua")
+);
+
+/// How soon a waiter whose free permit is owed to earlier waiters looks again (they were
+/// woken and should take theirs by then).
+const PERMIT_TURN: Duration = Duration::from_millis(250);
 
 struct Scripts {
     acquire: Script,
@@ -52,6 +75,10 @@ struct Scripts {
     release_after: Script,
     retract: Script,
     confirm: Script,
+    sem_acquire: Script,
+    sem_guard: Script,
+    sem_release: Script,
+    sem_owners: Script,
 }
 
 impl Scripts {
@@ -65,10 +92,14 @@ impl Scripts {
             release_after: Script::from_lua(RELEASE_AFTER_LUA),
             retract: Script::from_lua(RETRACT_LUA),
             confirm: Script::from_lua(CONFIRM_LUA),
+            sem_acquire: Script::from_lua(SEM_ACQUIRE_LUA),
+            sem_guard: Script::from_lua(SEM_GUARD_LUA),
+            sem_release: Script::from_lua(SEM_RELEASE_LUA),
+            sem_owners: Script::from_lua(SEM_OWNERS_LUA),
         }
     }
 
-    fn all(&self) -> [(&'static str, &Script); 8] {
+    fn all(&self) -> [(&'static str, &Script); 12] {
         [
             ("acquire", &self.acquire),
             ("guard", &self.guard),
@@ -78,6 +109,10 @@ impl Scripts {
             ("release_after", &self.release_after),
             ("retract", &self.retract),
             ("confirm", &self.confirm),
+            ("semaphore acquire", &self.sem_acquire),
+            ("semaphore guard", &self.sem_guard),
+            ("semaphore release", &self.sem_release),
+            ("semaphore owners", &self.sem_owners),
         ]
     }
 }
@@ -303,6 +338,47 @@ impl RedisStore {
         args.push(flag(self.inner.failover_quarantine));
         args.push(flag(self.inner.replica_acks.is_on()));
         Ok(args)
+    }
+
+    /// `sem_release.lua`: releases (or, `leave_only`, only leaves the queue), and wakes
+    /// one waiter per free permit.
+    async fn sem_release(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        leave_only: bool,
+    ) -> Result<bool> {
+        check(semaphore, contender_id)?;
+        let flag = |on: bool| if on { "1" } else { "0" }.to_owned();
+        let args = vec![
+            contender_id.to_owned(),
+            self.inner.publish.to_owned(),
+            HANDOFF_TRIES.to_string(),
+            flag(self.inner.subscriptions.is_some()),
+            flag(leave_only),
+        ];
+        let keys = self.inner.keys.semaphore_keys(semaphore);
+        let script = &self.inner.scripts.sem_release;
+        let reply = self
+            .eval_keys("semaphore release script", script, keys, args)
+            .await;
+        if let Some(subs) = &self.inner.subscriptions {
+            subs.request_sweep();
+        }
+        yes_no("semaphore release script", reply?)
+    }
+
+    /// Subscribes `contender_id` to `channels`, in [`WaitMode::PubSub`] (`None` otherwise:
+    /// the engine polls).
+    async fn subscribe_to(
+        &self,
+        channels: Vec<String>,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        let Some(subs) = &self.inner.subscriptions else {
+            return Ok(None);
+        };
+        subs.subscribe(channels, contender_id).await.map(Some)
     }
 
     /// The configuration this store was connected with.
@@ -751,14 +827,7 @@ impl LeaseStore for RedisStore {
                 args,
             )
             .await?;
-        match reply {
-            Value::Integer(1) => Ok(true),
-            Value::Integer(0) => Ok(false),
-            other => Err(crate::error::bad_reply(
-                "release-after script",
-                format_args!("expected 0 or 1, got {other:?}"),
-            )),
-        }
+        yes_no("release-after script", reply)
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
@@ -775,15 +844,12 @@ impl LeaseStore for RedisStore {
         contender_id: &str,
     ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
         check(mutex, contender_id)?;
-        let Some(subs) = &self.inner.subscriptions else {
-            return Ok(None);
-        };
-        let channels = [
+        let channels = vec![
             self.inner.keys.owner(mutex),
             self.inner.keys.contender_channel(mutex, contender_id),
             self.inner.keys.handoff_channel(mutex),
         ];
-        subs.subscribe(channels, contender_id).await.map(Some)
+        self.subscribe_to(channels, contender_id).await
     }
 
     async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
@@ -801,4 +867,139 @@ impl LeaseStore for RedisStore {
         }
         result.map(|_| ())
     }
+
+    /// `sem_acquire.lua` (see the crate docs, *Semaphores*).
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        check(semaphore, contender_id)?;
+        let mut keys = self.inner.keys.semaphore_keys(semaphore);
+        let mut args = lease_args(contender_id, lease, self.inner.publish)?;
+        args.truncate(3);
+        args.push(permits.to_string());
+        args.push(PERMIT_TURN.as_millis().to_string());
+        args.push(if self.inner.quarantine { "1" } else { "0" }.to_owned());
+        if self.inner.quarantine {
+            keys.push(self.inner.keys.boot());
+        }
+        let reply = self
+            .eval_keys(
+                "semaphore acquire script",
+                &self.inner.scripts.sem_acquire,
+                keys,
+                args,
+            )
+            .await?;
+        permit_reply("semaphore acquire script", semaphore, permits, reply)
+    }
+
+    /// `sem_guard.lua`: renews, never takes.
+    async fn permit_guard(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        check(semaphore, contender_id)?;
+        let mut args = lease_args(contender_id, lease, self.inner.publish)?;
+        args.truncate(3);
+        let keys = self.inner.keys.semaphore_keys(semaphore);
+        let reply = self
+            .eval_keys(
+                "semaphore guard script",
+                &self.inner.scripts.sem_guard,
+                keys,
+                args,
+            )
+            .await?;
+        permit_reply("semaphore guard script", semaphore, permits, reply)
+    }
+
+    /// `sem_release.lua`: owner-checked; wakes one waiter per free permit.
+    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
+        self.sem_release(semaphore, contender_id, false).await
+    }
+
+    async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
+        check_name(semaphore)?;
+        let keys = self.inner.keys.semaphore_keys(semaphore);
+        let reply = self
+            .eval_keys(
+                "semaphore owners script",
+                &self.inner.scripts.sem_owners,
+                keys,
+                vec![],
+            )
+            .await?;
+        crate::error::permit_holders(reply)
+    }
+
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        check(semaphore, contender_id)?;
+        let keys = &self.inner.keys;
+        let channels = vec![
+            keys.semaphore_keys(semaphore).swap_remove(0),
+            keys.semaphore_waiter_channel(semaphore, contender_id),
+        ];
+        self.subscribe_to(channels, contender_id).await
+    }
+
+    /// The release script, leaving the queue only: a permit the caller holds is left to
+    /// its lease (the caller lost track of it).
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
+        self.sem_release(semaphore, contender_id, true)
+            .await
+            .map(|_| ())
+    }
+}
+
+/// A script's `1` (true) or `0` (false).
+fn yes_no(what: &str, reply: Value) -> Result<bool> {
+    match reply {
+        Value::Integer(1) => Ok(true),
+        Value::Integer(0) => Ok(false),
+        other => Err(crate::error::bad_reply(
+            what,
+            format_args!("expected 0 or 1, got {other:?}"),
+        )),
+    }
+}
+
+/// A semaphore acquire or guard script's reply (see `sem_acquire.lua`): a lease reply, or
+/// the holders' other count.
+fn permit_reply(what: &str, semaphore: &str, asked: u32, reply: Value) -> Result<LeaseReply> {
+    let Value::Array(mut items) = reply else {
+        return Err(crate::error::bad_reply(
+            what,
+            format_args!("expected an array, got {reply:?}"),
+        ));
+    };
+    if items.len() != 8 {
+        return Err(crate::error::bad_reply(
+            what,
+            format_args!("expected 8 values, got {}", items.len()),
+        ));
+    }
+    let count = items.pop().and_then(|v| v.as_i64());
+    let status = items.pop().and_then(|v| v.as_string());
+    if status.as_deref() == Some("mismatch") {
+        let existing = count
+            .and_then(|c| u32::try_from(c).ok())
+            .ok_or_else(|| crate::error::bad_reply(what, "a mismatch without a valid count"))?;
+        return Err(Error::PermitsMismatch {
+            semaphore: semaphore.to_owned(),
+            asked,
+            existing,
+        });
+    }
+    lease_reply(what, Value::Array(items))
 }

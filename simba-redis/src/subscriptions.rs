@@ -32,6 +32,7 @@ use tracing::{debug, trace, warn};
 
 use crate::error::{BACKEND, backend};
 use crate::keys::HANDOFF_CHANNEL_SUFFIX;
+use crate::keys::SEMAPHORE_WAITER;
 use crate::watchdog::Watchdog;
 
 /// Capacity of each contender's event channel. Events are hints (the engine re-reads the
@@ -172,7 +173,7 @@ impl Subscriptions {
     /// bookkeeping consistent (its receiver is then dropped and the route swept later).
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
-        channels: [String; 3],
+        channels: Vec<String>,
         contender: &str,
     ) -> Result<mpsc::Receiver<StoreEvent>> {
         let this = self.clone();
@@ -306,7 +307,9 @@ impl Subscriptions {
         let Some(ids) = routes.channels.get(&*message.channel) else {
             return;
         };
-        if matches!(notice, Notice::Released(_)) {
+        // A semaphore waiter's wake-up (`P:{S}:@@sem:w:<id>`) is no mutex handoff: the
+        // acquire script of a semaphore has no reservation to outrank.
+        if matches!(notice, Notice::Released(_)) && !message.channel.contains(SEMAPHORE_WAITER) {
             let own = ids.iter().filter_map(|id| routes.routes.get(id)).any(|r| {
                 message
                     .channel

@@ -1,4 +1,5 @@
-//! The simba conformance suite, and the kit's store-level cases, on a real Redis server.
+//! The simba conformance suite, and the kit's store-level and semaphore cases, on a real
+//! Redis server.
 
 // Tests fail by panicking; unwrap on a setup step is the clearest report.
 #![allow(clippy::unwrap_used)]
@@ -8,6 +9,8 @@ mod common;
 simba_test_kit::conformance_tests!(common::RedisHarness::start().await);
 
 simba_test_kit::store_conformance_tests!(common::RedisHarness::start().await);
+
+simba_test_kit::semaphore_tests!(common::RedisHarness::start().await);
 
 /// The store contract's property test (the kit's `store_props`): a bounded number of
 /// random call sequences on the server's clock, checked against the lease model. Strict:

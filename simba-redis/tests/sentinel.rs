@@ -247,6 +247,7 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
         .expect_err("a renewal no replica has must not count");
     assert!(e.to_string().contains("replica"), "{e}");
 
+    let epoch = deployment.config_epoch().await.unwrap();
     deployment
         .kill_primary_and_fail_over(Duration::from_secs(60))
         .await
@@ -255,12 +256,23 @@ async fn failover_with_replica_acks_keeps_exclusion_and_fences() {
     // The unconfirmed acquisition was lost; b's fence is above every fence handed out.
     let b = retry_acquire(&b_store, "m", "b").await;
     assert!(b > warm, "{b} after {warm}");
-    // The confirmed owner of "h" kept its key and fence through the failover.
     let seen = b_store.acquire("h", "b", long_lease()).await.unwrap();
     assert!(
         held_at.elapsed() < hold.ttl,
         "the scenario outlasted a's lease"
     );
+    // Whatever the sentinels did, b does not own "h" while a's lease runs.
+    assert_ne!(seen.owner.owner_id, "b", "two owners of h: {seen:?}");
+    let failovers = deployment.config_epoch().await.unwrap() - epoch;
+    if failovers > 1 {
+        // A second failover (the new primary missed the sentinels' 1 s down-after window
+        // on a loaded machine) may promote the old primary, restarted empty and still
+        // syncing: one replica's confirmation covers one failover, not two (see the
+        // crate's README). The quarantine keeps "h" from b; the key itself may be gone.
+        eprintln!("{failovers} failovers: the strict check of a's key is skipped");
+        return;
+    }
+    // The confirmed owner of "h" kept its key and fence through the failover.
     assert_eq!(
         seen.owner.owner_id, "a",
         "the promoted replica lost a confirmed owner"

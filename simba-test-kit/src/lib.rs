@@ -5,6 +5,7 @@ pub mod connector;
 pub mod history;
 pub mod memory;
 pub mod proxy;
+pub mod semaphore_cases;
 pub mod servers;
 pub mod store_cases;
 pub mod store_props;

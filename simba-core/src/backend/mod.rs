@@ -50,7 +50,7 @@ pub use runner::ServiceRunner;
 
 pub use crate::owner::held_owner_id;
 pub use crate::service::BoxFuture;
-pub use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
+pub use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, hold_millis};
 
 use crate::error::Result;
 use crate::id::{check_common_contender_id, generate_contender_id};

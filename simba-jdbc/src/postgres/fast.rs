@@ -15,6 +15,7 @@ use tokio_postgres::{Client, Statement};
 
 use super::Connector;
 use crate::conn::{Arg, BatchRow, OwnerRow, SqlConn};
+use crate::schema::ColumnRow;
 
 pub(crate) struct FastConn {
     client: Client,
@@ -164,6 +165,7 @@ impl SqlConn for Handle {
                         ttl_at: get(r, "ttl_at")?,
                         transition_at: get(r, "transition_at")?,
                         version: get(r, "version")?,
+                        waiter_id: get(r, "waiter_id")?,
                     })
                 })
                 .collect()
@@ -201,5 +203,31 @@ impl SqlConn for Handle {
 
     fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a {
         async move { self.0.client.batch_execute(sql).await.map_err(failed) }
+    }
+
+    /// Not prepared nor cached: run once per migration.
+    fn load_columns<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<ColumnRow>>> + Send + 'a {
+        async move {
+            let rows = self
+                .0
+                .client
+                .query(sql, &params(args))
+                .await
+                .map_err(failed)?;
+            rows.iter()
+                .map(|r| {
+                    Ok(ColumnRow {
+                        name: get(r, "name")?,
+                        data_type: get(r, "data_type")?,
+                        width: get(r, "width")?,
+                        is_unsigned: get(r, "is_unsigned")?,
+                    })
+                })
+                .collect()
+        }
     }
 }

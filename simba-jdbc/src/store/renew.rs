@@ -264,6 +264,7 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
                         ttl_at: r.ttl_at,
                         transition_at: r.transition_at,
                         version: r.version,
+                        waiter_id: None,
                     },
                     None => OwnerRow {
                         now_ms,
@@ -272,6 +273,7 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
                         ttl_at: None,
                         transition_at: None,
                         version: None,
+                        waiter_id: None,
                     },
                 };
                 owner_reply(inner.kind, Some(row), None)

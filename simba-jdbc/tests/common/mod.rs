@@ -66,6 +66,51 @@ impl std::fmt::Debug for SqlHarness {
 }
 
 impl SqlHarness {
+    /// The same harness on a table made as the JVM Simba library's init script makes it
+    /// (`mutex VARCHAR(66)`, `owner_id CHAR(32)`, `version INT UNSIGNED`, no waiter
+    /// columns): the suite then runs on what `migrate()` makes of it.
+    pub async fn on_jvm_table(self) -> Self {
+        let t = &self.table;
+        match self.name {
+            #[cfg(feature = "mysql")]
+            "mysql" => {
+                use mysql_async::prelude::Queryable;
+                let mut c = mysql_async::Conn::from_url(self.url.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("connect: {e}"));
+                c.query_drop(format!(
+                    "CREATE TABLE `{t}` (mutex VARCHAR(66) NOT NULL PRIMARY KEY, \
+                     acquired_at BIGINT UNSIGNED NOT NULL, ttl_at BIGINT UNSIGNED NOT NULL, \
+                     transition_at BIGINT UNSIGNED NOT NULL, owner_id CHAR(32) NOT NULL, \
+                     version INT UNSIGNED NOT NULL)"
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("the JVM table: {e}"));
+                let _ = c.disconnect().await;
+            }
+            #[cfg(feature = "postgres")]
+            "postgres" => {
+                let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap_or_else(|e| panic!("connect: {e}"));
+                let task = tokio::spawn(conn);
+                client
+                    .batch_execute(&format!(
+                        "CREATE TABLE \"{t}\" (mutex VARCHAR(66) NOT NULL PRIMARY KEY, \
+                         acquired_at BIGINT NOT NULL, ttl_at BIGINT NOT NULL, \
+                         transition_at BIGINT NOT NULL, owner_id CHAR(32) NOT NULL, \
+                         version INTEGER NOT NULL)"
+                    ))
+                    .await
+                    .unwrap_or_else(|e| panic!("the JVM table: {e}"));
+                drop(client);
+                let _ = task.await;
+            }
+            other => panic!("no JVM table for {other}"),
+        }
+        self
+    }
+
     /// A MariaDB (env URL or private instance).
     pub async fn mysql() -> Self {
         let server = simba_test_kit::servers::mysql()

@@ -395,6 +395,35 @@ impl RedisSentinel {
         Ok(port.and_then(|p| self.nodes.iter().position(|n| n.port() == p)))
     }
 
+    /// The highest `config-epoch` of the service among the sentinels that answer: it grows
+    /// by one with every failover, so a test can tell one failover from two (a second one
+    /// happens when a loaded machine keeps the new primary from answering the sentinels
+    /// within `down-after-milliseconds`).
+    pub async fn config_epoch(&self) -> Result<u64, ServerError> {
+        let mut highest = None;
+        for s in &self.sentinels {
+            let Ok(Resp::Array(Some(items))) =
+                command(loopback(s.port), &["SENTINEL", "MASTER", SENTINEL_SERVICE]).await
+            else {
+                continue;
+            };
+            let epoch = items
+                .chunks(2)
+                .find(|pair| pair[0].text().as_deref() == Some("config-epoch"))
+                .and_then(|pair| pair.get(1))
+                .and_then(Resp::text)
+                .and_then(|v| v.parse::<u64>().ok());
+            if let Some(e) = epoch {
+                highest = Some(highest.map_or(e, |h: u64| h.max(e)));
+            }
+        }
+        highest.ok_or_else(|| ServerError::Start {
+            kind: KIND,
+            message: "no sentinel reported the service's config-epoch".into(),
+            log_tail: String::new(),
+        })
+    }
+
     /// The index of a replica (the first node that is not the primary).
     pub async fn replica(&self) -> Result<usize, ServerError> {
         Ok(self.replicas_of(self.primary().await?)[0])

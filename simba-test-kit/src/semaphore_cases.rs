@@ -1,0 +1,384 @@
+//! Semaphore cases: what every backend with semaphores ([`Semaphore`] over the permit
+//! operations of its [`LeaseStore`](simba_core::backend::LeaseStore)) must keep. Each case takes a [`StoreSource`] — stores
+//! with their own connections, as separate processes would have — and returns `Ok(())` or
+//! a [`CaseError`] saying what went wrong. [`semaphore_tests!`](crate::semaphore_tests)
+//! expands them into one `#[tokio::test]` each, in a module `semaphore`;
+//! [`SEMAPHORE_CASES`] names them.
+//!
+//! Some cases have time as their subject (a lease ends, a wake-up comes before a lease
+//! would have ended): their bounds are generous and say why.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use simba_core::fault::{Behavior, FaultStore};
+use simba_core::{Error, LeaseConfig, LossReason, Semaphore};
+use tokio::sync::Mutex as AsyncMutex;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::store_cases::StoreSource;
+use crate::suite::{CaseError, CaseResult};
+use crate::support::unique_name;
+
+/// The names of every semaphore case, in the order
+/// [`semaphore_tests!`](crate::semaphore_tests) runs them.
+pub const SEMAPHORE_CASES: &[&str] = crate::__semaphore_cases!(names);
+
+/// Every semaphore case, written once: `$mode` picks what to expand them into.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __semaphore_cases {
+    (names) => {
+        $crate::__semaphore_cases! { @list names }
+    };
+    (tests $source:expr) => {
+        $crate::__semaphore_cases! { @list tests $source }
+    };
+    (@list $($mode:tt)*) => {
+        $crate::__semaphore_cases! { @expand $($mode)*;
+            never_more_than_n, dead_holder_permit_returns, fences_increase_across_permits,
+            permits_mismatch_refused, try_acquire_full_fails_at_once,
+            timeout_gives_up_holding_nothing, release_wakes_a_waiter
+        }
+    };
+    (@expand names; $($case:ident),+) => {
+        &[$(stringify!($case)),+]
+    };
+    (@expand tests $source:expr; $($case:ident),+) => {
+        mod semaphore {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let source = $source;
+                    if let Err(e) = $crate::semaphore_cases::$case(&source).await {
+                        panic!(
+                            "semaphore case `{}` failed on {}: {}",
+                            stringify!($case),
+                            $crate::store_cases::StoreSource::name(&source),
+                            e
+                        );
+                    }
+                }
+            )+
+        }
+    };
+}
+
+/// Expands every semaphore case into one `#[tokio::test]` (in a module `semaphore`).
+///
+/// The argument is an expression evaluated inside each (async) test that yields a value
+/// implementing [`StoreSource`]; it may `.await`.
+///
+/// ```no_run
+/// simba_test_kit::semaphore_tests!(simba_test_kit::memory::MemoryHarness::memory());
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! semaphore_tests {
+    ($source:expr) => {
+        $crate::__semaphore_cases!(tests $source);
+    };
+}
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> CaseResult {
+    if cond { Ok(()) } else { Err(CaseError(what())) }
+}
+
+/// The timing of most cases: a lease long enough that a loaded machine's round trips do
+/// not end it halfway through a case.
+fn config(pushes: bool) -> LeaseConfig {
+    LeaseConfig {
+        request_timeout: Duration::from_secs(2),
+        retry_interval: Duration::from_millis(100),
+        // Backends that cannot push: waiters look every 200 ms.
+        waiter_poll: (!pushes).then_some(Duration::from_millis(200)),
+        ..LeaseConfig::with_lease(Duration::from_secs(4), Duration::from_secs(2))
+    }
+}
+
+/// A short lease, for the case that waits for one to end.
+fn short(pushes: bool) -> LeaseConfig {
+    LeaseConfig {
+        request_timeout: Duration::from_millis(500),
+        retry_interval: Duration::from_millis(100),
+        waiter_poll: (!pushes).then_some(Duration::from_millis(200)),
+        ..LeaseConfig::with_lease(Duration::from_millis(1000), Duration::from_millis(500))
+    }
+}
+
+async fn semaphore<S: StoreSource>(
+    src: &S,
+    config: LeaseConfig,
+    name: &str,
+    permits: u32,
+) -> Result<Semaphore, CaseError> {
+    Ok(Semaphore::new(src.store().await?, config, name, permits)?)
+}
+
+/// Eight contenders (on four stores) take a 3-permit semaphore five times each; a checker
+/// counts the holders that believe they hold (from the acquisition's return to just
+/// before the release): never more than 3. Every acquisition got its own fence.
+pub async fn never_more_than_n<S: StoreSource>(src: &S) -> CaseResult {
+    const N: usize = 3;
+    let name = unique_name("sem_n");
+    let mut sems = Vec::new();
+    for _ in 0..4 {
+        sems.push(semaphore(src, config(src.pushes_release()), &name, N as u32).await?);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(AsyncMutex::new(Vec::new()));
+    let mut tasks = JoinSet::new();
+    for i in 0..8 {
+        let s = sems[i % sems.len()].clone();
+        let (inside, most, fences) = (inside.clone(), most.clone(), fences.clone());
+        tasks.spawn(async move {
+            for _ in 0..5 {
+                let g = s.acquire_timeout(Duration::from_secs(60)).await?;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                fences.lock().await.push(g.fence());
+                sleep(Duration::from_millis(20)).await;
+                let held = g.is_held();
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await?;
+                if !held {
+                    return Err(CaseError("a permit was lost under no fault".into()));
+                }
+            }
+            Ok::<_, CaseError>(())
+        });
+    }
+    // The backend's view too: never more than N holders within their lease.
+    let watcher = sems[0].clone();
+    let mut seen = 0;
+    while !tasks.is_empty() {
+        tokio::select! {
+            r = tasks.join_next() => match r {
+                Some(r) => r.map_err(|e| CaseError(format!("task: {e}")))??,
+                None => break,
+            },
+            _ = sleep(Duration::from_millis(15)) => {
+                seen = seen.max(watcher.holders().await?.holders.len());
+            }
+        }
+    }
+    let most = most.load(Ordering::SeqCst);
+    check(most <= N, || {
+        format!("{most} holders at once, with {N} permits")
+    })?;
+    check(seen <= N, || {
+        format!("the backend listed {seen} holders, with {N} permits")
+    })?;
+    let mut fences = fences.lock().await.clone();
+    let n = fences.len();
+    fences.sort_unstable();
+    fences.dedup();
+    check(fences.len() == n && n == 40, || {
+        format!("{n} acquisitions got {} distinct fences", fences.len())
+    })
+}
+
+/// A holder cut off from the backend (every call hangs, as for a killed or partitioned
+/// process) stops believing at its local deadline, and its permit returns at its lease
+/// end: the next contender gets it then, not before the cut-off holder's loss.
+pub async fn dead_holder_permit_returns<S: StoreSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_dead");
+    let cut = FaultStore::new(src.store().await?);
+    let control = cut.control();
+    let config = short(src.pushes_release());
+    let dying = Semaphore::new(cut, config.clone(), &name, 1)?;
+    let g = dying.acquire_timeout(Duration::from_secs(10)).await?;
+    control.set_all(Behavior::Hang);
+    let cut_at = Instant::now();
+    let other = semaphore(src, config, &name, 1).await?;
+    let waiter = tokio::spawn(async move {
+        let g = other.acquire_timeout(Duration::from_secs(20)).await;
+        (Instant::now(), g)
+    });
+    // Bound: the lease is 1.5 s; the loss comes at the local deadline, well within 10 s
+    // even on a loaded machine.
+    let reason = timeout(Duration::from_secs(10), g.lost())
+        .await
+        .map_err(|_| CaseError("the cut-off holder never stopped believing".into()))?;
+    let lost_at = Instant::now();
+    check(reason == LossReason::LeaseExpired, || {
+        format!("lost for {reason:?}, not the lease's end")
+    })?;
+    let (taken_at, taken) = waiter
+        .await
+        .map_err(|e| CaseError(format!("waiter task: {e}")))?;
+    let taken = taken?;
+    check(lost_at <= taken_at, || {
+        format!(
+            "the permit was taken {:?} after the cut, before the cut-off holder stopped \
+             believing ({:?} after the cut)",
+            taken_at - cut_at,
+            lost_at - cut_at
+        )
+    })?;
+    check(taken.fence() > g.fence(), || {
+        "the new permit's fence is not greater".into()
+    })?;
+    taken.release().await?;
+    drop(g);
+    Ok(())
+}
+
+/// Each new permit's fence is greater than every fence of the semaphore before it, across
+/// its permits and across stores.
+pub async fn fences_increase_across_permits<S: StoreSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_fence");
+    let a = semaphore(src, config(src.pushes_release()), &name, 2).await?;
+    let b = semaphore(src, config(src.pushes_release()), &name, 2).await?;
+    let mut last = 0;
+    let mut held = Vec::new();
+    for round in 0..6 {
+        let s = if round % 2 == 0 { &a } else { &b };
+        let g = s.acquire_timeout(Duration::from_secs(20)).await?;
+        check(g.fence() > last, || {
+            format!("round {round}: fence {} after {last}", g.fence())
+        })?;
+        last = g.fence();
+        held.push(g);
+        if held.len() == 2 {
+            // Release the older one: the permits overlap.
+            held.remove(0).release().await?;
+        }
+    }
+    for g in held {
+        g.release().await?;
+    }
+    Ok(())
+}
+
+/// A contender that asks for another count than the holders' is refused with
+/// [`Error::PermitsMismatch`], whether it tries once, waits or waits with a bound; once
+/// nobody holds, the count is the next holder's.
+pub async fn permits_mismatch_refused<S: StoreSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_mismatch");
+    let two = semaphore(src, config(src.pushes_release()), &name, 2).await?;
+    let three = semaphore(src, config(src.pushes_release()), &name, 3).await?;
+    let g = two.acquire_timeout(Duration::from_secs(20)).await?;
+    let bound = Duration::from_secs(10);
+    let refused = |r: Result<simba_core::PermitGuard, Error>, how: &str| match r {
+        Err(Error::PermitsMismatch {
+            asked: 3,
+            existing: 2,
+            ..
+        }) => Ok(()),
+        Err(e) => Err(CaseError(format!(
+            "{how} with a wrong count: {e}, not a mismatch"
+        ))),
+        Ok(_) => Err(CaseError(format!("{how} with a wrong count got a permit"))),
+    };
+    refused(three.try_acquire().await, "try_acquire")?;
+    refused(three.acquire_timeout(bound).await, "acquire_timeout")?;
+    let waited = timeout(bound, three.acquire())
+        .await
+        .map_err(|_| CaseError("acquire with a wrong count waited on".into()))?;
+    refused(waited, "acquire")?;
+    g.release().await?;
+    let g = three.acquire_timeout(Duration::from_secs(20)).await?;
+    let permits = two.holders().await?.permits;
+    check(permits == Some(3), || {
+        format!("count after the change: {permits:?}")
+    })?;
+    g.release().await?;
+    Ok(())
+}
+
+/// With every permit held, `try_acquire` fails at once with [`Error::WouldBlock`].
+pub async fn try_acquire_full_fails_at_once<S: StoreSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_try");
+    let s = semaphore(src, config(src.pushes_release()), &name, 2).await?;
+    let other = semaphore(src, config(src.pushes_release()), &name, 2).await?;
+    let held = [s.acquire().await?, s.acquire().await?];
+    let started = Instant::now();
+    let r = other.try_acquire().await;
+    let took = started.elapsed();
+    match r {
+        Err(Error::WouldBlock { .. }) => {}
+        Err(e) => return Err(CaseError(format!("try_acquire when full: {e}"))),
+        Ok(_) => return Err(CaseError("a third permit of two".into())),
+    }
+    // One round trip (and a release of the attempt): well under the 6 s lease, whose end
+    // a try that waited would wait for.
+    check(took < Duration::from_secs(3), || {
+        format!("try_acquire took {took:?}")
+    })?;
+    for g in held {
+        g.release().await?;
+    }
+    Ok(())
+}
+
+/// `acquire_timeout` on a full semaphore gives up after its wait holding nothing: the
+/// backend lists only the holder, and once it releases, a newcomer's single try gets the
+/// permit (no place in the queue was left behind by the give-up).
+pub async fn timeout_gives_up_holding_nothing<S: StoreSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_timeout");
+    let s = semaphore(src, config(src.pushes_release()), &name, 1).await?;
+    let other = semaphore(src, config(src.pushes_release()), &name, 1).await?;
+    let g = s.acquire().await?;
+    let wait = Duration::from_millis(400);
+    let started = Instant::now();
+    match other.acquire_timeout(wait).await {
+        Err(Error::Timeout { .. }) => {}
+        Err(e) => return Err(CaseError(format!("acquire_timeout when full: {e}"))),
+        Ok(_) => return Err(CaseError("a second permit of one".into())),
+    }
+    check(started.elapsed() >= wait, || {
+        "gave up before its wait".into()
+    })?;
+    let holders = other.holders().await?.holders;
+    check(
+        holders.len() == 1 && holders[0].owner_id == g.contender_id(),
+        || format!("holders after the give-up: {holders:?}"),
+    )?;
+    g.release().await?;
+    let again = other.try_acquire().await?;
+    again.release().await?;
+    Ok(())
+}
+
+/// A release wakes a waiter: it gets the permit long before the released lease would have
+/// ended (pushed backends), or within its poll (others).
+pub async fn release_wakes_a_waiter<S: StoreSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_wake");
+    // A long lease, so that a waiter that was not woken is plainly late.
+    let config = LeaseConfig {
+        request_timeout: Duration::from_secs(2),
+        waiter_poll: (!src.pushes_release()).then_some(Duration::from_millis(200)),
+        ..LeaseConfig::with_lease(Duration::from_secs(20), Duration::from_secs(5))
+    };
+    let s = semaphore(src, config.clone(), &name, 1).await?;
+    let other = semaphore(src, config, &name, 1).await?;
+    let g = s.acquire().await?;
+    let waiter = tokio::spawn(async move {
+        let g = other.acquire_timeout(Duration::from_secs(20)).await;
+        (Instant::now(), g)
+    });
+    // Give the waiter time to queue in the backend, so that the release has someone to
+    // wake. Not a synchronisation: a waiter that comes after the release finds the permit
+    // free, and the bound below holds all the same.
+    sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    g.release().await?;
+    let (at, got) = waiter
+        .await
+        .map_err(|e| CaseError(format!("waiter task: {e}")))?;
+    let got = got?;
+    let took = at.saturating_duration_since(released);
+    // Bound: the lease is 25 s; a woken waiter takes one round trip, a polling one 200 ms.
+    // 5 s allows a loaded machine and still fails a waiter that waits for the lease.
+    check(took < Duration::from_secs(5), || {
+        format!("the waiter got the permit {took:?} after the release")
+    })?;
+    got.release().await?;
+    Ok(())
+}
