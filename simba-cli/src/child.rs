@@ -41,8 +41,8 @@ pub(crate) struct Guarding {
     pub(crate) grace: Duration,
     /// The local lease deadline at the start.
     pub(crate) deadline: Option<Instant>,
-    /// SQLite's lock file, held by the guardian until the group is gone.
-    pub(crate) anchor: Option<OwnedFd>,
+    /// SQLite's lock files (one per mutex), held by the guardian until the group is gone.
+    pub(crate) anchors: Vec<OwnedFd>,
 }
 
 /// How the command's group ended.
@@ -93,7 +93,8 @@ fn internal(e: std::io::Error, what: &str) -> Failure {
 /// stopped) and gets Ctrl-C directly; simba takes it back when the command ends.
 pub(crate) async fn spawn(
     argv: &[OsString],
-    env: &[(&str, String)],
+    env: &[(String, String)],
+    unset: &[OsString],
     guarding: Guarding,
 ) -> Result<Group, Failure> {
     if argv.is_empty() {
@@ -107,8 +108,11 @@ pub(crate) async fn spawn(
         cmd.arg(guardian::ARG)
             .arg("--")
             .args(argv)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        for name in unset {
+            cmd.env_remove(name);
+        }
+        cmd.stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             // A group of its own: neither simba's (a kill of simba's job leaves it) nor
@@ -124,15 +128,13 @@ pub(crate) async fn spawn(
         .try_clone_to_owned()
         .map_err(|e| internal(e, "cannot pass standard input on"))?;
     let mut fds = vec![stdin.as_fd()];
-    if let Some(a) = &guarding.anchor {
-        fds.push(a.as_fd());
-    }
+    fds.extend(guarding.anchors.iter().map(AsFd::as_fd));
     guardian::send_setup(&ours, guarding.grace, guarding.deadline, &fds)
         .map_err(|e| internal(e, "cannot set up the command's guardian"))?;
     // The guardian has its own copies now.
     drop(fds);
     drop(stdin);
-    drop(guarding.anchor);
+    drop(guarding.anchors);
     ours.set_nonblocking(true)
         .map_err(|e| internal(e, "the link to the guardian"))?;
     let link = tokio::net::UnixStream::from_std(ours)

@@ -54,6 +54,10 @@ pub(crate) enum Command {
     /// once when the lease ran out, SIGTERM then SIGKILL after --grace when the loss came
     /// earlier. A guardian process kills the group as soon as simba dies (SIGKILL, crash)
     /// or is stopped past its lease.
+    ///
+    /// With --mutex given several times, simba holds every mutex (all or none, taken in
+    /// sorted order) while the command runs; the loss of any one is a loss, and the
+    /// earliest lease deadline of them all is the guardian's.
     #[command(after_help = EXIT_STATUS_HELP)]
     Exec(ExecArgs),
 
@@ -77,8 +81,18 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct ExecArgs {
-    /// The mutex name.
-    pub(crate) mutex: String,
+    /// The mutex name (or give the names with --mutex).
+    #[arg(value_name = "MUTEX", required_unless_present = "mutexes")]
+    pub(crate) mutex: Option<String>,
+
+    /// A mutex to hold; repeat it to hold several at once (at most 32), all or none. They
+    /// are taken in one order (sorted by name), so execs that ask for the same mutexes in
+    /// any order never deadlock. The command gets SIMBA_MUTEX_COUNT and, for each mutex in
+    /// the order given, SIMBA_MUTEX_i, SIMBA_FENCE_i and SIMBA_OWNER_ID_i (i from
+    /// 1), and SIMBA_FENCES (the fences, comma separated); SIMBA_MUTEX, SIMBA_FENCE and
+    /// SIMBA_OWNER_ID only when there is one mutex.
+    #[arg(long = "mutex", value_name = "NAME")]
+    pub(crate) mutexes: Vec<String>,
 
     /// Give up waiting after this long (e.g. 300ms, 10s, 2m) and exit with 75.
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
@@ -111,6 +125,19 @@ pub(crate) struct ExecArgs {
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
+}
+
+impl ExecArgs {
+    /// The mutex names: the argument, then each --mutex, each name once, in that order.
+    pub(crate) fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for name in self.mutex.iter().chain(&self.mutexes) {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        names
+    }
 }
 
 const BENCH_HELP: &str = "\

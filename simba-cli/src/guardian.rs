@@ -20,7 +20,7 @@
 //! It stops the group gently (SIGTERM, then SIGKILL after the grace period) when simba
 //! asks (`--hold-at-most`, a lost ownership) and when the command ends and leaves members
 //! of its group behind. It reports the command's exit status, and that the group is gone,
-//! then exits: on SQLite it holds a duplicate of the mutex's lock file until then (received
+//! then exits: on SQLite it holds a duplicate of each mutex's lock file until then (received
 //! with the set-up message), so the kernel frees the mutex only once no process of the job
 //! is left.
 //!
@@ -32,8 +32,8 @@
 //! The protocol is lines of text on the socket. simba → guardian: `deadline NS`,
 //! `signal N`, `stop MS`; guardian → simba: `started PID`, `failed KIND MESSAGE`,
 //! `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
-//! DEADLINE_NS|-`, carries the command's standard input and, on SQLite, the lock file as
-//! SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
+//! DEADLINE_NS|-`, carries the command's standard input and, on SQLite, the lock files (one
+//! per mutex) as SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
 //! input — the socket — and standard output and error).
 
 use std::ffi::OsString;
@@ -66,6 +66,8 @@ const POLL_KILLING: Duration = Duration::from_millis(2);
 const POLL_STOPPING: Duration = Duration::from_millis(10);
 /// Longest set-up line accepted.
 const MAX_SETUP: usize = 4096;
+/// The most lock files the set-up carries: one per mutex of a multi-lock (SQLite).
+pub(crate) const MAX_ANCHORS: usize = simba_core::MAX_MULTI_LOCK_NAMES;
 
 /// Why the group is gone, as the guardian reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +138,7 @@ pub(crate) fn send_setup(
 ) -> std::io::Result<()> {
     let deadline = deadline.map_or_else(|| "-".to_owned(), |d| to_monotonic_ns(d).to_string());
     let line = format!("setup {} {deadline}\n", grace.as_millis());
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1 + MAX_ANCHORS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(std::io::Error::other(
@@ -163,12 +165,12 @@ struct Setup {
     grace: Duration,
     deadline: Option<Instant>,
     stdin: OwnedFd,
-    /// SQLite's lock file, held until the guardian exits.
-    anchor: Option<OwnedFd>,
+    /// SQLite's lock files (one per mutex), held until the guardian exits.
+    anchors: Vec<OwnedFd>,
 }
 
 fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1 + MAX_ANCHORS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut buf = [0u8; 512];
     let mut line = Vec::new();
@@ -225,7 +227,7 @@ fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
         grace,
         deadline,
         stdin,
-        anchor: fds.next(),
+        anchors: fds.collect(),
     })
 }
 
@@ -350,7 +352,7 @@ async fn guard(
         grace,
         mut deadline,
         stdin,
-        anchor,
+        anchors,
     } = setup;
     let registered = |kind: SignalKind| {
         signal(kind).map_err(|e| format!("cannot install a signal handler: {e}"))
@@ -454,8 +456,8 @@ async fn guard(
     let _ = write
         .write_all(format!("gone {}\n", why.word()).as_bytes())
         .await;
-    // Only now may the lock file go (SQLite): no process of the job is left.
-    drop(anchor);
+    // Only now may the lock files go (SQLite): no process of the job is left.
+    drop(anchors);
     Ok(())
 }
 

@@ -78,6 +78,7 @@ async fn dispatch(cli: Cli) -> Outcome {
     match cli.command {
         Command::Exec(args) => {
             args.lease.check().map_err(Failure::usage)?;
+            exec::check_names(&args)?;
             let timing = backend::LeaseArgs {
                 ttl: args.lease.ttl,
                 transition: args.lease.transition,

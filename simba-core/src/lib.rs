@@ -19,6 +19,7 @@ mod memory;
 pub mod metrics;
 #[cfg(test)]
 mod model;
+mod multi;
 mod owner;
 mod redact;
 mod rt;
@@ -41,6 +42,7 @@ pub use lease::{
 };
 pub use locker::{LockGuard, LockRegistry, Locker};
 pub use memory::MemoryStore;
+pub use multi::{MAX_MULTI_LOCK_NAMES, MultiGuard, MultiLocker, PartLost};
 pub use owner::{
     ContendPeriod, DEFAULT_JITTER, DEFAULT_JITTER_NO_TRANSITION, HELD_PREFIX, MutexOwner,
     MutexState,

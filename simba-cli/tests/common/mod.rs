@@ -583,15 +583,48 @@ pub fn group_gone_before_next_owner(
     fault: Fault,
     test: &str,
 ) -> Handover {
+    let one = Holding {
+        mutexes: vec![mutex_name(test)],
+        fence_var: "SIMBA_FENCE",
+    };
+    group_gone_before_next_owner_of(url, lease, fault, &one, &one)
+}
+
+/// The mutexes one `simba exec` of [`group_gone_before_next_owner_of`] holds (each given
+/// with `--mutex`), and the variable its script logs as the fence.
+pub struct Holding {
+    pub mutexes: Vec<String>,
+    pub fence_var: &'static str,
+}
+
+impl Holding {
+    fn args(&self) -> Vec<String> {
+        let mut args = vec!["exec".to_owned()];
+        for m in &self.mutexes {
+            args.extend(["--mutex".to_owned(), m.clone()]);
+        }
+        args
+    }
+}
+
+/// [`group_gone_before_next_owner`] with the mutexes of each `simba exec` given: the
+/// first holds `first`, the next waits for `next`, which must share a mutex with it.
+pub fn group_gone_before_next_owner_of(
+    url: &str,
+    lease: &[&str],
+    fault: Fault,
+    first_holds: &Holding,
+    next_holds: &Holding,
+) -> Handover {
     use nix::sys::signal::Signal;
     let dir = tempdir();
-    let mutex = mutex_name(test);
     let log = file(dir.path(), "log");
     let pids = file(dir.path(), "pids");
     let (log_s, pids_s) = (log.display(), pids.display());
+    let (first_fence, next_fence) = (first_holds.fence_var, next_holds.fence_var);
     // `${t/./}000`: EPOCHREALTIME (seconds.micros) in nanoseconds, without a fork.
     let first = format!(
-        "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 $SIMBA_FENCE ${{t/./}}000\" >> {log_s}; }}; \
+        "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 ${first_fence} ${{t/./}}000\" >> {log_s}; }}; \
          beat() {{ while :; do rec beat $1; sleep 0.02; done; }}; \
          rec start cmd; \
          ( rec start gc; beat gc ) & echo $! >> {pids_s}; \
@@ -600,7 +633,7 @@ pub fn group_gone_before_next_owner(
          beat cmd"
     );
     let second = format!(
-        "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 $SIMBA_FENCE ${{t/./}}000\" >> {log_s}; }}; \
+        "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 ${next_fence} ${{t/./}}000\" >> {log_s}; }}; \
          rec start second; \
          while read -r p; do \
            if read -r stat < /proc/$p/stat 2>/dev/null; then \
@@ -618,7 +651,7 @@ pub fn group_gone_before_next_owner(
     };
     let mut holder = simba(Some(url))
         .env("LC_ALL", "C")
-        .args(["exec", &mutex])
+        .args(first_holds.args())
         .args(lease)
         .args(bash(&first))
         .stderr(Stdio::piped())
@@ -645,7 +678,8 @@ pub fn group_gone_before_next_owner(
     // The next contender waits (its `waiting for the mutex` line comes right before).
     let mut next = simba(Some(url))
         .env("LC_ALL", "C")
-        .args(["-vv", "exec", &mutex])
+        .arg("-vv")
+        .args(next_holds.args())
         .args(lease)
         .args(bash(&second))
         .stderr(Stdio::piped())
@@ -763,6 +797,9 @@ pub fn group_gone_before_next_owner(
         next_started: since_fault(second_start),
         first_last_seen: since_fault(first_end),
     };
-    eprintln!("{test}: {fault:?} of simba exec on {url}: {handover:?}");
+    eprintln!(
+        "{:?}: {fault:?} of simba exec on {url}: {handover:?}",
+        first_holds.mutexes
+    );
     handover
 }

@@ -63,6 +63,15 @@ macro_rules! ensure {
     };
 }
 
+mod multi;
+
+pub use multi::{
+    CoreMultiLock, MultiHold, MultiLockUnderTest, MultiWait, multi_lock_lost_part,
+    multi_lock_lost_part_with, multi_lock_no_deadlock, multi_lock_no_deadlock_with,
+    multi_lock_no_partial_hold, multi_lock_no_partial_hold_with, multi_lock_release_frees_all,
+    multi_lock_release_frees_all_with, multi_lock_with_singles, multi_lock_with_singles_with,
+};
+
 /// The names of every case, in the order [`conformance_tests!`](crate::conformance_tests)
 /// runs them.
 pub const CASES: &[&str] = crate::__suite_cases!(names);
@@ -77,7 +86,10 @@ macro_rules! __suite_cases {
             try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
             fences_increase, handoff_without_poll, in_process_exclusion, reacquire_after_drop,
             retriever_sees_changes, retriever_sees_release, hold_at_least, bad_input,
-            safety_under_partitions
+            safety_under_partitions,
+            // Multi-locks (suite/multi.rs).
+            multi_lock_no_deadlock, multi_lock_no_partial_hold, multi_lock_lost_part,
+            multi_lock_release_frees_all, multi_lock_with_singles
         }
     };
 }
