@@ -20,20 +20,19 @@
 
 use std::time::Duration;
 
-use simba_core::{ContendService, ContenderStatus, LeaseConfig, generate_contender_id};
+use simba_core::{ContendService, ContenderStatus, LeaseConfig};
 
 use crate::suite::CaseError;
 
 /// A name no other test uses: `{prefix}_` followed by 16 random lowercase hex digits
-/// (the random part of a [`generate_contender_id`], different in every call and process).
+/// (64 bits of [`random_u64`](simba_core::backend::random_u64), different in every call
+/// and process). Lowercase, so that an unquoted name means the same table on PostgreSQL.
 ///
 /// The result has no characters but the prefix's, `_` and `0-9a-f`: with a prefix of ASCII
 /// letters, digits and `_` it is a plain SQL identifier (a table name), a Redis key prefix,
 /// a ZooKeeper node name and a mutex name alike. It adds 17 bytes to the prefix.
 pub fn unique_name(prefix: &str) -> String {
-    let id = generate_contender_id();
-    let random = id.rsplit(':').next().unwrap_or("0");
-    format!("{prefix}_{random}")
+    format!("{prefix}_{:016x}", simba_core::backend::random_u64())
 }
 
 /// The lease config of the tests: `ttl` and `transition` as given, a 2 s request timeout
