@@ -106,6 +106,24 @@ impl Handle {
     }
 }
 
+impl Handle {
+    /// Runs `sql` as sent (no prepared statement) and maps each row with `row`.
+    async fn unprepared<T>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+        row: impl Fn(&tokio_postgres::Row) -> QueryResult<T>,
+    ) -> QueryResult<Vec<T>> {
+        let rows = self
+            .0
+            .client
+            .query(sql, &params(args))
+            .await
+            .map_err(failed)?;
+        rows.iter().map(row).collect()
+    }
+}
+
 fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
     args.iter()
         .map(|a| match a {
@@ -178,27 +196,17 @@ impl SqlConn for Handle {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<BatchRow>>> + Send + 'a {
-        async move {
-            let rows = self
-                .0
-                .client
-                .query(sql, &params(args))
-                .await
-                .map_err(failed)?;
-            rows.iter()
-                .map(|r| {
-                    Ok(BatchRow {
-                        now_ms: get(r, "now_ms")?,
-                        mutex: get(r, "mutex")?,
-                        owner_id: get(r, "owner_id")?,
-                        acquired_at: get(r, "acquired_at")?,
-                        ttl_at: get(r, "ttl_at")?,
-                        transition_at: get(r, "transition_at")?,
-                        version: get(r, "version")?,
-                    })
-                })
-                .collect()
-        }
+        self.unprepared(sql, args, |r| {
+            Ok(BatchRow {
+                now_ms: get(r, "now_ms")?,
+                mutex: get(r, "mutex")?,
+                owner_id: get(r, "owner_id")?,
+                acquired_at: get(r, "acquired_at")?,
+                ttl_at: get(r, "ttl_at")?,
+                transition_at: get(r, "transition_at")?,
+                version: get(r, "version")?,
+            })
+        })
     }
 
     fn batch<'a>(&'a mut self, sql: &'a str) -> impl Future<Output = QueryResult<()>> + Send + 'a {
@@ -211,23 +219,13 @@ impl SqlConn for Handle {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<ColumnRow>>> + Send + 'a {
-        async move {
-            let rows = self
-                .0
-                .client
-                .query(sql, &params(args))
-                .await
-                .map_err(failed)?;
-            rows.iter()
-                .map(|r| {
-                    Ok(ColumnRow {
-                        name: get(r, "name")?,
-                        data_type: get(r, "data_type")?,
-                        width: get(r, "width")?,
-                        is_unsigned: get(r, "is_unsigned")?,
-                    })
-                })
-                .collect()
-        }
+        self.unprepared(sql, args, |r| {
+            Ok(ColumnRow {
+                name: get(r, "name")?,
+                data_type: get(r, "data_type")?,
+                width: get(r, "width")?,
+                is_unsigned: get(r, "is_unsigned")?,
+            })
+        })
     }
 }
