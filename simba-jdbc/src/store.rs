@@ -537,7 +537,7 @@ impl SqlStore {
         let (describe, describe_args) = schema::describe(inner.kind, inner.config.table());
         let columns = || async {
             inner
-                .bounded("migrate", limit, async {
+                .bounded::<Vec<schema::ColumnRow>>("migrate", limit, async {
                     on_conn!(inner, |c| async {
                         let args: Vec<Arg<'_>> =
                             describe_args.iter().map(|a| Arg::Text(a)).collect();
@@ -549,7 +549,7 @@ impl SqlStore {
         if ddl {
             let st = &inner.st;
             inner
-                .bounded("migrate", limit, async {
+                .bounded::<()>("migrate", limit, async {
                     on_conn!(inner, |c| c.batch(&st.migrate))
                 })
                 .await?;
@@ -564,7 +564,7 @@ impl SqlStore {
                     "adding a column simba uses: {statement}"
                 );
                 let added = inner
-                    .bounded("migrate", limit, async {
+                    .bounded::<()>("migrate", limit, async {
                         on_conn!(inner, |c| c.batch(&statement))
                     })
                     .await;
@@ -572,7 +572,7 @@ impl SqlStore {
                 if let (Err(e), Some(fallback)) = (&added, fallback) {
                     debug!("{e}; trying {fallback}");
                     let _ = inner
-                        .bounded("migrate", limit, async {
+                        .bounded::<()>("migrate", limit, async {
                             on_conn!(inner, |c| c.batch(&fallback))
                         })
                         .await;
@@ -639,7 +639,7 @@ impl SqlStore {
         }
         let st = inner.st();
         inner
-            .bounded("migrate", limit, async {
+            .bounded::<()>("migrate", limit, async {
                 on_conn!(inner, |c| c.batch(&st.check))
             })
             .await
@@ -815,12 +815,11 @@ impl LeaseStore for SqlStore {
             let call = inner.start(mutex, Some(contender_id))?;
             let sent = tokio::time::Instant::now();
             let pass = inner.gates.enter(mutex, contender_id).await;
-            let row = run_fast!(inner, format!("acquire mutex {mutex:?}"), |c| call.acquire(
-                c,
-                contender_id,
-                lease,
-                pass
-            ))?;
+            let row: Option<OwnerRow> = run_fast!(
+                inner,
+                format!("acquire mutex {mutex:?}"),
+                |c| call.acquire(c, contender_id, lease, pass)
+            )?;
             let grace = match pass {
                 Pass::Locked => None,
                 Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
