@@ -188,12 +188,21 @@ async fn failover_without_replica_acks_loses_the_owner_but_fences_still_increase
     let a = a_store.acquire("m", "a", long_lease()).await.unwrap();
     assert_eq!(a.owner.owner_id, "a");
     assert!(a.owner.fence > warm, "{} after {warm}", a.owner.fence);
+    let epoch = deployment.config_epoch().await.unwrap();
     deployment
         .kill_primary_and_fail_over(Duration::from_secs(60))
         .await
         .unwrap();
     let b_store = RedisStore::connect(config()).await.unwrap();
     let b = b_store.acquire("m", "b", long_lease()).await.unwrap();
+    let failovers = deployment.config_epoch().await.unwrap() - epoch;
+    if failovers > 1 && b.owner.owner_id == "a" {
+        // A second failover (the new primary missed the sentinels' 1 s window on a loaded
+        // machine) promoted the old primary, restarted from its append-only file with a's
+        // key: the loss this test shows did not happen in this run.
+        eprintln!("{failovers} failovers: the old primary came back with a's key");
+        return;
+    }
     // a's lease (25 s from its acquisition) has not ended, yet b owns: the unsafety.
     assert_eq!(b.owner.owner_id, "b", "the promoted replica kept a's key");
     assert!(
