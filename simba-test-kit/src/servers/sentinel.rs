@@ -20,8 +20,12 @@ const KIND: ServerKind = ServerKind::Redis;
 /// The service (master) name the sentinels monitor.
 pub const SENTINEL_SERVICE: &str = "simba";
 
-/// How long the sentinels wait before they call an unresponsive primary down (ms).
-const DOWN_AFTER_MS: u64 = 1000;
+/// How long the sentinels wait before they call an unresponsive primary down (ms). At
+/// 1 s a loaded test machine made the sentinels fail over a second time, from the newly
+/// promoted primary to the old one restarted from its append-only file (keys the test
+/// expected gone came back, or the other way round); 3 s keeps a test's failover to the
+/// one it makes.
+const DOWN_AFTER_MS: u64 = 3000;
 /// Sentinel's `failover-timeout` (ms). Sentinels start no second failover of the same
 /// primary within twice this after the last one.
 const FAILOVER_TIMEOUT_MS: u64 = 2000;
