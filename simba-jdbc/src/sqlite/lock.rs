@@ -100,14 +100,37 @@ fn leave_entry(file: &File, key: &FileKey) -> Result<(), String> {
     }
 }
 
+/// Whether another description holds the byte at `offset`. A query (`F_OFD_GETLK`): it
+/// takes nothing, so it leaves the kernel's queue of blocked requests as it is.
+fn held_elsewhere(
+    file: &File,
+    key: &FileKey,
+    what: &str,
+    offset: libc::off_t,
+) -> Result<bool, String> {
+    let mut probe = byte(libc::F_WRLCK, offset);
+    loop {
+        match fcntl(file, FcntlArg::F_OFD_GETLK(&mut probe)) {
+            // The kernel writes F_UNLCK back when nothing conflicts.
+            Ok(_) => return Ok(probe.l_type != libc::F_UNLCK as libc::c_short),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(failed(key, what, e)),
+        }
+    }
+}
+
 /// The lock without waiting, unless someone waits for it (holds the entry byte).
+///
+/// The entry byte is only looked at, never taken: a try that took it, even for a moment,
+/// would make a waiter the kernel had just woken for it (and not yet run) find it held;
+/// the kernel then queues that waiter again and wakes every request queued behind it,
+/// which race for the byte, so a later waiter could go first (seen under load as the third
+/// waiter served before the second).
 pub(crate) fn try_lock(key: &FileKey) -> Result<Option<File>, String> {
     let file = open(&key.path)?;
-    if !try_byte(&file, key, "entry", key.entry)? || !try_byte(&file, key, "lock", key.lock)? {
-        // Closing the file lets the entry byte go, if it was taken.
+    if held_elsewhere(&file, key, "entry", key.entry)? || !try_byte(&file, key, "lock", key.lock)? {
         return Ok(None);
     }
-    leave_entry(&file, key)?;
     Ok(Some(file))
 }
 
