@@ -380,9 +380,14 @@ impl SqlConfig {
     /// Whether [`SqlStore::migrate`](crate::SqlStore::migrate) may change the schema
     /// (default `true`): create the table when it is missing, and add simba's two waiter
     /// columns to a table that lacks them (one made by the JVM Simba library), an
-    /// additive, online change. With `false` it only inspects the table, and a table
-    /// without the waiter columns is refused with the statements to run: simba-jdbc has
-    /// no mode without them yet.
+    /// additive, online change. With `false` it only inspects the table; a table without
+    /// the waiter columns (a JVM Simba table as it is) is then used without them, with a
+    /// warning that names the statements that would add them: simba's contenders still
+    /// queue on the native locks, but no column tells simba's owners from the JVM
+    /// library's, so while a contender of another process owns a mutex, a waiter here
+    /// reads its row every [`SqlConfig::with_foreign_poll`]; and SQLite takes the row of an
+    /// owner whose process died at its lease end rather than at once. Safety is the same:
+    /// it rests on the row alone.
     pub fn with_ddl(mut self, allowed: bool) -> Self {
         self.ddl = allowed;
         self

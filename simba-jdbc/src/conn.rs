@@ -199,10 +199,11 @@ impl Call<'_> {
             Pass::Unlocked => (&self.st.acquire_unlocked, 0),
         };
         let payload;
-        let mut args = vec![
-            Arg::Text(me),
-            Arg::Text(me),
-            Arg::Int(gated),
+        let mut args = Vec::with_capacity(14);
+        if self.st.waiter_columns {
+            args.extend([Arg::Text(me), Arg::Text(me), Arg::Int(gated)]);
+        }
+        args.extend([
             Arg::Text(me),
             Arg::Text(me),
             Arg::Int(ttl),
@@ -210,7 +211,7 @@ impl Call<'_> {
             Arg::Text(me),
             Arg::Text(self.mutex),
             Arg::Text(me),
-        ];
+        ]);
         if pass == Pass::Unlocked {
             args.push(Arg::Int(total));
         }

@@ -95,6 +95,10 @@ pub(crate) struct Statements {
     /// `true` when the acquire statements return the row themselves (PostgreSQL: one
     /// statement, `UPDATE … RETURNING` joined with the row); else `select` follows.
     pub(crate) returns_row: bool,
+    /// `true` when the table has simba's waiter columns and the acquire statements write
+    /// them (their first three arguments: me, me, the gated flag); `false` for a JVM
+    /// Simba table left as it is ([`Columns::Lease`]).
+    pub(crate) waiter_columns: bool,
     /// Acquire while this process holds the mutex's native lock: takes a free row (SQLite:
     /// also the row of an owner whose process is gone). Args: me, me, 1, me, me, ttl,
     /// ttl+transition, me, mutex, me [, channel, payload, mutex].
@@ -131,8 +135,21 @@ pub(crate) enum FenceRule {
     Counter,
 }
 
+/// Which columns the statements may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Columns {
+    /// simba's table: the lease and the two waiter columns.
+    All,
+    /// The lease's six columns only: a JVM Simba table that simba may not alter
+    /// ([`SqlConfig::with_ddl`](crate::SqlConfig::with_ddl)`(false)`). No column marks
+    /// simba's owners, so every owner outside this store looks foreign (its waiters read
+    /// the row), and SQLite takes a dead owner's row at its lease end, not at once.
+    Lease,
+}
+
 impl Statements {
-    pub(crate) fn new(backend: Backend, table: &str, fence: FenceRule) -> Self {
+    pub(crate) fn new(backend: Backend, table: &str, fence: FenceRule, columns: Columns) -> Self {
+        let waiter_columns = columns == Columns::All;
         let t = quote_table(backend, table);
         let now = lease_clock_sql(backend);
         let greatest = match backend {
@@ -154,12 +171,19 @@ impl Statements {
             FenceRule::Clock => format!("{greatest}(version + 1, {now})"),
             FenceRule::Counter => "version + 1".to_owned(),
         };
+        let waiter_sets = if waiter_columns {
+            format!(
+                "waiter_id = ?, \
+                 waiter_until = CASE WHEN owner_id = ? AND transition_at > {now} \
+                     THEN waiter_until ELSE ? END, "
+            )
+        } else {
+            String::new()
+        };
         let update = |take: &str| {
             format!(
                 "UPDATE {t} SET \
-                 waiter_id = ?, \
-                 waiter_until = CASE WHEN owner_id = ? AND transition_at > {now} \
-                     THEN waiter_until ELSE ? END, \
+                 {waiter_sets}\
                  version = CASE WHEN owner_id = ? AND transition_at > {now} \
                      THEN version ELSE {next_fence} END, \
                  acquired_at = CASE WHEN owner_id = ? AND transition_at > {now} \
@@ -176,12 +200,14 @@ impl Statements {
         // release): such a row is taken over at once, unless it is a hold (`held@@…`),
         // which must be waited out whoever made it.
         let locked_take = match backend {
-            Backend::Sqlite => format!(
+            Backend::Sqlite if waiter_columns => format!(
                 "transition_at <= {now} \
                  OR (waiter_until = 1 AND waiter_id = owner_id \
                      AND substr(owner_id, 1, 6) <> 'held@@')"
             ),
-            Backend::Mysql | Backend::Postgres => format!("transition_at <= {now}"),
+            Backend::Mysql | Backend::Postgres | Backend::Sqlite => {
+                format!("transition_at <= {now}")
+            }
         };
         // Without it: only a row whose owner's lease ran out (lease-bound failover); a
         // released row (owner_id = '') is for the holder of the native lock, unless it
@@ -192,9 +218,14 @@ impl Statements {
         let acquire_unlocked = update(&unlocked_take);
         // The release time stays in transition_at: waiters without the native lock leave a
         // released row alone for a grace period after it.
+        let ungate = if waiter_columns {
+            ", waiter_until = 0"
+        } else {
+            ""
+        };
         let release = format!(
             "UPDATE {t} SET acquired_at = 0, ttl_at = {now}, transition_at = {now}, \
-             owner_id = '', waiter_until = 0 \
+             owner_id = ''{ungate} \
              WHERE mutex = ? AND owner_id = ? AND transition_at > {now}"
         );
         // Keeps version (the fence) and acquired_at: the same ownership, ending at a fixed
@@ -227,16 +258,32 @@ impl Statements {
                  ON CONFLICT (mutex) DO NOTHING"
             ),
         };
+        // Without the column, no owner is marked as simba's (`waiter_id` NULL).
+        let no_waiter = match backend {
+            Backend::Mysql => "CAST(NULL AS CHAR)",
+            Backend::Postgres => "CAST(NULL AS TEXT)",
+            Backend::Sqlite => "NULL",
+        };
+        let waiter_out = if waiter_columns {
+            "m.waiter_id AS waiter_id".to_owned()
+        } else {
+            format!("{no_waiter} AS waiter_id")
+        };
         let select = format!(
             "SELECT n.now_ms AS now_ms, m.owner_id AS owner_id, m.acquired_at AS acquired_at, \
              m.ttl_at AS ttl_at, m.transition_at AS transition_at, {version_out} AS version, \
-             m.waiter_id AS waiter_id, m.waiter_until AS waiter_until \
+             {waiter_out} \
              FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} m ON m.mutex = ?"
         );
         let create = create_table_sql(backend, table).unwrap_or_default();
+        let waiter_check = if waiter_columns {
+            ", waiter_id, waiter_until"
+        } else {
+            ""
+        };
         let check = format!(
-            "SELECT mutex, acquired_at, ttl_at, transition_at, owner_id, version, waiter_id, \
-             waiter_until FROM {t} WHERE 1 = 0"
+            "SELECT mutex, acquired_at, ttl_at, transition_at, owner_id, version{waiter_check} \
+             FROM {t} WHERE 1 = 0"
         );
         match backend {
             Backend::Postgres => {
@@ -244,10 +291,15 @@ impl Statements {
                 // changed one, else the row as it is: `m` is the row before the UPDATE), the
                 // time, and a NOTIFY for observers when it made a new owner (a renewal keeps
                 // the version, even within the millisecond of its acquisition).
+                let (returned_waiter, waiter_out) = if waiter_columns {
+                    (", waiter_id", "COALESCE(u.waiter_id, m.waiter_id)")
+                } else {
+                    ("", no_waiter)
+                };
                 let returning = |update: &str| {
                     numbered(&format!(
                         "WITH u AS ({update} RETURNING owner_id, acquired_at, ttl_at, \
-                         transition_at, version, waiter_id, waiter_until), \
+                         transition_at, version{returned_waiter}), \
                          n AS (SELECT {now} AS now_ms) \
                          SELECT n.now_ms AS now_ms, \
                          COALESCE(u.owner_id, m.owner_id) AS owner_id, \
@@ -255,8 +307,7 @@ impl Statements {
                          COALESCE(u.ttl_at, m.ttl_at) AS ttl_at, \
                          COALESCE(u.transition_at, m.transition_at) AS transition_at, \
                          CAST(COALESCE(u.version, m.version) AS BIGINT) AS version, \
-                         COALESCE(u.waiter_id, m.waiter_id) AS waiter_id, \
-                         COALESCE(u.waiter_until, m.waiter_until) AS waiter_until, \
+                         {waiter_out} AS waiter_id, \
                          (SELECT COUNT(pg_notify(?, ?)) FROM u WHERE u.version IS DISTINCT FROM m.version) \
                              AS notified \
                          FROM n LEFT JOIN u ON TRUE LEFT JOIN {t} m ON m.mutex = ?"
@@ -265,6 +316,7 @@ impl Statements {
                 Statements {
                     notify: true,
                     returns_row: true,
+                    waiter_columns,
                     acquire_locked: returning(&acquire_locked),
                     acquire_unlocked: returning(&acquire_unlocked),
                     batch,
@@ -285,6 +337,7 @@ impl Statements {
             Backend::Mysql | Backend::Sqlite => Statements {
                 notify: false,
                 returns_row: false,
+                waiter_columns,
                 acquire_locked,
                 acquire_unlocked,
                 batch,
@@ -358,7 +411,12 @@ mod tests {
 
     #[test]
     fn postgres_placeholders_are_numbered() {
-        let s = Statements::new(Backend::Postgres, "simba_mutex", FenceRule::Clock);
+        let s = Statements::new(
+            Backend::Postgres,
+            "simba_mutex",
+            FenceRule::Clock,
+            Columns::All,
+        );
         assert!(!s.acquire_locked.contains('?'), "{}", s.acquire_locked);
         assert!(s.acquire_locked.contains("$13"), "{}", s.acquire_locked);
         assert!(!s.acquire_locked.contains("$14"), "{}", s.acquire_locked);
@@ -370,7 +428,7 @@ mod tests {
     #[test]
     fn placeholder_counts_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite] {
-            let s = Statements::new(backend, "simba_mutex", FenceRule::Clock);
+            let s = Statements::new(backend, "simba_mutex", FenceRule::Clock, Columns::All);
             assert_eq!(s.acquire_locked.matches('?').count(), 10);
             assert_eq!(s.acquire_unlocked.matches('?').count(), 11);
             assert_eq!(s.release.matches('?').count(), 2);
@@ -381,9 +439,44 @@ mod tests {
     }
 
     #[test]
+    fn a_table_without_waiter_columns_gets_statements_that_never_name_them() {
+        for backend in [Backend::Mysql, Backend::Sqlite, Backend::Postgres] {
+            for fence in [FenceRule::Clock, FenceRule::Counter] {
+                let s = Statements::new(backend, "jvm", fence, Columns::Lease);
+                assert!(!s.waiter_columns);
+                for sql in [
+                    &s.acquire_locked,
+                    &s.acquire_unlocked,
+                    &s.release,
+                    &s.release_after,
+                    &s.select,
+                    &s.check,
+                ] {
+                    // `waiter_id` appears only as the alias of a NULL.
+                    let named = sql.replace("AS waiter_id", "");
+                    assert!(!named.contains("waiter_"), "{backend:?}: {sql}");
+                }
+                // The three waiter arguments are gone: 10 - 3, 11 - 3.
+                if backend == Backend::Postgres {
+                    assert!(s.acquire_locked.contains("$10") && !s.acquire_locked.contains("$11"));
+                    assert!(
+                        s.acquire_unlocked.contains("$11") && !s.acquire_unlocked.contains("$12")
+                    );
+                } else {
+                    assert_eq!(s.acquire_locked.matches('?').count(), 7);
+                    assert_eq!(s.acquire_unlocked.matches('?').count(), 8);
+                }
+            }
+        }
+        // SQLite's takeover of a dead owner's row needs the gated flag.
+        let all = Statements::new(Backend::Sqlite, "t", FenceRule::Clock, Columns::All);
+        assert!(all.acquire_locked.contains("waiter_until = 1"));
+    }
+
+    #[test]
     fn batch_renewal_placeholders_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite, Backend::Postgres] {
-            let s = Statements::new(backend, "simba_mutex", FenceRule::Clock);
+            let s = Statements::new(backend, "simba_mutex", FenceRule::Clock, Columns::All);
             for n in [1usize, 2, 7] {
                 let (update, select) = s.renew_batch(n);
                 let args = 2 + 3 * n;

@@ -3,20 +3,20 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_common_mutex_name};
 use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::config::{Backend, SqlConfig, Target, redact_url};
 use crate::conn::{Arg, Call, Checked, OwnerRow, SqlConn};
 use crate::dialect::{Dialect, on_pool, with_fast};
 use crate::gate::{Gates, Pass};
 use crate::schema::{self, Shape};
-use crate::sql::{FenceRule, Statements};
+use crate::sql::{Columns, FenceRule, Statements};
 
 /// The shortest bound for a migration (DDL may wait for metadata locks).
 const MIGRATE_TIMEOUT_MIN: Duration = Duration::from_secs(30);
@@ -146,6 +146,11 @@ struct Inner {
     st: Statements,
     /// The same with [`FenceRule::Counter`], for a narrow `version` column.
     st_counter: Statements,
+    /// Both rules for a table without simba's waiter columns ([`Columns::Lease`]):
+    /// `[Clock, Counter]`.
+    st_lease: [Statements; 2],
+    /// Set by the migration when the table lacks the waiter columns and DDL is off.
+    lease_only: AtomicBool,
     /// The largest value of the table's `version` column when it is narrower than 64 bits
     /// (then fences are `version + 1`), else `i64::MAX`; set by the migration.
     fence_max: AtomicI64,
@@ -345,9 +350,12 @@ impl Inner {
         self.fence_max.load(Ordering::Relaxed) < i64::MAX
     }
 
-    /// The statements for this table's fence rule.
+    /// The statements for this table's columns and fence rule.
     fn st(&self) -> &Statements {
-        if self.counter_fence() {
+        let counter = self.counter_fence();
+        if self.lease_only.load(Ordering::Relaxed) {
+            &self.st_lease[usize::from(counter)]
+        } else if counter {
             &self.st_counter
         } else {
             &self.st
@@ -472,8 +480,10 @@ impl SqlStore {
     pub fn connect_lazy(config: SqlConfig) -> Result<SqlStore> {
         let target = config.target()?;
         let kind = target.backend();
-        let st = Statements::new(kind, config.table(), FenceRule::Clock);
-        let st_counter = Statements::new(kind, config.table(), FenceRule::Counter);
+        let st = Statements::new(kind, config.table(), FenceRule::Clock, Columns::All);
+        let st_counter = Statements::new(kind, config.table(), FenceRule::Counter, Columns::All);
+        let st_lease = [FenceRule::Clock, FenceRule::Counter]
+            .map(|rule| Statements::new(kind, config.table(), rule, Columns::Lease));
         let channel = channel_name(config.table());
         let dialect = Dialect::new(&target, &config, &channel)?;
         let gates = Arc::new(Gates::new(
@@ -500,6 +510,8 @@ impl SqlStore {
                 dialect,
                 st,
                 st_counter,
+                st_lease,
+                lease_only: AtomicBool::new(false),
                 fence_max: AtomicI64::new(i64::MAX),
                 max_contender: AtomicUsize::new(Shape::default().max_contender_len()),
                 max_name: AtomicUsize::new(usize::MAX),
@@ -597,25 +609,40 @@ impl SqlStore {
                 ),
             ));
         }
-        if found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
+        let lease_only = found.missing_lease.is_empty() && !found.missing_waiter.is_empty();
+        if lease_only {
             let statements = schema::add_columns(inner.kind, &quoted, &found.missing_waiter);
-            let why = if ddl {
-                "adding them failed (see the log)"
-            } else {
-                "DDL is off (SqlConfig::with_ddl(false))"
-            };
-            return Err(permanent(
-                inner.kind.name(),
-                format!(
-                    "migrate: the table {} lacks the waiter column(s) {} and {why}; add them \
-                     (online, and the JVM Simba library's statements keep working): {}; or \
-                     compare the table with create_table_sql()",
-                    inner.config.table(),
-                    found.missing_waiter.join(", "),
-                    statements.join("; ")
-                ),
-            ));
+            if ddl {
+                return Err(permanent(
+                    inner.kind.name(),
+                    format!(
+                        "migrate: the table {} lacks the waiter column(s) {} and adding them \
+                         failed (see the log); add them (online, and the JVM Simba library's \
+                         statements keep working): {}; or run without them with \
+                         SqlConfig::with_ddl(false) (see the crate README, migration guide)",
+                        inner.config.table(),
+                        found.missing_waiter.join(", "),
+                        statements.join("; ")
+                    ),
+                ));
+            }
+            warn!(
+                backend = inner.kind.name(),
+                table = inner.config.table(),
+                "the table lacks simba's waiter column(s) {} and DDL is off: running without \
+                 them. Every owner outside this process looks foreign, so waiters read the \
+                 row every {:?} while another process owns it{}. To add them: {}",
+                found.missing_waiter.join(", "),
+                inner.config.foreign_poll(),
+                if inner.kind == Backend::Sqlite {
+                    ", and the row of an owner whose process died is taken at its lease end"
+                } else {
+                    ""
+                },
+                statements.join("; ")
+            );
         }
+        inner.lease_only.store(lease_only, Ordering::Relaxed);
         inner
             .fence_max
             .store(found.shape.fence_max.unwrap_or(i64::MAX), Ordering::Relaxed);
