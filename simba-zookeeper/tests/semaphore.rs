@@ -11,7 +11,9 @@ use std::time::Duration;
 use common::{proxied, random_root, server, test_config};
 use simba_core::{Error, LossReason};
 use simba_zookeeper::ZkFactory;
-use tokio::time::{Instant, timeout};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+use zookeeper_async::ZooKeeper;
 
 simba_test_kit::semaphore_tests!(common::ZkPermitHarness::start().await);
 
@@ -82,4 +84,109 @@ async fn a_lease_longer_than_half_the_session_is_refused() {
     // The fitted lease works.
     let ok = f.semaphore("sem_long", 2).unwrap();
     ok.try_acquire().await.unwrap().release().await.unwrap();
+}
+
+/// A handover pushed by a watch takes a few round trips; 5 s leaves room for a loaded
+/// machine and is far below the 30 s lease a waiter that was not woken would wait for.
+const HANDOVER: Duration = Duration::from_secs(5);
+
+/// Waits until the semaphore node at `path` has `count` children (polled: the children
+/// are the subject, and a raw client has nothing to wait on for a count).
+async fn wait_children(raw: &ZooKeeper, path: &str, count: usize) {
+    let started = Instant::now();
+    loop {
+        let n = raw.get_children(path, false).await.map_or(0, |c| c.len());
+        if n == count {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{path} has {n} children, not {count}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waiters are handed permits by watches, not by the lease's end: with two permits held
+/// by A and B and waiters C then D queued, A's release gives C the permit (C watches the
+/// children), and C's first renewal wakes D (which watched only C), so that B's release
+/// then gives D the permit. Either step missed would leave a waiter to its 30 s look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_handed_permits_by_watches() {
+    let zk = server().await;
+    let root = random_root();
+    let session = common::PERMIT_SESSION;
+    let mut factories = Vec::new();
+    for _ in 0..4 {
+        factories.push(
+            ZkFactory::connect(test_config(zk.url(), &root, session))
+                .await
+                .unwrap(),
+        );
+    }
+    let name = simba_test_kit::support::unique_name("sem_chain");
+    let sems: Vec<_> = factories
+        .iter()
+        .map(|f| f.semaphore(&name, 2).unwrap())
+        .collect();
+    assert_eq!(
+        factories[0].permit_lease().ttl + factories[0].permit_lease().transition,
+        Duration::from_secs(30)
+    );
+    let path = factories[0].permit_store().semaphore_path(&name);
+    let raw = ZooKeeper::connect(zk.url(), Duration::from_secs(10), |_e| {})
+        .await
+        .unwrap();
+    let a = sems[0].acquire().await.unwrap();
+    let b = sems[1].acquire().await.unwrap();
+    let spawn = |i: usize| -> JoinHandle<_> {
+        let s = sems[i].clone();
+        tokio::spawn(async move {
+            let g = s.acquire_timeout(Duration::from_secs(60)).await;
+            (Instant::now(), g)
+        })
+    };
+    let c = spawn(2);
+    wait_children(&raw, &path, 3).await;
+    let d = spawn(3);
+    wait_children(&raw, &path, 4).await;
+
+    let released = Instant::now();
+    a.release().await.unwrap();
+    let (at, gc) = timeout(HANDOVER * 2, c)
+        .await
+        .expect("C was not woken")
+        .unwrap();
+    let gc = gc.unwrap();
+    assert!(
+        at - released < HANDOVER,
+        "C got it {:?} after A's release",
+        at - released
+    );
+    assert!(gc.fence() > b.fence());
+    assert!(!d.is_finished(), "D got a third permit of two");
+
+    let released = Instant::now();
+    b.release().await.unwrap();
+    let (at, gd) = timeout(HANDOVER * 2, d)
+        .await
+        .expect("D was not woken")
+        .unwrap();
+    let gd = gd.unwrap();
+    assert!(
+        at - released < HANDOVER,
+        "D got it {:?} after B's release",
+        at - released
+    );
+    assert!(gd.fence() > gc.fence());
+    let holders = sems[0].holders().await.unwrap();
+    let ids: Vec<&str> = holders
+        .holders
+        .iter()
+        .map(|h| h.owner_id.as_str())
+        .collect();
+    assert_eq!(ids, vec![gc.contender_id(), gd.contender_id()]);
+    gc.release().await.unwrap();
+    gd.release().await.unwrap();
+    let _ = raw.close().await;
 }
