@@ -190,3 +190,53 @@ async fn waiters_are_handed_permits_by_watches() {
     gd.release().await.unwrap();
     let _ = raw.close().await;
 }
+
+/// A holder past its lease does not hold the count: while a cut-off holder of a 2-permit
+/// semaphore believes, a contender asking for 3 is refused; once its lease has ended
+/// (the holder lost), the contender removes its node, and 3 becomes the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_count_changes_once_the_last_lease_ended() {
+    let zk = server().await;
+    let root = random_root();
+    let session = Duration::from_secs(4);
+    let (fa, proxy) = proxied(&zk, |c| test_config(c, &root, session)).await;
+    let fb = ZkFactory::connect(test_config(zk.url(), &root, session))
+        .await
+        .unwrap();
+    let name = simba_test_kit::support::unique_name("sem_recount");
+    let g = fa.semaphore(&name, 2).unwrap().acquire().await.unwrap();
+    let three = fb.semaphore(&name, 3).unwrap();
+    match three.try_acquire().await {
+        Err(Error::PermitsMismatch {
+            asked: 3,
+            existing: 2,
+            ..
+        }) => {}
+        other => panic!("3 asked while 2 are held: {other:?}"),
+    }
+    proxy.blackhole(true);
+    // Bound: the loss comes at the local deadline, within the 2 s lease.
+    let reason = timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the cut-off holder never stopped believing");
+    assert_eq!(reason, LossReason::LeaseExpired);
+    // The holder stops believing a drift margin before its lease ends on the server's
+    // clock; the backend's view is the subject here, so read it until the lease is over.
+    let started = Instant::now();
+    while three.holders().await.unwrap().permits.is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the cut-off holder's lease never ended"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    let got = three
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("the count changes once no lease is left");
+    assert!(got.fence() > g.fence());
+    assert_eq!(three.holders().await.unwrap().permits, Some(3));
+    got.release().await.unwrap();
+    proxy.heal();
+    drop(g);
+}
