@@ -5,10 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::backend::{ServiceFactory, contender_id_for};
-use simba_core::{Contender, MutexRetriever, Result, check_common_mutex_name};
+use simba_core::{
+    Contender, LeaseConfig, MutexRetriever, Result, Semaphore, check_common_mutex_name,
+};
 
 use crate::config::{ZkConfig, encode_name};
 use crate::contend::ZkContendService;
+use crate::permits::{self, ZkPermitStore};
 use crate::retrieve::ZkRetrievalService;
 use crate::session::{self, BACKEND, Session};
 
@@ -139,6 +142,30 @@ impl ZkFactory {
             retriever,
             self.config.metrics_mutex_label,
         ))
+    }
+
+    /// The store of this session's semaphores: the permit operations of the store
+    /// contract, for [`Semaphore`] (see the crate docs, *Semaphores*).
+    pub fn permit_store(&self) -> ZkPermitStore {
+        ZkPermitStore::new(self.session.clone())
+    }
+
+    /// The lease config for permits of this session: the longest lease the store accepts
+    /// (half the session timeout, ttl two thirds of it), other settings as
+    /// [`LeaseConfig::default`]. A longer lease is refused with
+    /// [`Error::Unsupported`](simba_core::Error::Unsupported): the session could expire,
+    /// and the permit node go, while its holder still believes.
+    pub fn permit_lease(&self) -> LeaseConfig {
+        permits::lease_config(self.session_timeout())
+    }
+
+    /// The semaphore `name` with `permits` permits on this session, timed by
+    /// [`ZkFactory::permit_lease`].
+    ///
+    /// # Errors
+    /// As [`Semaphore::new`].
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.permit_store(), self.permit_lease(), name, permits)
     }
 
     /// Closes the session now. Owners among this factory's services report

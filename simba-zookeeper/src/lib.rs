@@ -10,6 +10,7 @@ mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod permits;
 mod recipe;
 mod retrieve;
 mod session;
@@ -21,6 +22,7 @@ pub use config::{
 pub use connector::{CONNECTOR, ZkConnector};
 pub use contend::ZkContendService;
 pub use factory::ZkFactory;
+pub use permits::ZkPermitStore;
 pub use retrieve::ZkRetrievalService;
 
 /// The backend name this crate reports ([`ContendServiceFactory::backend`] and

@@ -139,3 +139,44 @@ pub async fn srvr_number(server: &TestServer, field: &str) -> u64 {
 pub async fn connection_count(server: &TestServer) -> usize {
     usize::try_from(srvr_number(server, "Connections:").await).unwrap_or(usize::MAX)
 }
+
+/// The session timeout of the semaphore harness: the server's most (60 s), so that the
+/// kit's longest permit lease (25 s) fits in half of it (the store refuses longer leases).
+pub const PERMIT_SESSION: Duration = Duration::from_secs(60);
+
+/// The kit's semaphore cases' source: every store is a new [`ZkFactory`] (its own
+/// session) on one server, under a root path of its own per harness.
+pub struct ZkPermitHarness {
+    server: TestServer,
+    root: String,
+}
+
+impl ZkPermitHarness {
+    /// A harness on the kit's ZooKeeper server.
+    pub async fn start() -> Self {
+        ZkPermitHarness {
+            server: server().await,
+            root: random_root(),
+        }
+    }
+}
+
+impl simba_test_kit::store_cases::StoreSource for ZkPermitHarness {
+    type Store = simba_zookeeper::ZkPermitStore;
+
+    fn name(&self) -> String {
+        "zookeeper".to_owned()
+    }
+
+    fn store(&self) -> BoxFuture<'_, Result<simba_zookeeper::ZkPermitStore, SetupError>> {
+        Box::pin(async move {
+            let config = test_config(self.server.url(), &self.root, PERMIT_SESSION);
+            Ok(ZkFactory::connect(config).await?.permit_store())
+        })
+    }
+
+    fn pushes_release(&self) -> bool {
+        // Waiters watch (the first in line the children, the others the node ahead).
+        true
+    }
+}

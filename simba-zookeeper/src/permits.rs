@@ -1,0 +1,908 @@
+//! [`ZkPermitStore`]: semaphores on ZooKeeper, as the permit operations of the store
+//! contract ([`LeaseStore::permit_acquire`] and the rest), run by simba-core's one lease
+//! engine through [`Semaphore`](simba_core::Semaphore).
+//!
+//! Layout: the semaphore `s` is the container node `{root}/%semaphores/{s}` whose data is
+//! the permit count N (text); each contender is an ephemeral sequential child
+//! `_p_{hex of contender id}-{sequence}` whose data is its lease (`{ttl_ms}
+//! {transition_ms}`, a line break, its contender id). The first N children by sequence
+//! hold the permits; a holder's node has been written at least once (version ≥ 1), and
+//! its lease ends at its `mtime` (the server's clock at its latest renewal) plus its
+//! lease. Lease ends are compared with the server's clock: the `mtime` of a write to
+//! `{root}/%semaphores` (a name [`encode_name`] never makes: its `%` is not followed by
+//! two hex digits).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use simba_core::{Error, LeaseConfig, MutexOwner, Result};
+use tokio::sync::mpsc;
+use zookeeper_async::{CreateMode, Stat, WatchedEvent, ZkError};
+
+use crate::config::encode_name;
+use crate::session::{BACKEND, Core, Fail, Session};
+
+/// The node under the base below which every semaphore lives; also the clock node.
+pub(crate) const SEMAPHORES: &str = "%semaphores";
+
+/// The prefix of every permit node's name.
+const NODE: &str = "_p_";
+
+/// How many times one operation reads again after the nodes changed under it.
+const MAX_ROUNDS: usize = 8;
+
+/// The length of ZooKeeper's sequence suffix.
+const SEQ_DIGITS: usize = 10;
+
+/// The store of ZooKeeper semaphores over one session (see the crate docs, *Semaphores*).
+///
+/// Only the permit operations are implemented: a ZooKeeper mutex is a
+/// [`ZkFactory`](crate::ZkFactory) service (a session-bound latch, no lease), so the mutex
+/// operations of [`LeaseStore`] refuse with [`Error::Unsupported`]. Cloning shares the
+/// session. Make one with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or
+/// a [`Semaphore`](simba_core::Semaphore) at once with
+/// [`ZkFactory::semaphore`](crate::ZkFactory::semaphore).
+#[derive(Clone)]
+pub struct ZkPermitStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkPermitStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkPermitStore")
+            .field("dir", &self.inner.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+type Subscribers = StdMutex<HashMap<(String, String), mpsc::Sender<StoreEvent>>>;
+
+struct Inner {
+    session: Arc<Session>,
+    /// `{base}/%semaphores`.
+    dir: String,
+    subscribers: Subscribers,
+    /// The task that tells subscribers to read again after a reconnect runs.
+    following: AtomicBool,
+}
+
+/// One permit node, read.
+#[derive(Debug)]
+struct Node {
+    path: String,
+    owner: String,
+    ttl_ms: i64,
+    total_ms: i64,
+    stat: Stat,
+}
+
+impl Node {
+    /// Whether the node has been renewed as a holder (a waiter's node never is).
+    fn renewed(&self) -> bool {
+        self.stat.version >= 1
+    }
+
+    /// Whether the node's lease ended by the server's `now`: only a renewed node has one
+    /// (a waiter never believed it held; its node lasts as long as its session).
+    fn expired(&self, now: i64) -> bool {
+        self.renewed() && self.stat.mtime.saturating_add(self.total_ms) <= now
+    }
+
+    /// When the node's permit may come free at the latest, as far as `now` can tell: the
+    /// end of its lease, or, for a node never renewed, the end of its session.
+    fn ends_at(&self, now: i64, session_ms: i64) -> i64 {
+        if self.renewed() {
+            self.stat.mtime.saturating_add(self.total_ms)
+        } else {
+            now.saturating_add(session_ms)
+        }
+    }
+
+    fn owner(&self, now: i64, session_ms: i64) -> MutexOwner {
+        let end = self.ends_at(now, session_ms);
+        let ttl_at = if self.renewed() {
+            self.stat.mtime.saturating_add(self.ttl_ms)
+        } else {
+            end
+        };
+        MutexOwner {
+            owner_id: self.owner.clone(),
+            acquired_at: self.stat.ctime,
+            ttl_at,
+            transition_at: end,
+            fence: u64::try_from(self.stat.czxid).unwrap_or(0),
+        }
+    }
+}
+
+/// What one round of an operation came to.
+enum Round<T> {
+    Done(T),
+    /// The nodes changed under the round: read again.
+    Again,
+}
+
+/// Hex of the contender id: node names then never hold `/` or `-` from an id.
+fn hex(id: &str) -> String {
+    id.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The name prefix of `contender_id`'s node (the server appends the sequence).
+fn node_prefix(contender_id: &str) -> String {
+    format!("{NODE}{}-", hex(contender_id))
+}
+
+/// The sequence number of a permit node's name; `None` for other names.
+fn sequence(name: &str) -> Option<u64> {
+    if !name.starts_with(NODE) || name.len() < SEQ_DIGITS {
+        return None;
+    }
+    let (head, seq) = name.split_at(name.len() - SEQ_DIGITS);
+    if !head.ends_with('-') || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    seq.parse().ok()
+}
+
+/// The permit nodes among `children`, in sequence order.
+fn sort_nodes(children: &[String]) -> Vec<&str> {
+    let mut nodes: Vec<(u64, &str)> = children
+        .iter()
+        .filter_map(|c| sequence(c).map(|s| (s, c.as_str())))
+        .collect();
+    nodes.sort_unstable();
+    nodes.into_iter().map(|(_, c)| c).collect()
+}
+
+fn node_data(contender_id: &str, lease: Lease) -> Vec<u8> {
+    format!(
+        "{} {}\n{contender_id}",
+        lease.ttl_ms(),
+        lease.transition_ms()
+    )
+    .into_bytes()
+}
+
+/// `(ttl_ms, transition_ms, contender id)` from a node's data.
+fn parse_node(data: &[u8]) -> Option<(i64, i64, String)> {
+    let text = std::str::from_utf8(data).ok()?;
+    let (lease, owner) = text.split_once('\n')?;
+    let (ttl, transition) = lease.split_once(' ')?;
+    Some((
+        ttl.parse().ok()?,
+        transition.parse().ok()?,
+        owner.to_owned(),
+    ))
+}
+
+fn parse_count(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data).ok()?.trim().parse().ok()
+}
+
+fn wall_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2))
+        .unwrap_or(0)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+/// The reply to a contender that may not take a permit yet: an unnamed holder whose
+/// `transition_at` says when to look again.
+fn look_again_at(at: i64, now: i64) -> LeaseReply {
+    LeaseReply {
+        owner: MutexOwner {
+            owner_id: String::new(),
+            acquired_at: 0,
+            ttl_at: at,
+            transition_at: at,
+            fence: 0,
+        },
+        now,
+    }
+}
+
+/// The reply naming `contender_id` the holder of its renewed node.
+fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease) -> LeaseReply {
+    LeaseReply {
+        owner: MutexOwner {
+            owner_id: contender_id.to_owned(),
+            acquired_at: stat.ctime,
+            ttl_at: stat.mtime.saturating_add(lease.ttl_ms()),
+            transition_at: stat
+                .mtime
+                .saturating_add(lease.ttl_ms())
+                .saturating_add(lease.transition_ms()),
+            fence: u64::try_from(stat.czxid).unwrap_or(0),
+        },
+        now: stat.mtime,
+    }
+}
+
+/// The longest permit lease a session of timeout `session` keeps safe: half of it (see
+/// [`ZkPermitStore`]'s checks).
+pub(crate) fn max_lease(session: Duration) -> Duration {
+    session / 2
+}
+
+/// A lease config whose lease (ttl + transition) is [`max_lease`] of `session`, in whole
+/// milliseconds: ttl two thirds, transition one third.
+pub(crate) fn lease_config(session: Duration) -> LeaseConfig {
+    let total = u64::try_from(max_lease(session).as_millis()).unwrap_or(u64::MAX);
+    let ttl = total * 2 / 3;
+    LeaseConfig::with_lease(
+        Duration::from_millis(ttl),
+        Duration::from_millis(total - ttl),
+    )
+}
+
+impl ZkPermitStore {
+    pub(crate) fn new(session: Arc<Session>) -> Self {
+        let dir = format!("{}/{SEMAPHORES}", session.core().base());
+        ZkPermitStore {
+            inner: Arc::new(Inner {
+                session,
+                dir,
+                subscribers: StdMutex::default(),
+                following: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The server-side path of semaphore `name`'s node: `{chroot}{root}/%semaphores/{name}`
+    /// (the name encoded as a mutex name is).
+    pub fn semaphore_path(&self, name: &str) -> String {
+        self.inner.parent(name)
+    }
+}
+
+impl Inner {
+    fn core(&self) -> &Core {
+        self.session.core()
+    }
+
+    fn parent(&self, semaphore: &str) -> String {
+        format!("{}/{}", self.dir, encode_name(semaphore))
+    }
+
+    fn session_ms(&self) -> i64 {
+        millis(self.core().timing().session_timeout)
+    }
+
+    /// Refuses a lease that could outlast the session's guarantee: a holder believes until
+    /// its renewal's send time plus its lease, and its node is sure to live only until
+    /// half the session timeout after an answered write (see `Core::deadline`).
+    fn check_lease(&self, lease: Lease) -> Result<()> {
+        let session = self.core().timing().session_timeout;
+        if lease.total() > max_lease(session) {
+            return Err(Error::unsupported(
+                BACKEND,
+                "a permit lease longer than half the session timeout",
+                format!(
+                    "the lease {:?} (ttl + transition) is longer than half the session \
+                     timeout {session:?}: the session could expire, and the permit node go, \
+                     while its holder still believes; use ZkFactory::permit_lease or a \
+                     longer session timeout",
+                    lease.total()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The server's clock now: the `mtime` of a write to the semaphores node.
+    async fn clock(&self) -> Result<i64> {
+        let core = self.core();
+        for _ in 0..2 {
+            match core
+                .write(core.zk().set_data(&self.dir, Vec::new(), None))
+                .await
+            {
+                Ok(stat) => return Ok(stat.mtime),
+                Err(Fail::Zk(ZkError::NoNode)) => self.make_dir().await?,
+                Err(e) => return Err(e.into_error(&format!("reading the clock at {}", self.dir))),
+            }
+        }
+        Err(Error::backend(
+            BACKEND,
+            format!("{} keeps disappearing", self.dir),
+        ))
+    }
+
+    /// Creates `{base}/%semaphores` (persistent) and the base above it.
+    async fn make_dir(&self) -> Result<()> {
+        let core = self.core();
+        core.ensure_path(core.base()).await?;
+        match core
+            .write(
+                core.zk()
+                    .create(&self.dir, Vec::new(), core.acl(), CreateMode::Persistent),
+            )
+            .await
+        {
+            Ok(_) | Err(Fail::Zk(ZkError::NodeExists)) => Ok(()),
+            Err(e) => Err(e.into_error(&format!("creating {}", self.dir))),
+        }
+    }
+
+    /// The children of `parent`; `None` when it does not exist.
+    async fn children(&self, parent: &str) -> Result<Option<Vec<String>>> {
+        let core = self.core();
+        match core.call(core.zk().get_children(parent, false)).await {
+            Ok(c) => Ok(Some(c)),
+            Err(Fail::Zk(ZkError::NoNode)) => Ok(None),
+            Err(e) => Err(e.into_error(&format!("listing {parent}"))),
+        }
+    }
+
+    /// Reads the nodes `names` of `parent` in order, skipping those gone meanwhile.
+    async fn read_nodes(&self, parent: &str, names: &[&str]) -> Result<Vec<Node>> {
+        let core = self.core();
+        let mut nodes = Vec::with_capacity(names.len());
+        for name in names {
+            let path = format!("{parent}/{name}");
+            match core.call(core.zk().get_data(&path, false)).await {
+                Ok((data, stat)) => {
+                    // A node whose data is not a lease (written by something else) holds a
+                    // slot with no lease of its own: it lasts as long as its session.
+                    let (ttl_ms, transition_ms, owner) =
+                        parse_node(&data).unwrap_or((0, 0, String::new()));
+                    let total_ms = if ttl_ms > 0 {
+                        ttl_ms.saturating_add(transition_ms)
+                    } else {
+                        i64::MAX / 2
+                    };
+                    nodes.push(Node {
+                        path,
+                        owner,
+                        ttl_ms,
+                        total_ms,
+                        stat,
+                    });
+                }
+                Err(Fail::Zk(ZkError::NoNode)) => {}
+                Err(e) => return Err(e.into_error(&format!("reading {path}"))),
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Removes the nodes whose lease ended by `now` (version-checked: a holder that renewed
+    /// meanwhile keeps its node); returns the others.
+    async fn prune(&self, nodes: Vec<Node>, now: i64) -> Result<Vec<Node>> {
+        let core = self.core();
+        let mut live = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if !node.expired(now) {
+                live.push(node);
+                continue;
+            }
+            match core
+                .write(core.zk().delete(&node.path, Some(node.stat.version)))
+                .await
+            {
+                Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
+                    tracing::debug!(path = %node.path, "removed a permit node past its lease");
+                }
+                Err(Fail::Zk(ZkError::BadVersion)) => live.push(node),
+                Err(e) => return Err(e.into_error(&format!("removing {}", node.path))),
+            }
+        }
+        Ok(live)
+    }
+
+    /// A watch callback that tells `contender_id`'s subscriber (if any, when it fires) to
+    /// look again.
+    fn waker(
+        self: &Arc<Self>,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> impl FnOnce(WatchedEvent) + Send + 'static {
+        let inner = Arc::downgrade(self);
+        let key = (semaphore.to_owned(), contender_id.to_owned());
+        move |_e: WatchedEvent| {
+            if let Some(inner) = Weak::upgrade(&inner) {
+                inner.notify(&key, StoreEvent::Released);
+            }
+        }
+    }
+
+    fn subscribers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), mpsc::Sender<StoreEvent>>> {
+        self.subscribers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notify(&self, key: &(String, String), event: StoreEvent) {
+        if let Some(tx) = self.subscribers().get(key) {
+            // A full channel already holds an event that makes the contender look again.
+            let _ = tx.try_send(event);
+        }
+    }
+
+    /// Starts (once) the task that sends [`StoreEvent::Resync`] to every subscriber when
+    /// the session is ready again after a reconnect (the client loses watches then).
+    fn follow_session(self: &Arc<Self>) {
+        if self.following.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let mut view = self.core().view();
+        tokio::spawn(async move {
+            let mut link = view.borrow_and_update().link;
+            while view.changed().await.is_ok() {
+                let now = *view.borrow_and_update();
+                let Some(inner) = weak.upgrade() else { break };
+                if now.closed {
+                    break;
+                }
+                if now.link != link {
+                    link = now.link;
+                    let mut subs = inner.subscribers();
+                    subs.retain(|_, tx| !tx.is_closed());
+                    for tx in subs.values() {
+                        let _ = tx.try_send(StoreEvent::Resync);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Finds `contender_id`'s node among `children`.
+    fn find_mine<'a>(children: &'a [String], prefix: &str) -> Option<&'a str> {
+        children.iter().map(String::as_str).find(|c| {
+            c.starts_with(prefix) && c.len() == prefix.len() + SEQ_DIGITS && sequence(c).is_some()
+        })
+    }
+
+    async fn acquire(
+        self: &Arc<Self>,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        self.check_lease(lease)?;
+        let parent = self.parent(semaphore);
+        let prefix = node_prefix(contender_id);
+        let core = self.core();
+        for _ in 0..MAX_ROUNDS {
+            let Some(children) = self.children(&parent).await? else {
+                // No semaphore node: make it with this count.
+                let made = core
+                    .write(core.zk().create(
+                        &parent,
+                        permits.to_string().into_bytes(),
+                        core.acl(),
+                        CreateMode::Container,
+                    ))
+                    .await;
+                match made {
+                    Ok(_) | Err(Fail::Zk(ZkError::NodeExists)) => {}
+                    Err(Fail::Zk(ZkError::NoNode)) => self.make_dir().await?,
+                    Err(e) => return Err(e.into_error(&format!("creating {parent}"))),
+                }
+                continue;
+            };
+            let mine = match Self::find_mine(&children, &prefix) {
+                Some(m) => m.to_owned(),
+                None => match self
+                    .join(semaphore, &parent, &children, contender_id, permits, lease)
+                    .await?
+                {
+                    Round::Done(name) => name,
+                    Round::Again => continue,
+                },
+            };
+            match self
+                .place(semaphore, &parent, &mine, contender_id, permits, lease)
+                .await?
+            {
+                Round::Done(reply) => return Ok(reply),
+                Round::Again => continue,
+            }
+        }
+        Err(Error::backend(
+            BACKEND,
+            format!("the nodes of {parent} changed under {MAX_ROUNDS} reads in a row"),
+        ))
+    }
+
+    /// Adds `contender_id`'s node under `parent` if the count is `permits` (or nobody
+    /// holds: the count becomes `permits`). Returns the node's name.
+    async fn join(
+        &self,
+        semaphore: &str,
+        parent: &str,
+        children: &[String],
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<Round<String>> {
+        let core = self.core();
+        let (data, pstat) = match core.call(core.zk().get_data(parent, false)).await {
+            Ok(d) => d,
+            Err(Fail::Zk(ZkError::NoNode)) => return Ok(Round::Again),
+            Err(e) => return Err(e.into_error(&format!("reading {parent}"))),
+        };
+        let Some(count) = parse_count(&data) else {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{parent} holds {:?}, not a permit count: not a simba semaphore",
+                    String::from_utf8_lossy(&data)
+                ),
+            ));
+        };
+        if count != permits {
+            // The count changes only when nobody holds (holders past their lease dropped).
+            let now = self.clock().await?;
+            let nodes = self.read_nodes(parent, &sort_nodes(children)).await?;
+            if !self.prune(nodes, now).await?.is_empty() {
+                return Err(Error::PermitsMismatch {
+                    semaphore: semaphore.to_owned(),
+                    asked: permits,
+                    existing: count,
+                });
+            }
+            // Nobody holds: remove the semaphore node (refused if a node came meanwhile,
+            // or if someone else made it again) and make it again with this count.
+            match core
+                .write(core.zk().delete(parent, Some(pstat.version)))
+                .await
+            {
+                Ok(())
+                | Err(Fail::Zk(ZkError::NoNode | ZkError::NotEmpty | ZkError::BadVersion)) => {}
+                Err(e) => return Err(e.into_error(&format!("removing {parent}"))),
+            }
+            return Ok(Round::Again);
+        }
+        let path = format!("{parent}/{}", node_prefix(contender_id));
+        let created = core
+            .write(core.zk().create2(
+                &path,
+                node_data(contender_id, lease),
+                core.acl(),
+                CreateMode::EphemeralSequential,
+            ))
+            .await;
+        let made = match created {
+            Ok((made, _)) => made,
+            Err(Fail::Zk(ZkError::NoNode)) => return Ok(Round::Again),
+            Err(e) => return Err(e.into_error(&format!("creating a permit node under {parent}"))),
+        };
+        // The node must sit under the semaphore node whose count was read: one removed and
+        // made again meanwhile (by a contender with another count) is another node.
+        let same = match core.call(core.zk().exists(parent, false)).await {
+            Ok(Some(s)) => s.czxid == pstat.czxid,
+            Ok(None) => false,
+            Err(e) => return Err(e.into_error(&format!("reading {parent}"))),
+        };
+        if !same {
+            match core.write(core.zk().delete(&made, None)).await {
+                Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {}
+                Err(e) => return Err(e.into_error(&format!("removing {made}"))),
+            }
+            return Ok(Round::Again);
+        }
+        let name = made.rsplit('/').next().unwrap_or_default().to_owned();
+        Ok(Round::Done(name))
+    }
+
+    /// Decides what `contender_id`'s node `mine` is: a holder (renewed now) or a waiter
+    /// (watching what can free its turn).
+    async fn place(
+        self: &Arc<Self>,
+        semaphore: &str,
+        parent: &str,
+        mine: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<Round<LeaseReply>> {
+        let core = self.core();
+        let Some(children) = self.children(parent).await? else {
+            return Ok(Round::Again);
+        };
+        let sorted = sort_nodes(&children);
+        let Some(at) = sorted.iter().position(|c| *c == mine) else {
+            // Gone (session expired, or removed past its lease): join again.
+            return Ok(Round::Again);
+        };
+        let n = usize::try_from(permits).unwrap_or(usize::MAX);
+        let path = format!("{parent}/{mine}");
+        if at < n {
+            return self.renew(&path, contender_id, lease).await;
+        }
+        let ahead = self.read_nodes(parent, &sorted[..at]).await?;
+        let now = self.clock().await?;
+        let live = self.prune(ahead, now).await?;
+        if live.len() < n {
+            return self.renew(&path, contender_id, lease).await;
+        }
+        let session_ms = self.session_ms();
+        let waker = self.waker(semaphore, contender_id);
+        if live.len() == n {
+            // First in line: any holder's node going frees a permit for it. A new node
+            // behind it wakes it too (one waiter; holders' renewals do not).
+            let fresh = match core.call(core.zk().get_children_w(parent, waker)).await {
+                Ok(c) => c,
+                Err(Fail::Zk(ZkError::NoNode)) => return Ok(Round::Again),
+                Err(e) => return Err(e.into_error(&format!("watching {parent}"))),
+            };
+            let gone = live
+                .iter()
+                .any(|h| !fresh.iter().any(|c| h.path.ends_with(&format!("/{c}"))));
+            if gone {
+                return Ok(Round::Again);
+            }
+            // Look again when the first lease ends (a holder that stopped renewing).
+            let at = live
+                .iter()
+                .map(|h| h.ends_at(now, session_ms))
+                .min()
+                .unwrap_or(now)
+                .saturating_add(1);
+            return Ok(Round::Done(look_again_at(at, now)));
+        }
+        // Further back: watch the node just ahead only. It goes, or it writes when it
+        // becomes a holder (its first renewal), which makes this one first in line.
+        let Some(before) = live.last() else {
+            return Ok(Round::Again);
+        };
+        match core.call(core.zk().exists_w(&before.path, waker)).await {
+            Ok(Some(_)) => Ok(Round::Done(look_again_at(
+                now.saturating_add(session_ms),
+                now,
+            ))),
+            Ok(None) => Ok(Round::Again),
+            Err(e) => Err(e.into_error(&format!("watching {}", before.path))),
+        }
+    }
+
+    /// Renews the node at `path` (a write, which also stamps the lease start on the server's
+    /// clock and wakes a waiter that watches it) and names `contender_id` its holder.
+    async fn renew(
+        &self,
+        path: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> Result<Round<LeaseReply>> {
+        let core = self.core();
+        match core
+            .write(
+                core.zk()
+                    .set_data(path, node_data(contender_id, lease), None),
+            )
+            .await
+        {
+            Ok(stat) => Ok(Round::Done(holder_reply(contender_id, &stat, lease))),
+            Err(Fail::Zk(ZkError::NoNode)) => Ok(Round::Again),
+            Err(e) => Err(e.into_error(&format!("renewing {path}"))),
+        }
+    }
+
+    /// `contender_id`'s node of `semaphore`, read: `None` when it has none.
+    async fn read_mine(&self, semaphore: &str, contender_id: &str) -> Result<Option<Node>> {
+        let parent = self.parent(semaphore);
+        let Some(children) = self.children(&parent).await? else {
+            return Ok(None);
+        };
+        let Some(mine) = Self::find_mine(&children, &node_prefix(contender_id)) else {
+            return Ok(None);
+        };
+        Ok(self.read_nodes(&parent, &[mine]).await?.pop())
+    }
+
+    async fn guard(&self, semaphore: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
+        self.check_lease(lease)?;
+        let not_held = || {
+            let now = wall_now();
+            look_again_at(now, now)
+        };
+        match self.read_mine(semaphore, contender_id).await? {
+            // Only a node that has held is renewed: a guard never takes a permit.
+            Some(node) if node.renewed() => {
+                match self.renew(&node.path, contender_id, lease).await? {
+                    Round::Done(reply) => Ok(reply),
+                    Round::Again => Ok(not_held()),
+                }
+            }
+            _ => Ok(not_held()),
+        }
+    }
+
+    /// Removes `contender_id`'s node: always (`release`), or only while it waits.
+    async fn remove(&self, semaphore: &str, contender_id: &str, release: bool) -> Result<bool> {
+        let Some(node) = self.read_mine(semaphore, contender_id).await? else {
+            return Ok(false);
+        };
+        if !release && node.renewed() {
+            // A permit held stays held until its lease (or session) ends.
+            return Ok(false);
+        }
+        let core = self.core();
+        match core.write(core.zk().delete(&node.path, None)).await {
+            Ok(()) => Ok(node.renewed()),
+            Err(Fail::Zk(ZkError::NoNode)) => Ok(false),
+            Err(e) => Err(e.into_error(&format!("removing {}", node.path))),
+        }
+    }
+
+    async fn owners(&self, semaphore: &str) -> Result<PermitHolders> {
+        let parent = self.parent(semaphore);
+        let none = |now| PermitHolders {
+            permits: None,
+            holders: Vec::new(),
+            now,
+        };
+        let Some(children) = self.children(&parent).await? else {
+            return Ok(none(wall_now()));
+        };
+        let core = self.core();
+        let (data, _) = match core.call(core.zk().get_data(&parent, false)).await {
+            Ok(d) => d,
+            Err(Fail::Zk(ZkError::NoNode)) => return Ok(none(wall_now())),
+            Err(e) => return Err(e.into_error(&format!("reading {parent}"))),
+        };
+        let count = parse_count(&data).unwrap_or(0);
+        let n = usize::try_from(count).unwrap_or(usize::MAX);
+        let now = self.clock().await?;
+        let sorted = sort_nodes(&children);
+        let session_ms = self.session_ms();
+        let mut holders = Vec::new();
+        // The first `n` nodes within their lease hold the permits.
+        for node in self.read_nodes(&parent, &sorted).await? {
+            if holders.len() == n {
+                break;
+            }
+            if !node.expired(now) {
+                holders.push(node.owner(now, session_ms));
+            }
+        }
+        Ok(PermitHolders {
+            permits: (!holders.is_empty()).then_some(count),
+            holders,
+            now,
+        })
+    }
+}
+
+fn mutex_unsupported() -> Error {
+    Error::unsupported(
+        BACKEND,
+        "mutexes through the permit store",
+        "ZkPermitStore implements the permit operations only; a ZooKeeper mutex is a \
+         ZkFactory service (a session-bound latch)",
+    )
+}
+
+impl LeaseStore for ZkPermitStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn acquire(&self, _: &str, _: &str, _: Lease) -> Result<LeaseReply> {
+        Err(mutex_unsupported())
+    }
+
+    async fn release(&self, _: &str, _: &str) -> Result<bool> {
+        Err(mutex_unsupported())
+    }
+
+    async fn release_after(&self, _: &str, _: &str, _: Duration) -> Result<bool> {
+        Err(mutex_unsupported())
+    }
+
+    async fn owner(&self, _: &str) -> Result<LeaseReply> {
+        Err(mutex_unsupported())
+    }
+
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        self.inner
+            .acquire(semaphore, contender_id, permits, lease)
+            .await
+    }
+
+    async fn permit_guard(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        _permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        self.inner.guard(semaphore, contender_id, lease).await
+    }
+
+    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
+        self.inner.remove(semaphore, contender_id, true).await
+    }
+
+    async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
+        self.inner.owners(semaphore).await
+    }
+
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        self.inner.follow_session();
+        let (tx, rx) = mpsc::channel(4);
+        let mut subs = self.inner.subscribers();
+        subs.retain(|_, tx| !tx.is_closed());
+        subs.insert((semaphore.to_owned(), contender_id.to_owned()), tx);
+        Ok(Some(rx))
+    }
+
+    /// Leaves the queue only: a permit held stays held until its lease or session ends.
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
+        self.inner.remove(semaphore, contender_id, false).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_round_trip() {
+        let prefix = node_prefix("a-b/c");
+        assert_eq!(prefix, "_p_612d622f63-");
+        let name = format!("{prefix}0000000042");
+        assert_eq!(sequence(&name), Some(42));
+        assert_eq!(sequence("_p_61-00000001"), None, "short sequence");
+        assert_eq!(sequence("latch-0000000001"), None, "not a permit node");
+        let children: Vec<String> = [
+            "_p_62-0000000010",
+            "foreign",
+            "_p_61-0000000002",
+            "_p_63-0000000007",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            sort_nodes(&children),
+            vec!["_p_61-0000000002", "_p_63-0000000007", "_p_62-0000000010"]
+        );
+        assert_eq!(
+            Inner::find_mine(&children, "_p_63-"),
+            Some("_p_63-0000000007")
+        );
+        assert_eq!(Inner::find_mine(&children, "_p_6-"), None);
+    }
+
+    #[test]
+    fn node_data_round_trips() {
+        let lease = Lease {
+            ttl: Duration::from_millis(4000),
+            transition: Duration::from_millis(2000),
+        };
+        let data = node_data("me", lease);
+        assert_eq!(parse_node(&data), Some((4000, 2000, "me".to_owned())));
+        assert_eq!(parse_node(b"garbage"), None);
+        assert_eq!(parse_count(b"3"), Some(3));
+        assert_eq!(parse_count(b"x"), None);
+    }
+
+    #[test]
+    fn lease_config_fits_half_the_session() {
+        let c = lease_config(Duration::from_secs(9));
+        assert_eq!(c.ttl + c.transition, Duration::from_millis(4500));
+        assert!(c.validate().is_ok());
+    }
+}
