@@ -538,6 +538,25 @@ async fn mixed_fleet_on_a_jvm_table(h: SqlHarness, kind: Backend, ddl: bool) {
         total - simba,
         100.0 * (total - simba) as f64 / total.max(1) as f64,
     );
+    // Who followed whom, and after how long a gap (the next start after the previous end):
+    // where a side loses its share shows here.
+    let mut sorted = intervals.clone();
+    sorted.sort_by_key(|i| i.start);
+    let side = |c: &str| if c.starts_with("simba-") { "simba" } else { "jvm" };
+    let mut pairs: std::collections::BTreeMap<String, (usize, Duration)> = Default::default();
+    for w in sorted.windows(2) {
+        let gap = w[0]
+            .end
+            .map_or(Duration::ZERO, |e| w[1].start.saturating_duration_since(e));
+        let e = pairs
+            .entry(format!("{}->{}", side(&w[0].contender), side(&w[1].contender)))
+            .or_default();
+        e.0 += 1;
+        e.1 += gap;
+    }
+    for (k, (n, gap)) in &pairs {
+        println!("  {k}: {n}, mean gap {:?}", *gap / u32::try_from(*n).unwrap_or(1).max(1));
+    }
     let violations: Vec<Violation> = history.violations();
     assert!(violations.is_empty(), "{violations:?}");
     assert!(total >= 50, "only {total} ownerships in {secs} s");
