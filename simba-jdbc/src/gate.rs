@@ -386,7 +386,12 @@ impl Gates {
     }
 
     /// Records what `id`'s acquisition or renewal came to: whether it owns the row now,
-    /// and, if it does, until when (the call's start plus the whole lease).
+    /// and, if it does, until when: the whole lease (ttl and transition) from the moment
+    /// the answer came. The database stamped the row's lease during the call, so this is
+    /// never before the row's lease ends (on SQLite, one machine's clock: a waiter that
+    /// gets the lock file then and takes a gated row over never takes one whose lease is
+    /// in force), and it is later than the engine's own local deadline, which counts from
+    /// before the call and ends at the ttl less a drift margin.
     pub(crate) fn outcome(self: &Arc<Self>, mutex: &str, id: &str, owns: bool, until: Instant) {
         let gate = if owns {
             self.gate(mutex)

@@ -840,7 +840,6 @@ impl LeaseStore for SqlStore {
         Box::pin(async move {
             let inner = &*self.inner;
             let call = inner.start(mutex, Some(contender_id))?;
-            let sent = tokio::time::Instant::now();
             let pass = inner.gates.enter(mutex, contender_id).await;
             let row: Option<OwnerRow> = run_fast!(
                 inner,
@@ -854,9 +853,11 @@ impl LeaseStore for SqlStore {
             let foreign = row.as_ref().and_then(foreign_owner);
             let reply = inner.reply(row, grace)?;
             let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
+            // Until the whole lease from the answer (see `Gates::outcome`).
+            let answered = tokio::time::Instant::now();
             inner
                 .gates
-                .outcome(mutex, contender_id, owns, sent + lease.total());
+                .outcome(mutex, contender_id, owns, answered + lease.total());
             if let Some(foreign) = foreign
                 && !owns
                 && reply.owner.owner_id == foreign

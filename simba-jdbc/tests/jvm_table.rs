@@ -542,20 +542,33 @@ async fn mixed_fleet_on_a_jvm_table(h: SqlHarness, kind: Backend, ddl: bool) {
     // where a side loses its share shows here.
     let mut sorted = intervals.clone();
     sorted.sort_by_key(|i| i.start);
-    let side = |c: &str| if c.starts_with("simba-") { "simba" } else { "jvm" };
+    let side = |c: &str| {
+        if c.starts_with("simba-") {
+            "simba"
+        } else {
+            "jvm"
+        }
+    };
     let mut pairs: std::collections::BTreeMap<String, (usize, Duration)> = Default::default();
     for w in sorted.windows(2) {
         let gap = w[0]
             .end
             .map_or(Duration::ZERO, |e| w[1].start.saturating_duration_since(e));
         let e = pairs
-            .entry(format!("{}->{}", side(&w[0].contender), side(&w[1].contender)))
+            .entry(format!(
+                "{}->{}",
+                side(&w[0].contender),
+                side(&w[1].contender)
+            ))
             .or_default();
         e.0 += 1;
         e.1 += gap;
     }
     for (k, (n, gap)) in &pairs {
-        println!("  {k}: {n}, mean gap {:?}", *gap / u32::try_from(*n).unwrap_or(1).max(1));
+        println!(
+            "  {k}: {n}, mean gap {:?}",
+            *gap / u32::try_from(*n).unwrap_or(1).max(1)
+        );
     }
     let violations: Vec<Violation> = history.violations();
     assert!(violations.is_empty(), "{violations:?}");

@@ -38,7 +38,6 @@ use std::sync::{Arc, Mutex as StdMutex};
 use simba_core::backend::{Lease, LeaseReply};
 use simba_core::{Error, Result};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use tracing::debug;
 
@@ -68,8 +67,6 @@ struct Pending {
     mutex: String,
     me: String,
     lease: Lease,
-    /// When `guard` was called: the gate's record of the ownership counts from here.
-    called: Instant,
     reply: oneshot::Sender<Result<LeaseReply>>,
 }
 
@@ -129,7 +126,6 @@ impl Renewals {
             mutex: mutex.to_owned(),
             me: me.to_owned(),
             lease,
-            called: Instant::now(),
             reply: tx,
         };
         let start = {
@@ -212,8 +208,8 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
         format!("renew {n} mutexes (mutex {:?} among them)", batch[0].mutex)
     };
     inner.renewals.batches.fetch_add(1, Ordering::Relaxed);
-    // The statement is sent now: at or after every call's `called` (see the module's
-    // documentation on the local deadline).
+    // The statement is sent now: after every call of the batch was made (see the
+    // module's documentation on the local deadline).
     let rows: Result<Vec<BatchRow>> = inner
         .bounded(&what, inner.config.statement_timeout(), async {
             on_conn!(@renewal inner, |c| async {
@@ -277,11 +273,15 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
                 owner_reply(inner.kind, Some(row), None)
             }
         };
+        // The native lock is kept until the whole lease from now, after the answer: the
+        // database stamped the row's lease during the call, so that is never before the
+        // row's lease ends (see `Gates::outcome`).
+        let answered = tokio::time::Instant::now();
         if let Ok(r) = &reply {
             let owns = r.owner.is_owned_by_at(&p.me, r.now);
             inner
                 .gates
-                .outcome(&p.mutex, &p.me, owns, p.called + p.lease.total());
+                .outcome(&p.mutex, &p.me, owns, answered + p.lease.total());
         }
         let _ = p.reply.send(reply);
     }
