@@ -334,7 +334,7 @@ impl LeaseStore for MemoryStore {
                 Some(i) => p.queue[i].1 = keep,
                 None => p.queue.push((contender_id.to_owned(), keep)),
             }
-            Ok(look_again_at(look_at, now))
+            Ok(LeaseReply::look_again_at(look_at, now))
         })
     }
 
@@ -348,7 +348,7 @@ impl LeaseStore for MemoryStore {
         Ok(self.with_permits(semaphore, |p, now| {
             match Self::renew_permit(p, contender_id, lease, now) {
                 Some(owner) => LeaseReply { owner, now },
-                None => look_again_at(now, now),
+                None => LeaseReply::look_again_at(now, now),
             }
         }))
     }
@@ -382,21 +382,6 @@ impl LeaseStore for MemoryStore {
     async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
         self.with_permits(semaphore, |p, _| p.remove(contender_id, false));
         Ok(())
-    }
-}
-
-/// The reply to a contender that may not take a permit yet: an unnamed holder whose
-/// `transition_at` says when to look again.
-fn look_again_at(at: i64, now: i64) -> LeaseReply {
-    LeaseReply {
-        owner: MutexOwner {
-            owner_id: String::new(),
-            acquired_at: 0,
-            ttl_at: at,
-            transition_at: at,
-            fence: 0,
-        },
-        now,
     }
 }
 

@@ -47,6 +47,25 @@ pub struct LeaseReply {
     pub now: i64,
 }
 
+impl LeaseReply {
+    /// The reply a store gives a permit contender that may not take a permit yet (see
+    /// *Permits* in [`LeaseStore`]): an unnamed holder whose lease ends at `at`, when the
+    /// contender should look again unless a push wakes it first; `now` is the store's
+    /// clock.
+    pub fn look_again_at(at: i64, now: i64) -> LeaseReply {
+        LeaseReply {
+            owner: MutexOwner {
+                owner_id: String::new(),
+                acquired_at: 0,
+                ttl_at: at,
+                transition_at: at,
+                fence: 0,
+            },
+            now,
+        }
+    }
+}
+
 /// The whole milliseconds a store keeps a mutex held for [`LeaseStore::release_after`]:
 /// `hold` rounded **up** (a hold never ends early), `0` for a zero hold (a plain release).
 ///

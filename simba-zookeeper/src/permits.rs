@@ -193,21 +193,6 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
-/// The reply to a contender that may not take a permit yet: an unnamed holder whose
-/// `transition_at` says when to look again.
-fn look_again_at(at: i64, now: i64) -> LeaseReply {
-    LeaseReply {
-        owner: MutexOwner {
-            owner_id: String::new(),
-            acquired_at: 0,
-            ttl_at: at,
-            transition_at: at,
-            fence: 0,
-        },
-        now,
-    }
-}
-
 /// The reply naming `contender_id` the holder of its renewed node.
 fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease) -> LeaseReply {
     LeaseReply {
@@ -649,7 +634,7 @@ impl Inner {
                 .min()
                 .unwrap_or(now)
                 .saturating_add(1);
-            return Ok(Round::Done(look_again_at(at, now)));
+            return Ok(Round::Done(LeaseReply::look_again_at(at, now)));
         }
         // Further back: watch the node just ahead only. It goes, or it writes when it
         // becomes a holder (its first renewal), which makes this one first in line.
@@ -657,7 +642,7 @@ impl Inner {
             return Ok(Round::Again);
         };
         match core.call(core.zk().exists_w(&before.path, waker)).await {
-            Ok(Some(_)) => Ok(Round::Done(look_again_at(
+            Ok(Some(_)) => Ok(Round::Done(LeaseReply::look_again_at(
                 now.saturating_add(session_ms),
                 now,
             ))),
@@ -704,7 +689,7 @@ impl Inner {
         self.check_lease(lease)?;
         let not_held = || {
             let now = wall_now();
-            look_again_at(now, now)
+            LeaseReply::look_again_at(now, now)
         };
         match self.read_mine(semaphore, contender_id).await? {
             // Only a node that has held is renewed: a guard never takes a permit.
