@@ -238,8 +238,9 @@ enum Wait {
 /// must ask for the same `permits`: while the semaphore has holders, a different count is
 /// refused with [`Error::PermitsMismatch`]. Semaphore names are apart from mutex names.
 ///
-/// Backends: [`MemoryStore`](crate::MemoryStore) and Redis (simba-redis); the others
-/// refuse with [`Error::Unsupported`].
+/// Backends: [`MemoryStore`](crate::MemoryStore), Redis (simba-redis) and SQL
+/// (simba-jdbc: MariaDB/MySQL, PostgreSQL, SQLite); the others refuse with
+/// [`Error::Unsupported`].
 ///
 /// Waiters queue in the backend first come first served (roughly: a waiter that misses
 /// its turn loses its place to the next), and a release wakes one waiter per freed permit
