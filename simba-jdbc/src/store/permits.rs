@@ -124,6 +124,10 @@ pub(crate) struct PermitSql {
     /// Args: semaphore. Every row of the semaphore, with the time (one row of `None`s
     /// when it has none).
     read: String,
+    /// Args: semaphore. Every row of the semaphore, locked (MySQL, PostgreSQL: a locking
+    /// read sees the latest commits whatever the isolation level), with the time; inside
+    /// the acquisition, after [`PermitSql::lock`] found the semaphore's row.
+    read_locked: String,
     /// Args: semaphore. Makes the semaphore's row if it is missing.
     header: String,
     /// Args: semaphore, now. Drops the holders and waiters whose time has passed.
@@ -191,6 +195,9 @@ impl PermitSql {
                  p.ticket AS ticket, p.acquired_at AS acquired_at, p.ttl_at AS ttl_at, \
                  p.transition_at AS transition_at, p.fence AS fence \
                  FROM (SELECT {now} AS now_ms) n LEFT JOIN {t} p ON p.semaphore = ?"
+            )),
+            read_locked: n(format!(
+                "SELECT {now} AS now_ms, {cols} FROM {t} WHERE semaphore = ?{lock_suffix}"
             )),
             header: n(header),
             prune: n(format!(
@@ -481,7 +488,11 @@ async fn acquire_in_tx<C: SqlConn>(
     {
         return Ok(Outcome::NoHeader);
     }
-    let view = read(c, sql, semaphore).await?;
+    let rows = c
+        .load_permits(&sql.read_locked, &[Arg::Text(semaphore)])
+        .await?;
+    let view =
+        View::new(rows).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
     let now = view.now;
     if view.expired > 0 {
         c.exec(&sql.prune, &[Arg::Text(semaphore), Arg::Int(now)])
