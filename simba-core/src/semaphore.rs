@@ -238,8 +238,9 @@ enum Wait {
 /// must ask for the same `permits`: while the semaphore has holders, a different count is
 /// refused with [`Error::PermitsMismatch`]. Semaphore names are apart from mutex names.
 ///
-/// Backends: [`MemoryStore`](crate::MemoryStore), Redis (simba-redis) and ZooKeeper
-/// (simba-zookeeper's `ZkFactory::semaphore`); the others refuse with
+/// Backends: [`MemoryStore`](crate::MemoryStore), Redis (simba-redis), SQL (simba-jdbc:
+/// MariaDB/MySQL, PostgreSQL, SQLite) and ZooKeeper (simba-zookeeper's
+/// `ZkFactory::semaphore`); the others refuse with
 /// [`Error::Unsupported`].
 ///
 /// Waiters queue in the backend first come first served (roughly: a waiter that misses

@@ -113,6 +113,13 @@ pub(crate) trait SqlConn: Send {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<crate::schema::ColumnRow>>> + Send + 'a;
+
+    /// Rows of the permits table (semaphores).
+    fn load_permits<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<crate::store::permits::PermitRow>>> + Send + 'a;
 }
 
 /// Implements [`SqlConn`] for a diesel-async connection type `$conn` of backend `$db`
@@ -161,6 +168,15 @@ macro_rules! impl_sql_conn {
             ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::schema::ColumnRow>>> + Send + 'a {
                 let q = $crate::conn::bind_all::<$db>(sql, args);
                 async move { diesel_async::RunQueryDsl::load::<$crate::schema::ColumnRow>(q, self).await }
+            }
+
+            fn load_permits<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [$crate::conn::Arg<'a>],
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::store::permits::PermitRow>>> + Send + 'a {
+                let q = $crate::conn::bind_all::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::load::<$crate::store::permits::PermitRow>(q, self).await }
             }
         }
     };

@@ -40,7 +40,7 @@ pub use native::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL};
 /// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
 pub use simba_core::tls::{TlsFailure, TlsProblem};
 pub use sql::{create_table_sql, lease_clock_sql};
-pub use store::{RenewalCounts, SqlStore};
+pub use store::{PERMIT_POLL, RenewalCounts, SqlStore, create_permits_table_sql};
 
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 

@@ -133,8 +133,10 @@ macro_rules! run {
     }};
 }
 
+pub(crate) mod permits;
 mod renew;
 
+pub use permits::{PERMIT_POLL, create_permits_table_sql};
 pub use renew::RenewalCounts;
 
 struct Inner {
@@ -179,6 +181,8 @@ struct Inner {
     /// handler waits). A renewal batch takes the next turn, ahead of the queued calls
     /// ([`Turns`]). `None` elsewhere.
     turns: Option<Turns>,
+    /// Semaphores: the statements of the permits table and this store's waiters.
+    permits: permits::Permits,
 }
 
 /// SQLite's turns: calls queue in `line` (first come first) and then take `turn`; a
@@ -505,6 +509,7 @@ impl SqlStore {
                 discard: kind != Backend::Sqlite,
                 renewals: renew::Renewals::new(kind, config.pool_size()),
                 turns: (kind == Backend::Sqlite).then(Turns::default),
+                permits: permits::Permits::new(kind, config.table()),
                 gates,
                 config,
                 dialect,
@@ -522,7 +527,8 @@ impl SqlStore {
     }
 
     /// Creates the table if it does not exist (`CREATE TABLE IF NOT EXISTS`, see
-    /// [`create_table_sql`](crate::create_table_sql)), adds simba's two waiter columns to
+    /// [`create_table_sql`](crate::create_table_sql)) and the semaphores' table beside it
+    /// ([`create_permits_table_sql`](crate::create_permits_table_sql)), adds simba's two waiter columns to
     /// a table that lacks them (a table made by the JVM Simba library: see the crate
     /// README's migration guide), learns the widths of `owner_id` and `version`, and checks
     /// that the table has every column the store uses. Idempotent, and safe to run from
@@ -669,7 +675,12 @@ impl SqlStore {
             .bounded::<()>("migrate", limit, async {
                 on_conn!(inner, |c| c.batch(&st.check))
             })
-            .await
+            .await?;
+        self.permit_ops().migrate(limit, ddl).await
+    }
+
+    fn permit_ops(&self) -> permits::Ops<'_> {
+        permits::Ops { inner: &self.inner }
     }
 
     /// The dialect's part of the store (its pool, and on PostgreSQL its connector).
@@ -977,5 +988,56 @@ impl LeaseStore for SqlStore {
         self.dialect().listen(mutex, contender_id, &tx, &contending);
         drop((tx, contending));
         Ok(Some(rx))
+    }
+    /// One transaction on the permits table (see the crate README, *Semaphores*).
+    ///
+    /// # Cancel safety
+    /// The transaction runs in a task of its own and ends (commit or rollback) even when
+    /// the future is dropped; acquiring again is idempotent for the same contender.
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        Box::pin(
+            self.permit_ops()
+                .acquire(semaphore, contender_id, permits, lease),
+        )
+        .await
+    }
+
+    /// Renews only, in one statement on the database clock.
+    async fn permit_guard(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        _permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        Box::pin(self.permit_ops().guard(semaphore, contender_id, lease)).await
+    }
+
+    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
+        Box::pin(self.permit_ops().release(semaphore, contender_id)).await
+    }
+
+    async fn permit_owners(&self, semaphore: &str) -> Result<simba_core::backend::PermitHolders> {
+        Box::pin(self.permit_ops().owners(semaphore)).await
+    }
+
+    /// Waiters of this store are woken by its releases; others look again every
+    /// [`PERMIT_POLL`] at most.
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+        self.permit_ops().subscribe(semaphore, contender_id)
+    }
+
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
+        Box::pin(self.permit_ops().leave(semaphore, contender_id)).await
     }
 }

@@ -228,4 +228,23 @@ impl SqlConn for Handle {
             })
         })
     }
+    /// Not prepared nor cached (semaphores run on the pool, not here).
+    fn load_permits<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<crate::store::permits::PermitRow>>> + Send + 'a {
+        self.unprepared(sql, args, |r| {
+            Ok(crate::store::permits::PermitRow {
+                now_ms: get(r, "now_ms")?,
+                contender: get(r, "contender")?,
+                permits: get(r, "permits")?,
+                ticket: get(r, "ticket")?,
+                acquired_at: get(r, "acquired_at")?,
+                ttl_at: get(r, "ttl_at")?,
+                transition_at: get(r, "transition_at")?,
+                fence: get(r, "fence")?,
+            })
+        })
+    }
 }

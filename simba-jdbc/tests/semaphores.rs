@@ -1,0 +1,225 @@
+//! The semaphore cases of the kit (issue #28) on every SQL database: MariaDB/MySQL,
+//! PostgreSQL and SQLite, each on a table of its own (`{table}_permits` beside it).
+#![allow(missing_docs)]
+#![cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
+
+mod common;
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::common;
+
+    simba_test_kit::semaphore_tests!(common::SqlHarness::sqlite());
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::common;
+
+    simba_test_kit::semaphore_tests!(common::SqlHarness::mysql().await);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::common;
+
+    simba_test_kit::semaphore_tests!(common::SqlHarness::postgres().await);
+}
+
+/// The store-level behaviour of the SQL semaphores beyond the kit's cases: FIFO, one
+/// in-process wake-up per freed permit, and the refusal without the table.
+mod store_level {
+    use std::time::Duration;
+
+    use simba_core::backend::{Lease, LeaseStore, StoreEvent};
+    use simba_jdbc::SqlStore;
+    use simba_test_kit::support::unique_name;
+    use tokio::time::timeout;
+
+    /// Long enough that no lease ends during a case on a loaded machine.
+    const LONG: Lease = Lease {
+        ttl: Duration::from_secs(20),
+        transition: Duration::from_secs(5),
+    };
+
+    async fn holds(store: &SqlStore, sem: &str, who: &str, n: u32) -> bool {
+        let reply = store
+            .permit_acquire(sem, who, n, LONG)
+            .await
+            .unwrap_or_else(|e| panic!("acquire by {who}: {e}"));
+        reply.owner.is_owned_by_at(who, reply.now)
+    }
+
+    /// Two waiters queue in order on a full 1-permit semaphore; a release wakes the first
+    /// (in-process push) and not the second, and only the first may take the permit: the
+    /// second, asking first, is told to wait although the permit is free.
+    pub(super) async fn fifo_and_one_wakeup_per_permit(store: SqlStore) {
+        let sem = unique_name("sem_fifo");
+        assert!(
+            holds(&store, &sem, "h", 1).await,
+            "the first contender holds"
+        );
+        let mut rx1 = store
+            .permit_subscribe(&sem, "w1")
+            .await
+            .expect("subscribe w1")
+            .expect("SQL stores push to their own waiters");
+        let mut rx2 = store
+            .permit_subscribe(&sem, "w2")
+            .await
+            .expect("subscribe w2")
+            .expect("SQL stores push to their own waiters");
+        assert!(!holds(&store, &sem, "w1", 1).await, "w1 queues");
+        assert!(!holds(&store, &sem, "w2", 1).await, "w2 queues");
+        assert!(store.permit_release(&sem, "h").await.expect("release"));
+        // Bound: a push is sent when the release returns; 10 s is only a guard.
+        let event = timeout(Duration::from_secs(10), rx1.recv())
+            .await
+            .expect("w1 was not woken");
+        assert_eq!(event, Some(StoreEvent::Released));
+        assert!(
+            rx2.try_recv().is_err(),
+            "w2 was woken for a permit owed to w1"
+        );
+        assert!(!holds(&store, &sem, "w2", 1).await, "w2 jumped the queue");
+        assert!(holds(&store, &sem, "w1", 1).await, "w1 was owed the permit");
+        let holders = store.permit_owners(&sem).await.expect("owners");
+        assert_eq!(holders.permits, Some(1));
+        assert_eq!(holders.holders.len(), 1);
+        assert_eq!(holders.holders[0].owner_id, "w1");
+        // w1 releases: now w2 is woken and takes it.
+        assert!(store.permit_release(&sem, "w1").await.expect("release"));
+        let event = timeout(Duration::from_secs(10), rx2.recv())
+            .await
+            .expect("w2 was not woken");
+        assert_eq!(event, Some(StoreEvent::Released));
+        assert!(holds(&store, &sem, "w2", 1).await, "w2's turn");
+        assert!(store.permit_release(&sem, "w2").await.expect("release"));
+        assert!(
+            !store.permit_release(&sem, "w2").await.expect("release"),
+            "a second release found a permit"
+        );
+    }
+
+    /// A renewal keeps the fence and never takes a permit; a waiter that leaves gives its
+    /// place up.
+    pub(super) async fn renewal_keeps_the_fence_and_leave_gives_up(store: SqlStore) {
+        let sem = unique_name("sem_renew");
+        let first = store.permit_acquire(&sem, "a", 1, LONG).await.expect("a");
+        let again = store.permit_guard(&sem, "a", 1, LONG).await.expect("renew");
+        assert_eq!(again.owner.fence, first.owner.fence);
+        assert_eq!(again.owner.acquired_at, first.owner.acquired_at);
+        let guard = store
+            .permit_guard(&sem, "b", 1, LONG)
+            .await
+            .expect("guard b");
+        assert!(
+            !guard.owner.is_owned_by_at("b", guard.now),
+            "a renewal took a permit"
+        );
+        assert!(!holds(&store, &sem, "b", 1).await, "b queues");
+        assert!(!holds(&store, &sem, "c", 1).await, "c queues behind b");
+        store.permit_leave(&sem, "b").await.expect("leave");
+        assert!(store.permit_release(&sem, "a").await.expect("release"));
+        let taken = store.permit_acquire(&sem, "c", 1, LONG).await.expect("c");
+        assert!(
+            taken.owner.is_owned_by_at("c", taken.now),
+            "the place b left still blocks c"
+        );
+        assert!(taken.owner.fence > first.owner.fence);
+        assert!(store.permit_release(&sem, "c").await.expect("release"));
+    }
+
+    #[cfg(feature = "sqlite")]
+    mod sqlite {
+        use super::super::common::SqlHarness;
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fifo_and_one_wakeup_per_permit() {
+            let h = SqlHarness::sqlite();
+            super::fifo_and_one_wakeup_per_permit(h.store().await.expect("store")).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn renewal_keeps_the_fence_and_leave_gives_up() {
+            let h = SqlHarness::sqlite();
+            super::renewal_keeps_the_fence_and_leave_gives_up(h.store().await.expect("store"))
+                .await;
+        }
+
+        /// With DDL off and no permits table, a permit operation fails for good with the
+        /// statement that makes the table (the mutexes keep working).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn without_the_table_the_error_holds_its_create_statement() {
+            use diesel::Connection;
+            use diesel::connection::SimpleConnection;
+            use simba_core::backend::LeaseStore;
+
+            let h = SqlHarness::sqlite();
+            let path = h.url().trim_start_matches("sqlite://").to_owned();
+            let mut c = diesel::SqliteConnection::establish(&path).expect("open the file");
+            let create = simba_jdbc::create_table_sql(simba_jdbc::Backend::Sqlite, h.table())
+                .expect("valid table");
+            c.batch_execute(&create)
+                .expect("create the mutex table only");
+            drop(c);
+            let store = simba_jdbc::SqlStore::connect(h.config(h.url()).with_ddl(false))
+                .await
+                .expect("connect");
+            store
+                .migrate()
+                .await
+                .expect("a mutex table is all migrate needs");
+            let err = store
+                .permit_acquire("s", "c", 2, super::LONG)
+                .await
+                .expect_err("no permits table");
+            let text = err.to_string();
+            let want = simba_jdbc::create_permits_table_sql(simba_jdbc::Backend::Sqlite, h.table())
+                .expect("valid table");
+            assert!(text.contains(&want), "{text}");
+            assert!(!err.is_retryable(), "a missing table is permanent: {err:?}");
+            let mutex = store
+                .acquire("m", "c", super::LONG)
+                .await
+                .expect("the mutexes work");
+            assert!(mutex.owner.is_owned_by_at("c", mutex.now));
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    mod mysql {
+        use super::super::common::SqlHarness;
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fifo_and_one_wakeup_per_permit() {
+            let h = SqlHarness::mysql().await;
+            super::fifo_and_one_wakeup_per_permit(h.store().await.expect("store")).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn renewal_keeps_the_fence_and_leave_gives_up() {
+            let h = SqlHarness::mysql().await;
+            super::renewal_keeps_the_fence_and_leave_gives_up(h.store().await.expect("store"))
+                .await;
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    mod postgres {
+        use super::super::common::SqlHarness;
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fifo_and_one_wakeup_per_permit() {
+            let h = SqlHarness::postgres().await;
+            super::fifo_and_one_wakeup_per_permit(h.store().await.expect("store")).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn renewal_keeps_the_fence_and_leave_gives_up() {
+            let h = SqlHarness::postgres().await;
+            super::renewal_keeps_the_fence_and_leave_gives_up(h.store().await.expect("store"))
+                .await;
+        }
+    }
+}
