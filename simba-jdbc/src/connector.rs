@@ -19,7 +19,11 @@ use crate::store::SqlStore;
 ///
 /// It owns the schemes of every SQL database, whether its feature is on or not (a URL of
 /// a database compiled out is refused with the feature to enable). It connects with
-/// [`SqlConfig::new`]'s defaults, creates the table if needed ([`SqlStore::migrate`]), and
+/// [`SqlConfig::new`]'s defaults and two URL options of its own, which it takes out of the
+/// URL before the driver sees it: `simba_table=NAME` ([`SqlConfig::with_table`]) and
+/// `simba_ddl=false` ([`SqlConfig::with_ddl`]: the migration changes nothing, for a JVM
+/// Simba table the database user may not alter). It creates the table if needed and
+/// allowed ([`SqlStore::migrate`]), and
 /// takes [`ConnectOptions`]'s lease timing. Where nothing pushes owner changes to observers
 /// (SQLite, MySQL), they read every [`OBSERVER_POLL`] unless the lease timing chose a
 /// [`LeaseConfig::waiter_poll`].
@@ -83,7 +87,7 @@ impl Connector for SqlConnector {
     }
 
     fn validate(&self, url: &str) -> Result<()> {
-        checked_target(url).map(drop)
+        checked_target(&url_config(url)?).map(drop)
     }
 
     fn connect<'a>(
@@ -92,7 +96,8 @@ impl Connector for SqlConnector {
         options: &'a ConnectOptions,
     ) -> BoxFuture<'a, Result<Box<dyn Connection>>> {
         Box::pin(async move {
-            let target = checked_target(url)?;
+            let config = url_config(url)?;
+            let target = checked_target(&config)?;
             let mut lease = options.lease().clone();
             if target.backend() != Backend::Postgres {
                 lease = LeaseConfig {
@@ -104,7 +109,7 @@ impl Connector for SqlConnector {
             // `SqlStore::connect` retries the WAL switch that races when processes open a
             // new SQLite file together.
             let connected = async {
-                let store = SqlStore::connect(SqlConfig::new(url)).await?;
+                let store = SqlStore::connect(config).await?;
                 store.migrate().await?;
                 Ok::<_, Error>(store)
             }
@@ -201,9 +206,49 @@ impl Probe for SqlFloors {
     }
 }
 
-/// `url`'s target after every check a connection makes ([`SqlConfig::validate`]) and
-/// the connector's own: no in-memory SQLite database, a SQLite path that can be a file.
-fn checked_target(url: &str) -> Result<Target> {
+/// The URL option naming the table (default [`DEFAULT_TABLE`](crate::DEFAULT_TABLE)).
+pub const URL_TABLE_OPTION: &str = "simba_table";
+
+/// The URL option that forbids DDL: `simba_ddl=false` (or `true`, the default).
+pub const URL_DDL_OPTION: &str = "simba_ddl";
+
+/// The config of a connector URL: [`SqlConfig::new`] of the URL without simba's own
+/// options ([`URL_TABLE_OPTION`], [`URL_DDL_OPTION`]), with those applied.
+fn url_config(url: &str) -> Result<SqlConfig> {
+    let mut table = None;
+    let mut ddl = true;
+    let driver_url = crate::url_tls::take_query_options(
+        url,
+        &[URL_TABLE_OPTION, URL_DDL_OPTION],
+        |name, value| {
+            if name == URL_TABLE_OPTION {
+                table = Some(value);
+                return Ok(());
+            }
+            ddl = match value.as_str() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(Error::config(
+                        URL_DDL_OPTION,
+                        format!("{URL_DDL_OPTION}={other:?}: write true or false"),
+                    ));
+                }
+            };
+            Ok(())
+        },
+    )?;
+    let config = SqlConfig::new(&driver_url).with_ddl(ddl);
+    Ok(match table {
+        Some(t) => config.with_table(&t),
+        None => config,
+    })
+}
+
+/// The config's target after every check a connection makes ([`SqlConfig::validate`])
+/// and the connector's own: no in-memory SQLite database, a SQLite path that can be a file.
+fn checked_target(config: &SqlConfig) -> Result<Target> {
+    let url = config.url();
     if let Some(given) = sqlite_without_path(url) {
         // The library's own parse also offers `sqlite::memory:`, which a connector refuses.
         return Err(Error::config(
@@ -216,7 +261,7 @@ fn checked_target(url: &str) -> Result<Target> {
             ),
         ));
     }
-    let target = SqlConfig::new(url).target()?;
+    let target = config.target()?;
     match &target {
         Target::Sqlite { memory: true, .. } => {
             return Err(Error::config(
@@ -374,6 +419,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn simbas_url_options_are_taken_out_of_the_url() {
+        let c =
+            url_config("mysql://u:p@h/db?simba_table=jvm_locks&ssl-mode=required&simba_ddl=false")
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.url(), "mysql://u:p@h/db?ssl-mode=required");
+        assert_eq!(c.table(), "jvm_locks");
+        assert!(!c.ddl());
+        let c = url_config("sqlite:///tmp/x.db?simba_ddl=true").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (c.url(), c.table(), c.ddl()),
+            ("sqlite:///tmp/x.db", "simba_mutex", true)
+        );
+        let e = url_config("postgres://h/db?simba_ddl=no").err();
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.to_string().contains("write true or false")),
+            "{e:?}"
+        );
+        // A bad table name is refused as the library refuses it, before connecting.
+        let bad = url_config("postgres://h/db?simba_table=x;drop")
+            .and_then(|c| checked_target(&c))
+            .err();
+        assert!(matches!(bad, Some(Error::InvalidConfig { .. })), "{bad:?}");
     }
 
     #[test]

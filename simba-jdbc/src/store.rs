@@ -625,7 +625,8 @@ impl SqlStore {
                         "migrate: the table {} lacks the waiter column(s) {} and adding them \
                          failed (see the log); add them (online, and the JVM Simba library's \
                          statements keep working): {}; or run without them with \
-                         SqlConfig::with_ddl(false) (see the crate README, migration guide)",
+                         SqlConfig::with_ddl(false), in a connector URL (simba exec) \
+                         `simba_ddl=false` (see the crate README, migration guide)",
                         inner.config.table(),
                         found.missing_waiter.join(", "),
                         statements.join("; ")

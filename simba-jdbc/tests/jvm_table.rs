@@ -624,3 +624,52 @@ async fn postgres_mixed_fleet_on_a_jvm_table() {
 async fn postgres_mixed_fleet_on_a_jvm_table_without_ddl() {
     mixed_fleet_on_a_jvm_table(SqlHarness::postgres().await, Backend::Postgres, false).await;
 }
+
+/// A connector URL with `simba_table` and `simba_ddl=false` (what `simba exec` users
+/// write): the JVM table by its name, left as it is, and a lock on it.
+async fn connector_url_options_on_a_jvm_table(h: SqlHarness, kind: Backend) {
+    init_tracing();
+    let mut jvm = Raw::connect(&h, kind).await;
+    let table = h.table();
+    jvm.create_jvm_table(table).await;
+    jvm.insert(table, "by-url", 5).await;
+    let sep = if h.url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}simba_table={table}&simba_ddl=false", h.url());
+    let conn = simba_core::connect::Connectors::new(vec![&simba_jdbc::CONNECTOR])
+        .connect(&url, &simba_core::connect::ConnectOptions::new())
+        .await
+        .expect("connects");
+    let locker = simba_core::Locker::new(conn.factory(), "by-url").expect("locker");
+    let guard = locker.acquire().await.expect("acquire");
+    // The JVM's version 5, plus one: simba's fence rule for the narrow column.
+    assert_eq!(guard.fence(), 6);
+    assert_eq!(
+        jvm.acquire(table, "by-url", "jvm-a", 5_000).await,
+        None,
+        "the JVM library sees simba's owner"
+    );
+    guard.release().await.expect("release");
+    assert_eq!(
+        jvm.waiter_columns(table).await,
+        0,
+        "simba_ddl=false added a column"
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_connector_url_options_on_a_jvm_table() {
+    connector_url_options_on_a_jvm_table(SqlHarness::sqlite(), Backend::Sqlite).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_connector_url_options_on_a_jvm_table() {
+    connector_url_options_on_a_jvm_table(SqlHarness::mysql().await, Backend::Mysql).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connector_url_options_on_a_jvm_table() {
+    connector_url_options_on_a_jvm_table(SqlHarness::postgres().await, Backend::Postgres).await;
+}
