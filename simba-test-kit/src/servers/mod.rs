@@ -520,6 +520,16 @@ impl TestServer {
         self.local("start")?.start().await
     }
 
+    /// Starts a private instance that was stopped or killed, with `args` added to its
+    /// command line (for this and every later start).
+    pub async fn start_with_args(&self, args: &[&str]) -> Result<(), ServerError> {
+        let local = self.local("start_with_args")?;
+        local
+            .set_extra_args(args.iter().map(|a| (*a).to_owned()).collect())
+            .await;
+        local.start().await
+    }
+
     /// [`stop`](Self::stop) followed by [`start`](Self::start).
     pub async fn restart(&self) -> Result<(), ServerError> {
         let local = self.local("restart")?;

@@ -166,6 +166,8 @@ impl LaunchError {
 struct State {
     child: Option<Child>,
     paused: bool,
+    /// Arguments added to the server's command line from the next start on.
+    extra_args: Vec<String>,
 }
 
 /// A server process owned by this test process.
@@ -281,6 +283,7 @@ impl LocalServer {
             .command(self.dir.path(), self.port)
             .map_err(LaunchError::Fatal)?;
         command
+            .args(&state.extra_args)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log)
@@ -384,6 +387,12 @@ impl LocalServer {
                 Err(e) => return Err(e.into_inner()),
             }
         }
+    }
+
+    /// Adds `args` to the command line of every later start (e.g. a Redis node that must
+    /// come back as a replica, never a primary with its old data).
+    pub(crate) async fn set_extra_args(&self, args: Vec<String>) {
+        self.state.lock().await.extra_args = args;
     }
 
     pub(crate) async fn stop(&self) -> Result<(), ServerError> {

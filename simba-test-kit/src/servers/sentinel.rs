@@ -630,8 +630,10 @@ impl RedisSentinel {
     /// Kills the primary (SIGKILL), resumes the replicas if they were frozen, waits until
     /// the sentinels have promoted one (the one they prefer: lowest non-zero
     /// `replica-priority`, then largest replication offset), then starts the old primary
-    /// again (with its data) and waits until the sentinels have made it and every other
-    /// node a replica of the new one. Returns the new primary's index.
+    /// again as a replica of the new one (`--replicaof` on its command line, so it never
+    /// serves its old data as a primary: what the sentinels' `+convert-to-slave` does, a
+    /// few seconds later, to a node that restarts on its own) and waits until every node
+    /// is a replica of the new one. Returns the new primary's index.
     ///
     /// Writes the old primary had not replicated are lost, as in a real failover.
     pub async fn kill_primary_and_fail_over(
@@ -681,7 +683,14 @@ impl RedisSentinel {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        self.nodes[old].start().await?;
+        // Started as a replica from the start: had it come back as a primary with its
+        // append-only file until the REPLICAOF below, a second failover (the sentinels
+        // calling the new primary down on a loaded machine) could promote it, old keys
+        // and all (seen: "a's key came back").
+        let new_port = self.nodes[new].port().to_string();
+        self.nodes[old]
+            .start_with_args(&["--replicaof", "127.0.0.1", &new_port])
+            .await?;
         set_up_node(
             self.admin_addr(old),
             old,
@@ -690,8 +699,7 @@ impl RedisSentinel {
             self.replication_users,
         )
         .await?;
-        // What the sentinels would do a few seconds later (`+convert-to-slave`).
-        let new_port = self.nodes[new].port().to_string();
+        // Again after the set-up (the replication user's credentials are set now).
         command(self.admin_addr(old), &["REPLICAOF", "127.0.0.1", &new_port]).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         self.wait_healthy(left.max(Duration::from_secs(30))).await?;
