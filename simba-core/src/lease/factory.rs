@@ -15,7 +15,8 @@ use crate::store::LeaseStore;
 /// Makes lease contend services over one store.
 pub struct LeaseServiceFactory<S> {
     store: Arc<S>,
-    config: LeaseConfig,
+    /// Shared by the services (one copy, not one per service).
+    config: Arc<LeaseConfig>,
 }
 
 impl<S: LeaseStore> fmt::Debug for LeaseServiceFactory<S> {
@@ -42,7 +43,10 @@ impl<S: LeaseStore> LeaseServiceFactory<S> {
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) if the config does not validate.
     pub fn from_arc(store: Arc<S>, config: LeaseConfig) -> Result<Self> {
         config.validate()?;
-        Ok(LeaseServiceFactory { store, config })
+        Ok(LeaseServiceFactory {
+            store,
+            config: Arc::new(config),
+        })
     }
 
     /// The store.

@@ -29,7 +29,8 @@ pub(super) struct Shared<S> {
     pub(super) store: Arc<S>,
     pub(super) mutex: String,
     pub(super) contender_id: String,
-    pub(super) config: LeaseConfig,
+    /// The factory's, shared by all its services.
+    pub(super) config: Arc<LeaseConfig>,
     pub(super) out: ServiceStatus,
 }
 
@@ -66,7 +67,7 @@ impl<S: LeaseStore> LeaseContendService<S> {
         store: Arc<S>,
         mutex: String,
         contender_id: String,
-        config: LeaseConfig,
+        config: Arc<LeaseConfig>,
         reporter: Reporter,
     ) -> Self {
         let out = ServiceStatus::new(reporter).with_identity(
@@ -144,7 +145,7 @@ impl<S: LeaseStore> LeaseRetrievalService<S> {
     pub(super) fn new(
         store: Arc<S>,
         mutex: String,
-        config: LeaseConfig,
+        config: Arc<LeaseConfig>,
         retriever: Arc<dyn MutexRetriever>,
     ) -> Self {
         LeaseRetrievalService(LeaseContendService::new(
