@@ -4,7 +4,8 @@
 //! for a few milliseconds (checking before every write that it still owns), then release
 //! — or, now and then, exit without releasing, as a crashing process would. Its orders
 //! come from the `SIMBA_BACKEND` and `SIMBA_CHAOS_*` variables that the run sets (see
-//! `simba_test_kit::chaos`).
+//! `simba_test_kit::chaos`). With `SIMBA_CHAOS_PERMITS` set it holds one permit of a
+//! semaphore of that many permits instead, in the same loop.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use simba_core::connect::{ConnectOptions, Connection, Connectors};
-use simba_core::{LeaseConfig, LockGuard, Locker, LossReason};
+use simba_core::{Error, LeaseConfig, LockGuard, Locker, LossReason, PermitGuard, Semaphore};
 use simba_test_kit::chaos::ResourceClient;
 
 fn var(name: &str) -> Result<String> {
@@ -67,8 +68,86 @@ fn roll(n: u64) -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now()) % n.max(1)
 }
 
+/// The semaphore `name` of `permits` permits on the backend of `url`: Redis (every URL
+/// form of simba-redis), ZooKeeper (a session of timeout `ttl + transition`, permits with
+/// the longest lease it allows), and the SQL backends, whose stores refuse the permit
+/// operations with [`Error::Unsupported`] until simba-jdbc implements them. etcd has no
+/// semaphores.
+async fn semaphore(url: &str, lease: LeaseConfig, name: &str, permits: u32) -> Result<Semaphore> {
+    let scheme = simba_core::connect::scheme_of(url).unwrap_or_default();
+    let sem = match scheme.as_str() {
+        "redis" | "rediss" | "redis-cluster" | "rediss-cluster" | "redis-sentinel"
+        | "rediss-sentinel" => {
+            let factory = simba_redis::factory(url, lease).await?;
+            Semaphore::from_factory(&factory, name, permits)?
+        }
+        "zk" | "zookeeper" => {
+            let config = simba_zookeeper::ZkConfig::from_url(url)?
+                .with_session_timeout(lease.ttl + lease.transition);
+            let factory = simba_zookeeper::ZkFactory::connect(config).await?;
+            factory.semaphore(name, permits)?
+        }
+        "mysql" | "mariadb" | "postgres" | "postgresql" | "sqlite" => {
+            let factory = simba_jdbc::factory(url, lease).await?;
+            Semaphore::from_factory(&factory, name, permits)?
+        }
+        other => {
+            return Err(Error::Unsupported {
+                backend: "simba-chaos",
+                what: "semaphores",
+                reason: format!("no semaphore store for `{other}` URLs"),
+            }
+            .into());
+        }
+    };
+    Ok(sem)
+}
+
+/// A mutex ownership or a semaphore permit: the loop does the same with both.
+enum Guard {
+    Lock(LockGuard),
+    Permit(PermitGuard),
+}
+
+impl Guard {
+    fn fence(&self) -> u64 {
+        match self {
+            Guard::Lock(g) => g.fence(),
+            Guard::Permit(g) => g.fence(),
+        }
+    }
+
+    fn is_held(&self) -> bool {
+        match self {
+            Guard::Lock(g) => g.is_held(),
+            Guard::Permit(g) => g.is_held(),
+        }
+    }
+
+    fn valid_for(&self) -> Option<Duration> {
+        match self {
+            Guard::Lock(g) => g.valid_for(),
+            Guard::Permit(g) => g.valid_for(),
+        }
+    }
+
+    async fn lost(&self) -> LossReason {
+        match self {
+            Guard::Lock(g) => g.lost().await,
+            Guard::Permit(g) => g.lost().await,
+        }
+    }
+
+    async fn release(self) -> simba_core::Result<()> {
+        match self {
+            Guard::Lock(g) => g.release().await,
+            Guard::Permit(g) => g.release().await,
+        }
+    }
+}
+
 /// What the holder may still count on; an unsafe contender claims an hour.
-fn valid(guard: &LockGuard, lease: Duration, unsafe_mode: bool) -> Duration {
+fn valid(guard: &Guard, lease: Duration, unsafe_mode: bool) -> Duration {
     if unsafe_mode {
         Duration::from_secs(3600)
     } else {
@@ -86,15 +165,37 @@ pub(crate) async fn run() -> Result<()> {
     let unsafe_mode = var("SIMBA_CHAOS_UNSAFE").is_ok_and(|v| v == "1");
     let lease_config = lease()?;
     let lease = lease_config.ttl + lease_config.transition;
-    let factory = connect(&var("SIMBA_BACKEND")?, lease_config)
-        .await?
-        .factory();
+    let url = var("SIMBA_BACKEND")?;
+    let permits = match std::env::var("SIMBA_CHAOS_PERMITS") {
+        Ok(n) if !n.is_empty() => Some(
+            n.parse::<u32>()
+                .context("SIMBA_CHAOS_PERMITS must be a number")?,
+        ),
+        _ => None,
+    };
     let mut resource = ResourceClient::connect(addr, &id)
         .await
         .context("the fenced resource")?;
-    let locker = Locker::new(factory, &mutex)?;
+    enum Source {
+        Locker(Locker),
+        Semaphore(Semaphore),
+    }
+    let source = match permits {
+        Some(n) => Source::Semaphore(
+            semaphore(&url, lease_config, &mutex, n)
+                .await
+                .with_context(|| format!("the semaphore on {}", connectors().redact(&url)))?,
+        ),
+        None => Source::Locker(Locker::new(
+            connect(&url, lease_config).await?.factory(),
+            &mutex,
+        )?),
+    };
     loop {
-        let guard = locker.acquire().await.context("acquire")?;
+        let guard = match &source {
+            Source::Locker(l) => Guard::Lock(l.acquire().await.context("acquire")?),
+            Source::Semaphore(s) => Guard::Permit(s.acquire().await.context("acquire a permit")?),
+        };
         let fence = guard.fence();
         resource
             .begin(fence, valid(&guard, lease, unsafe_mode))

@@ -2,10 +2,19 @@
 //! whose last line is `handoffs=N overlaps=X stale_writes_accepted=Y faults=Z` and exits
 //! non-zero when X or Y is not 0 or N is too small.
 //!
+//! With `--semaphore N` the contenders (6 unless `--contenders` says otherwise) hold the
+//! permits of a semaphore of N permits instead, and the last line is
+//! `permits=N acquisitions=A handoffs=H over_capacity=X fence_violations=F
+//! stale_writes_accepted=Y faults=Z`: never more than N holders believing at once (see
+//! `simba_test_kit::history::check_permits` and the resource's rules in
+//! `simba_test_kit::chaos`). Semaphores run on Redis (single, Sentinel) and ZooKeeper; on
+//! the SQL backends the contenders fail with simba-jdbc's `Unsupported` until it
+//! implements the permit operations, and on etcd (no semaphores); Redis Cluster is refused.
+//!
 //! ```text
 //! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster
 //!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
-//!             [--contenders 3]
+//!             [--contenders 3] [--semaphore N]
 //!             [--min-handoffs N] [--unsafe]
 //! ```
 //!
@@ -60,7 +69,7 @@ fn usage(msg: &str) -> ExitCode {
         "usage: simba-chaos --backend \
          redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster \
          [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
-         [--contenders N] [--min-handoffs N] [--unsafe]\n\
+         [--contenders N] [--semaphore PERMITS] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\
          redis-cluster: --faults failover,kill,pause,cut\n\
          zookeeper-ensemble (feature `containers`): --faults \
@@ -143,7 +152,8 @@ async fn orchestrate() -> ExitCode {
     let mut url = None;
     let mut duration = Duration::from_secs(60);
     let mut faults = None;
-    let mut contenders = 3;
+    let mut contenders = None;
+    let mut permits = None;
     let mut min_handoffs = None;
     let mut unsafe_contenders = false;
     let program = match std::env::current_exe() {
@@ -178,8 +188,12 @@ async fn orchestrate() -> ExitCode {
                 }
             }
             "--contenders" => match value().and_then(|v| v.parse().ok()) {
-                Some(n) => contenders = n,
+                Some(n) => contenders = Some(n),
                 None => return usage("--contenders takes a number"),
+            },
+            "--semaphore" => match value().and_then(|v| v.parse::<u32>().ok()) {
+                Some(n) if n > 0 => permits = Some(n),
+                _ => return usage("--semaphore takes a number of permits, at least 1"),
             },
             "--min-handoffs" => match value().and_then(|v| v.parse().ok()) {
                 Some(n) => min_handoffs = Some(n),
@@ -198,7 +212,9 @@ async fn orchestrate() -> ExitCode {
     if let Some(f) = faults {
         cfg.faults = f;
     }
-    cfg.contenders = contenders;
+    // A semaphore needs more contenders than permits to be contended.
+    cfg.contenders = contenders.unwrap_or(if permits.is_some() { 6 } else { 3 });
+    cfg.permits = permits;
     cfg.unsafe_contenders = unsafe_contenders;
     // About one handoff every two seconds is the least that means anything.
     cfg.min_handoffs = min_handoffs.unwrap_or((duration.as_secs() / 2).max(3) as usize);

@@ -1,7 +1,8 @@
 //! Short fault-injection safety runs, one per backend: contender processes
 //! (`simba-chaos contender`) write to a fenced resource while owners are killed and paused, the
 //! server restarts and connections are cut, delayed and partitioned. No two ownerships may
-//! overlap and no stale write may be accepted. Time is the subject here (leases of 1.5 s),
+//! overlap and no stale write may be accepted; the semaphore runs (3 permits, 6 contenders)
+//! allow 3 holders at once and no more. Time is the subject here (leases of 1.5 s),
 //! so each run lasts 30 s; the long runs are in docs/safety.md.
 
 use std::time::Duration;
@@ -105,6 +106,60 @@ async fn chaos_catches_contenders_without_a_local_deadline() {
     assert!(
         summary.overlaps() > 0,
         "pauses of an unsafe owner went unnoticed: {summary}"
+    );
+    assert!(!summary.passed());
+}
+
+/// A semaphore of 3 permits, 6 contender processes: never more than 3 holders believing
+/// at once, no stale write accepted, under the same faults as the mutex (kill, pause,
+/// restart with Redis's data wiped, cut, delay, partition of one holder).
+fn semaphore_config(backend: ChaosBackend) -> ChaosConfig {
+    let mut cfg = config(backend);
+    cfg.permits = Some(3);
+    cfg.contenders = 6;
+    cfg
+}
+
+/// The checks of a semaphore run: it passed (no excess, no fence violation, no stale
+/// write accepted), at least 5 faults came, and at least 100 acquisitions.
+async fn check_semaphore(cfg: ChaosConfig) {
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    for tail in &summary.log_tails {
+        println!("{tail}");
+    }
+    assert!(summary.passed(), "{:?}: {summary}", cfg.backend);
+    assert_eq!(summary.over_capacity(), 0, "{summary}");
+    assert!(summary.faults >= 5, "too few faults injected: {summary}");
+    assert!(
+        summary.report.ownerships >= 100,
+        "too few acquisitions to mean anything: {summary}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_semaphore_redis() {
+    check_semaphore(semaphore_config(ChaosBackend::Redis)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_semaphore_zookeeper() {
+    check_semaphore(semaphore_config(ChaosBackend::Zookeeper)).await;
+}
+
+/// The semaphore checker catches holders that ignore their local deadline: paused past
+/// their lease, they write on beside the three that hold the permits since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_semaphore_catches_contenders_without_a_local_deadline() {
+    let mut cfg = semaphore_config(ChaosBackend::Redis);
+    cfg.faults = vec![FaultKind::Pause];
+    cfg.duration = Duration::from_secs(15);
+    cfg.unsafe_contenders = true;
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    assert!(
+        summary.over_capacity() > 0,
+        "pauses of an unsafe holder went unnoticed: {summary}"
     );
     assert!(!summary.passed());
 }

@@ -148,6 +148,9 @@ Scenarios (all by default; run in this order):
   uncontended  acquire + release by one contender (Locker), back to back
   handoff      --contenders contenders on separate connections, each holding --hold;
                latency from a release returning to the next owner's acquisition
+  semaphore    a permit's acquire + release (3 permits) and hand-over (1 permit,
+               --contenders contenders), beside the mutex's; \"no semaphores\" on
+               backends without them
   failover     an owner process (`simba exec`) is SIGKILLed; time from the end of
                its lease to a waiter owning (ZooKeeper: from session expiry)
 
@@ -164,6 +167,8 @@ pub(crate) enum Scenario {
     Uncontended,
     /// Contenders handing the mutex to each other.
     Handoff,
+    /// A semaphore's permit: acquire + release, and hand-over, beside the mutex's.
+    Semaphore,
     /// An owner process killed; a waiter takes over.
     Failover,
 }

@@ -16,6 +16,7 @@ mod cli;
 mod duration;
 mod exec;
 mod guardian;
+mod permits;
 mod show;
 mod signals;
 mod status;

@@ -142,6 +142,8 @@ fn bench_json_on_sqlite() {
     check_common(&v, "sqlite");
     number(&v, "floor.handoff_p50_us");
     number(&v, "failover.no_jitter.after_lease_p50_ms");
+    // No permits in simba-jdbc yet: said, not failed.
+    assert_eq!(v["semaphore"]["supported"], false, "{v:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,6 +155,13 @@ async fn bench_json_on_redis() {
     number(&v, "floor.pubsub_p50_us");
     number(&v, "floor.raw_lock_p50_us");
     number(&v, "scale.connections");
+    assert_eq!(v["semaphore"]["supported"], true, "{v:#}");
+    number(&v, "semaphore.p50_us");
+    number(&v, "semaphore.p50_per_mutex");
+    number(&v, "semaphore.handoff_p50_us");
+    number(&v, "semaphore.handoff_p50_per_mutex");
+    assert_eq!(number(&v, "semaphore.overlaps"), 0.0, "{v:#}");
+    assert_eq!(number(&v, "semaphore.fence_regressions"), 0.0, "{v:#}");
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! Ownership histories and the safety checker.
 //!
 //! Contenders record every ownership interval they believed in (monotonic start and end,
-//! fence); [`check`] reports intervals of different ownerships that overlap in time and
-//! fences that do not increase.
+//! fence); [`check`] reports intervals of different ownerships of a mutex that overlap in
+//! time and fences that do not increase; [`check_permits`] does the same for a semaphore
+//! of N permits: more than N holders at one instant, a fence handed to two holders, a
+//! holder's later permit with a fence not above its earlier one.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -41,6 +43,22 @@ pub enum Violation {
         /// The interval that started before `first` ended.
         second: Interval,
     },
+    /// More holders of a semaphore believed at one instant than it has permits: the
+    /// holders that believed at the instant the excess began (the one that began last is
+    /// last). One report per excess: a new one only after the count came back to N.
+    OverCapacity {
+        /// The semaphore's permits.
+        permits: usize,
+        /// The holders believing at that instant, by start.
+        holders: Vec<Interval>,
+    },
+    /// Two different holders of a semaphore got the same fence.
+    FenceReuse {
+        /// The earlier-starting holder.
+        first: Interval,
+        /// The other holder with the same fence.
+        second: Interval,
+    },
     /// An ownership that started later carried a fence not greater than an earlier one.
     FenceRegression {
         /// The earlier interval.
@@ -63,6 +81,18 @@ impl fmt::Display for Violation {
                 first
                     .end_or(Instant::now())
                     .saturating_duration_since(second.start)
+            ),
+            Violation::OverCapacity { permits, holders } => {
+                write!(f, "{} holders of {permits} permits at once:", holders.len())?;
+                for h in holders {
+                    write!(f, " {} (fence {})", h.contender, h.fence)?;
+                }
+                Ok(())
+            }
+            Violation::FenceReuse { first, second } => write!(
+                f,
+                "fence {} handed out twice: to {} and to {}",
+                first.fence, first.contender, second.contender
             ),
             Violation::FenceRegression { earlier, later } => write!(
                 f,
@@ -104,6 +134,72 @@ pub fn check(intervals: &[Interval]) -> Vec<Violation> {
                 later: b.clone(),
             });
         }
+    }
+    out
+}
+
+/// Checks the history of a semaphore with `permits` permits: never more than `permits`
+/// holders believing at one instant ([`Violation::OverCapacity`]), no fence handed to two
+/// different holders ([`Violation::FenceReuse`]), and each contender's fences increasing
+/// from one permit to its next ([`Violation::FenceRegression`]).
+///
+/// A holder counts from when it learned it held until it stopped believing (for the
+/// intervals of the chaos run's resource: its `END`, its death, or the local deadline its
+/// last message announced, whichever came first), as [`check`] counts a mutex's owners.
+/// An interval ending at the instant another starts does not overlap it.
+///
+/// Why the fence rule is per contender and not over all holders by start, as for a
+/// mutex: with N permits, two acquisitions run side by side, and the one that got the
+/// lower fence can learn of it (and report its start) after the other. What stays sound
+/// is that the backend hands out fences in increasing order, each once: a contender
+/// acquires one permit after the other, so its own fences increase, and no two holders
+/// share one. With one permit this is weaker than [`check`]; use [`check`] for mutexes.
+pub fn check_permits(intervals: &[Interval], permits: usize) -> Vec<Violation> {
+    let now = Instant::now();
+    let mut sorted: Vec<&Interval> = intervals.iter().collect();
+    sorted.sort_by_key(|i| i.start);
+    let mut out = Vec::new();
+    // Sweep by start: the holders still believing when each one begins.
+    let mut active: Vec<&Interval> = Vec::new();
+    let mut over = false;
+    for iv in &sorted {
+        active.retain(|a| a.end_or(now) > iv.start);
+        if active.len() <= permits {
+            over = false;
+        }
+        active.push(iv);
+        if active.len() > permits && !over {
+            over = true;
+            out.push(Violation::OverCapacity {
+                permits,
+                holders: active.iter().map(|a| (*a).clone()).collect(),
+            });
+        }
+    }
+    let mut by_fence: std::collections::HashMap<u64, &Interval> = std::collections::HashMap::new();
+    let mut last_of: std::collections::HashMap<&str, &Interval> = std::collections::HashMap::new();
+    for iv in &sorted {
+        match by_fence.get(&iv.fence) {
+            Some(first) if first.contender != iv.contender => {
+                out.push(Violation::FenceReuse {
+                    first: (*first).clone(),
+                    second: (*iv).clone(),
+                });
+            }
+            Some(_) => {}
+            None => {
+                by_fence.insert(iv.fence, iv);
+            }
+        }
+        if let Some(prev) = last_of.get(iv.contender.as_str())
+            && iv.fence < prev.fence
+        {
+            out.push(Violation::FenceRegression {
+                earlier: (*prev).clone(),
+                later: (*iv).clone(),
+            });
+        }
+        last_of.insert(&iv.contender, iv);
     }
     out
 }
@@ -245,7 +341,7 @@ mod tests {
             .iter()
             .map(|v| match v {
                 Violation::Overlap { first, second } => (first.fence, second.fence),
-                Violation::FenceRegression { .. } => panic!("{v}"),
+                _ => panic!("{v}"),
             })
             .collect();
         assert_eq!(pairs, [(1, 2), (1, 3)]);
@@ -277,6 +373,79 @@ mod tests {
         );
         // The same ownership seen twice by its holder is not a regression.
         assert!(check(&[mk("a", 3, 0, 10), mk("a", 3, 10, 20)]).is_empty());
+    }
+
+    #[test]
+    fn permits_allow_n_holders_and_report_the_next() {
+        let base = Instant::now();
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
+        // Three at once with three permits; the fourth begins as the first ends.
+        let three = [
+            mk("a", 1, 0, 10),
+            mk("b", 2, 1, 20),
+            mk("c", 3, 2, 20),
+            mk("d", 4, 10, 30),
+        ];
+        assert!(
+            check_permits(&three, 3).is_empty(),
+            "{:?}",
+            check_permits(&three, 3)
+        );
+        // With two permits that is over capacity twice: a, b and c; then, after a ended
+        // and the count came back to two, b, c and d.
+        let v = check_permits(&three, 2);
+        let excesses: Vec<Vec<&str>> = v
+            .iter()
+            .map(|v| match v {
+                Violation::OverCapacity {
+                    permits: 2,
+                    holders,
+                } => holders.iter().map(|h| h.contender.as_str()).collect(),
+                _ => panic!("{v}"),
+            })
+            .collect();
+        assert_eq!(excesses, [["a", "b", "c"], ["b", "c", "d"]]);
+        assert!(v[0].to_string().contains("3 holders of 2 permits at once"));
+        // A fourth that begins one millisecond before the first ends is one too many.
+        let four = [
+            mk("a", 1, 0, 10),
+            mk("b", 2, 1, 20),
+            mk("c", 3, 2, 20),
+            mk("d", 4, 9, 30),
+            // Back to one (d), then four again (d to g): a second report.
+            mk("e", 5, 25, 40),
+            mk("f", 6, 26, 40),
+            mk("g", 7, 27, 40),
+        ];
+        let v = check_permits(&four, 3);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(
+            v.iter()
+                .all(|v| matches!(v, Violation::OverCapacity { .. }))
+        );
+    }
+
+    #[test]
+    fn permit_fences_are_unique_and_increase_per_contender() {
+        let base = Instant::now();
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
+        // Side by side, the lower fence may report its start later: not a violation.
+        let ok = [mk("a", 2, 0, 10), mk("b", 1, 1, 10), mk("a", 3, 20, 30)];
+        assert!(
+            check_permits(&ok, 2).is_empty(),
+            "{:?}",
+            check_permits(&ok, 2)
+        );
+        let reuse = [mk("a", 2, 0, 10), mk("b", 2, 1, 10)];
+        assert!(matches!(
+            check_permits(&reuse, 2).as_slice(),
+            [Violation::FenceReuse { .. }]
+        ));
+        let regress = [mk("a", 5, 0, 10), mk("a", 4, 20, 30)];
+        assert!(matches!(
+            check_permits(&regress, 2).as_slice(),
+            [Violation::FenceRegression { .. }]
+        ));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde_json::json;
-use simba_core::Locker;
+use simba_core::{LockGuard, Locker, PermitGuard, Semaphore};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +33,51 @@ async fn hold_for(d: Duration) {
         .is_err()
     {
         tokio::time::sleep(d).await;
+    }
+}
+
+/// What a contender takes turns on: a mutex, or a permit of a semaphore.
+pub(super) enum Contestant {
+    /// A mutex.
+    Lock(Locker),
+    /// One permit of a semaphore (a contender of its own per acquisition).
+    Permit(Semaphore),
+}
+
+impl From<Locker> for Contestant {
+    fn from(l: Locker) -> Self {
+        Contestant::Lock(l)
+    }
+}
+
+/// What a [`Contestant`] holds.
+pub(super) enum Held {
+    Lock(LockGuard),
+    Permit(PermitGuard),
+}
+
+impl Contestant {
+    pub(super) async fn acquire_timeout(&self, wait: Duration) -> simba_core::Result<Held> {
+        match self {
+            Contestant::Lock(l) => l.acquire_timeout(wait).await.map(Held::Lock),
+            Contestant::Permit(s) => s.acquire_timeout(wait).await.map(Held::Permit),
+        }
+    }
+}
+
+impl Held {
+    pub(super) fn fence(&self) -> u64 {
+        match self {
+            Held::Lock(g) => g.fence(),
+            Held::Permit(g) => g.fence(),
+        }
+    }
+
+    pub(super) async fn release(self) -> simba_core::Result<()> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Permit(g) => g.release().await,
+        }
     }
 }
 
@@ -62,7 +107,11 @@ pub(super) struct Contended {
 
 /// Runs `lockers` (one per contender, each on its own factory) in turns until
 /// `--iterations` acquisitions after a warm-up, each holding for `--hold`.
-pub(super) async fn contend(ctx: &Ctx, lockers: Vec<Locker>) -> anyhow::Result<Contended> {
+pub(super) async fn contend(
+    ctx: &Ctx,
+    lockers: Vec<impl Into<Contestant>>,
+) -> anyhow::Result<Contended> {
+    let lockers: Vec<Contestant> = lockers.into_iter().map(Into::into).collect();
     let contenders = lockers.len();
     let target = ctx.iterations();
     let warm = (target / 20).clamp(contenders, 100);

@@ -7,7 +7,9 @@
 //! `pg_advisory_lock`, MySQL/MariaDB `GET_LOCK`, SQLite an OFD lock, ZooKeeper a watch on
 //! a deleted node + create); on Redis the pub/sub delivery and a raw `SET NX PX` + `DEL`
 //! lock; and the `memory` floor, the engine alone over `MemoryStore` beside a bare tokio
-//! wake-up. `--explain` breaks a handoff into its hops. Timing uses the monotonic clock;
+//! wake-up. `--explain` breaks a handoff into its hops. The `semaphore` scenario measures
+//! a permit's acquire and hand-over beside the mutex's (backends without semaphores: a row
+//! saying so). Timing uses the monotonic clock;
 //! percentiles are nearest-rank over the sorted samples.
 
 mod explain;
@@ -16,6 +18,7 @@ mod floor;
 mod handoff;
 mod memory;
 mod scale;
+mod semaphore;
 mod stats;
 mod uncontended;
 
@@ -149,6 +152,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
             Scenario::Scale,
             Scenario::Uncontended,
             Scenario::Handoff,
+            Scenario::Semaphore,
             Scenario::Failover,
         ];
     }
@@ -239,6 +243,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         let name = match scenario {
             Scenario::Uncontended => "uncontended",
             Scenario::Handoff => "handoff",
+            Scenario::Semaphore => "semaphore",
             Scenario::Failover => "failover",
             Scenario::Scale => "scale",
         };
@@ -246,6 +251,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         let result = match scenario {
             Scenario::Uncontended => uncontended::run(&ctx, &main, floors_ref).await,
             Scenario::Handoff => handoff::run(&ctx, floors_ref).await,
+            Scenario::Semaphore => semaphore::run(&ctx, mutex_figures(&table)).await,
             Scenario::Failover => failover::run(&ctx).await,
             Scenario::Scale => scale::run(&ctx, &main, floors_ref).await,
         };
@@ -291,6 +297,22 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         ));
     }
     Ok(0)
+}
+
+/// The mutex's p50s measured so far in this run, for the semaphore's rows.
+fn mutex_figures(table: &[(&'static str, Result<Section, String>)]) -> semaphore::MutexFigures {
+    let p50 = |name: &str| {
+        table
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, s)| s.as_ref().ok())
+            .and_then(|s| s.json.get("p50_us"))
+            .and_then(Value::as_f64)
+    };
+    semaphore::MutexFigures {
+        uncontended_p50: p50("uncontended"),
+        handoff_p50: p50("handoff"),
+    }
 }
 
 async fn first_acquisition(ctx: &Ctx, main: &Backend) -> anyhow::Result<Duration> {

@@ -1,6 +1,6 @@
-//! The fault-injection safety run: contender **processes** contend for one mutex and write
-//! to a [`FencedResource`] while faults hit the owner and the server; the history of
-//! ownerships is then checked.
+//! The fault-injection safety run: contender **processes** contend for one mutex (or the
+//! permits of one semaphore, [`ChaosConfig::permits`]) and write to a [`FencedResource`]
+//! while faults hit the owner and the server; the history of ownerships is then checked.
 //!
 //! The engine does not link any backend: it runs a contender program (the `simba-chaos`
 //! binary's `contender` mode) that reads its orders from the environment:
@@ -10,7 +10,8 @@
 //! | `SIMBA_BACKEND` | backend URL (through this contender's own fault proxy) |
 //! | `SIMBA_CHAOS_RESOURCE` | `host:port` of the fenced resource |
 //! | `SIMBA_CHAOS_ID` | the contender's name at the resource |
-//! | `SIMBA_CHAOS_MUTEX` | the mutex |
+//! | `SIMBA_CHAOS_MUTEX` | the mutex (or semaphore) |
+//! | `SIMBA_CHAOS_PERMITS` | a number: contend for one permit of a semaphore of this many permits (empty: the mutex) |
 //! | `SIMBA_CHAOS_TTL_MS`, `SIMBA_CHAOS_TRANSITION_MS` | lease timing |
 //! | `SIMBA_CHAOS_UNSAFE` | `1`: ignore the local deadline (to prove the checker catches it) |
 
@@ -266,6 +267,9 @@ pub struct ChaosConfig {
     pub min_handoffs: usize,
     /// Contenders ignore their local deadline (to show that the checker catches it).
     pub unsafe_contenders: bool,
+    /// `Some(n)`: contend for the permits of a semaphore of `n` permits instead of a mutex;
+    /// the checker then allows `n` holders at once (see [`crate::history::check_permits`]).
+    pub permits: Option<u32>,
 }
 
 impl ChaosConfig {
@@ -308,6 +312,7 @@ impl ChaosConfig {
             fault_every: Duration::from_secs(2),
             min_handoffs: 5,
             unsafe_contenders: false,
+            permits: None,
         }
     }
 }
@@ -355,6 +360,8 @@ pub struct ChaosSummary {
     pub log_tails: Vec<String>,
     /// Faults that could not be injected (or not undone) and why, the first ten.
     pub fault_errors: Vec<String>,
+    /// The semaphore's permits (`None`: a mutex run).
+    pub permits: Option<u32>,
 }
 
 impl ChaosSummary {
@@ -363,6 +370,15 @@ impl ChaosSummary {
         self.violations
             .iter()
             .filter(|v| matches!(v, Violation::Overlap { .. }))
+            .count()
+    }
+
+    /// Instants at which more holders believed than the semaphore has permits (one per
+    /// excess).
+    pub fn over_capacity(&self) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| matches!(v, Violation::OverCapacity { .. }))
             .count()
     }
 
@@ -391,14 +407,27 @@ impl fmt::Display for ChaosSummary {
             self.report.writes_rejected,
             self.faults_by_kind
         )?;
-        write!(
-            f,
-            "handoffs={} overlaps={} stale_writes_accepted={} faults={}",
-            self.report.handoffs,
-            self.overlaps(),
-            self.report.stale_writes_accepted,
-            self.faults
-        )
+        match self.permits {
+            Some(permits) => write!(
+                f,
+                "permits={permits} acquisitions={} handoffs={} over_capacity={} \
+                 fence_violations={} stale_writes_accepted={} faults={}",
+                self.report.ownerships,
+                self.report.handoffs,
+                self.over_capacity(),
+                self.violations.len() - self.over_capacity(),
+                self.report.stale_writes_accepted,
+                self.faults
+            ),
+            None => write!(
+                f,
+                "handoffs={} overlaps={} stale_writes_accepted={} faults={}",
+                self.report.handoffs,
+                self.overlaps(),
+                self.report.stale_writes_accepted,
+                self.faults
+            ),
+        }
     }
 }
 
@@ -449,6 +478,10 @@ impl Run<'_> {
             .env("SIMBA_CHAOS_RESOURCE", self.resource.addr().to_string())
             .env("SIMBA_CHAOS_ID", &c.name)
             .env("SIMBA_CHAOS_MUTEX", &self.mutex)
+            .env(
+                "SIMBA_CHAOS_PERMITS",
+                cfg.permits.map(|n| n.to_string()).unwrap_or_default(),
+            )
             .env("SIMBA_CHAOS_TTL_MS", cfg.ttl.as_millis().to_string())
             .env(
                 "SIMBA_CHAOS_TRANSITION_MS",
@@ -826,6 +859,19 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
             cfg.backend
         )));
     }
+    if cfg.permits == Some(0) {
+        return Err(ChaosError::Usage(
+            "a semaphore needs at least 1 permit".into(),
+        ));
+    }
+    if cfg.permits.is_some() && cfg.backend == ChaosBackend::RedisCluster {
+        // Its failover targets the shard of the mutex's key, not of the semaphore's.
+        return Err(ChaosError::Usage(
+            "semaphore runs are not made on redis-cluster yet: its failover targets the \
+             mutex's shard"
+                .into(),
+        ));
+    }
     if cfg.backend.in_containers() && cfg.url.is_some() {
         return Err(ChaosError::Usage(format!(
             "{:?} starts its own servers in containers: leave out --url",
@@ -891,7 +937,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         (Some(kind), Some(url)) => Some(TestServer::external(kind, url)?),
         (Some(kind), None) => Some(servers::private(kind).await?),
     };
-    let resource = FencedResource::start()
+    let resource = FencedResource::start_with_permits(cfg.permits.map_or(1, |n| n as usize))
         .await
         .map_err(io("start the fenced resource"))?;
     let mut contenders = Vec::new();
@@ -1060,6 +1106,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         min_handoffs: cfg.min_handoffs,
         log_tails,
         fault_errors,
+        permits: cfg.permits,
     })
 }
 

@@ -10,10 +10,24 @@
 //! | `END <fence> <reason>` | I stopped owning | `OK` |
 //!
 //! The resource **rejects a write whose fence is lower than one it already accepted** (and
-//! one that says its lease already ran out). It records, per ownership, when it began and
-//! the latest instant its holder could still believe it owned: the end is the earlier of
-//! the `END` and the last message's arrival plus its `valid_ms`. A holder that was killed or
-//! paused sends nothing, so its belief ends where its last message said — or, for a holder
+//! one that says its lease already ran out).
+//!
+//! For a semaphore of N permits ([`FencedResource::start_with_permits`]) a fence alone
+//! cannot tell a resource whether a lower-fenced writer still holds (the N−1 others may
+//! have come and gone), so the rules are:
+//!
+//! - **rejected** (what a resource that only sees fences can do): a write whose fence is
+//!   below N distinct fences it already accepted. With N = 1 this is the mutex rule. It is
+//!   conservative: it may also turn away a holder that still holds, after N shorter ones
+//!   wrote;
+//! - **stale** (the verdict, from what the run knows): a write accepted while N ownerships
+//!   with higher fences were open (begun, not ended, and within the local deadline their
+//!   last message announced). Those N believed at that instant, so the writer made N + 1:
+//!   the backend must have taken its permit, and the lowest fence is the one that lost.
+//!
+//! It records, per ownership, when it began and the latest instant its holder could still
+//! believe it owned: the end is the earlier of the `END` and the last message's arrival
+//! plus its `valid_ms`. A holder that was killed or paused sends nothing, so its belief ends where its last message said — or, for a holder
 //! whose process the run killed ([`FencedResource::died`]), when it died: a dead process
 //! believes nothing (SQLite hands its mutex over at once).
 
@@ -52,6 +66,10 @@ struct State {
     writes_rejected: u64,
     stale_writes_accepted: u64,
     protocol_errors: u64,
+    /// The permits of the semaphore under test (1: a mutex).
+    permits: usize,
+    /// The highest distinct fences accepted, at most `permits`, highest first (semaphores).
+    top_accepted: Vec<u64>,
 }
 
 /// What the resource saw.
@@ -65,7 +83,8 @@ pub struct ResourceReport {
     pub writes_accepted: u64,
     /// Writes refused for a stale fence or an expired lease (the fence doing its job).
     pub writes_rejected: u64,
-    /// Writes accepted although an ownership with a higher fence had already begun.
+    /// Writes accepted although an ownership with a higher fence had already begun
+    /// (semaphores: although N ownerships with higher fences were open).
     pub stale_writes_accepted: u64,
     /// Malformed requests.
     pub protocol_errors: u64,
@@ -91,9 +110,21 @@ impl FencedResource {
     /// # Errors
     /// The bind error.
     pub async fn start() -> std::io::Result<FencedResource> {
+        Self::start_with_permits(1).await
+    }
+
+    /// Starts the resource of a semaphore with `permits` permits (at least 1; 1 is
+    /// [`FencedResource::start`]): its rules are in the module docs.
+    ///
+    /// # Errors
+    /// The bind error.
+    pub async fn start_with_permits(permits: usize) -> std::io::Result<FencedResource> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            permits: permits.max(1),
+            ..State::default()
+        }));
         let st = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
@@ -152,9 +183,15 @@ impl FencedResource {
             .collect()
     }
 
-    /// Safety violations in what was recorded.
+    /// Safety violations in what was recorded: [`history::check`] for a mutex,
+    /// [`history::check_permits`] for a semaphore.
     pub fn violations(&self) -> Vec<Violation> {
-        history::check(&self.intervals())
+        let permits = self.lock().permits;
+        if permits > 1 {
+            history::check_permits(&self.intervals(), permits)
+        } else {
+            history::check(&self.intervals())
+        }
     }
 
     /// Counts so far.
@@ -220,14 +257,38 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 s.protocol_errors += 1;
                 return "ERR";
             };
-            if fence < s.max_accepted || valid == 0 {
-                s.writes_rejected += 1;
-                return "REJECT";
-            }
-            s.max_accepted = fence;
-            s.writes_accepted += 1;
-            if fence < s.max_begun {
-                s.stale_writes_accepted += 1;
+            if s.permits > 1 {
+                let permits = s.permits;
+                let fenced_off =
+                    s.top_accepted.len() == permits && s.top_accepted[permits - 1] > fence;
+                if fenced_off || valid == 0 {
+                    s.writes_rejected += 1;
+                    return "REJECT";
+                }
+                if !s.top_accepted.contains(&fence) {
+                    let at = s.top_accepted.partition_point(|&f| f > fence);
+                    s.top_accepted.insert(at, fence);
+                    s.top_accepted.truncate(permits);
+                }
+                s.writes_accepted += 1;
+                let above = s
+                    .ownerships
+                    .iter()
+                    .filter(|o| o.fence > fence && o.end.is_none() && o.bound > now)
+                    .count();
+                if above >= permits {
+                    s.stale_writes_accepted += 1;
+                }
+            } else {
+                if fence < s.max_accepted || valid == 0 {
+                    s.writes_rejected += 1;
+                    return "REJECT";
+                }
+                s.max_accepted = fence;
+                s.writes_accepted += 1;
+                if fence < s.max_begun {
+                    s.stale_writes_accepted += 1;
+                }
             }
             if let Some(&i) = s.current.get(&id)
                 && s.ownerships[i].fence == fence
@@ -267,7 +328,12 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
 /// accepted.
 #[cfg(any(test, fuzzing))]
 pub fn fuzz_lines(data: &[u8]) {
-    let state = Mutex::new(State::default());
+    // The first byte picks a mutex or a semaphore of 2 or 3 permits.
+    let permits = data.first().map_or(1, |b| usize::from(b % 3) + 1);
+    let state = Mutex::new(State {
+        permits,
+        ..State::default()
+    });
     let mut who: Vec<Option<String>> = vec![None; 4];
     let mut conn = 0;
     for line in String::from_utf8_lossy(data).split('\n') {
@@ -413,6 +479,52 @@ mod tests {
             (3, 2, 1)
         );
         assert!(r.violations().is_empty(), "{:?}", r.violations());
+    }
+
+    #[tokio::test]
+    async fn semaphore_fences_and_stale_writes() {
+        let r = FencedResource::start_with_permits(2).await.expect("start");
+        let long = Duration::from_secs(60);
+        let mut c: Vec<ResourceClient> = Vec::new();
+        for id in ["a", "b", "c", "d"] {
+            c.push(ResourceClient::connect(r.addr(), id).await.expect(id));
+        }
+        // a and b hold side by side; both write.
+        c[0].begin(1, long).await.expect("begin");
+        c[1].begin(2, long).await.expect("begin");
+        assert!(c[0].write(1, long).await.expect("w"));
+        assert!(c[1].write(2, long).await.expect("w"));
+        // b releases, c comes in: a still holds, and its write is not stale. It is refused
+        // all the same once c wrote: 1 is below two accepted fences (3 and 2), and the
+        // resource cannot tell that 2 has gone (the conservative rule).
+        c[1].end(2, LossReason::Released).await.expect("end");
+        c[2].begin(3, long).await.expect("begin");
+        assert!(c[0].write(1, long).await.expect("w"), "a still holds");
+        assert!(c[2].write(3, long).await.expect("w"));
+        assert!(!c[0].write(1, long).await.expect("w"), "fenced off");
+        assert_eq!(r.report().stale_writes_accepted, 0);
+        assert!(!c[2].write(3, Duration::ZERO).await.expect("w"));
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        // Another semaphore of 2: d and e come in beside a, who believes it holds; its
+        // write makes three. The resource saw fence 1 only: it accepts, and the write is
+        // counted stale.
+        let r = FencedResource::start_with_permits(2).await.expect("start");
+        let mut c: Vec<ResourceClient> = Vec::new();
+        for id in ["a", "d", "e"] {
+            c.push(ResourceClient::connect(r.addr(), id).await.expect(id));
+        }
+        c[0].begin(1, long).await.expect("begin");
+        assert!(c[0].write(1, long).await.expect("w"));
+        c[1].begin(4, long).await.expect("begin");
+        c[2].begin(5, long).await.expect("begin");
+        assert!(c[0].write(1, long).await.expect("w"));
+        let rep = r.report();
+        assert_eq!((rep.writes_accepted, rep.stale_writes_accepted), (2, 1));
+        let v = r.violations();
+        assert!(
+            matches!(v.as_slice(), [Violation::OverCapacity { permits: 2, holders }] if holders.len() == 3),
+            "{v:?}"
+        );
     }
 
     #[tokio::test]
