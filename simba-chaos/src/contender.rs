@@ -70,9 +70,8 @@ fn roll(n: u64) -> u64 {
 
 /// The semaphore `name` of `permits` permits on the backend of `url`: Redis (every URL
 /// form of simba-redis), ZooKeeper (a session of timeout `ttl + transition`, permits with
-/// the longest lease it allows), and the SQL backends, whose stores refuse the permit
-/// operations with [`Error::Unsupported`] until simba-jdbc implements them. etcd has no
-/// semaphores.
+/// the longest lease it allows), and the SQL backends (simba-jdbc's `{table}_permits`).
+/// etcd has no semaphores.
 async fn semaphore(url: &str, lease: LeaseConfig, name: &str, permits: u32) -> Result<Semaphore> {
     let scheme = simba_core::connect::scheme_of(url).unwrap_or_default();
     let sem = match scheme.as_str() {

@@ -7,9 +7,9 @@
 //! `permits=N acquisitions=A handoffs=H over_capacity=X fence_violations=F
 //! stale_writes_accepted=Y faults=Z`: never more than N holders believing at once (see
 //! `simba_test_kit::history::check_permits` and the resource's rules in
-//! `simba_test_kit::chaos`). Semaphores run on Redis (single, Sentinel) and ZooKeeper; on
-//! the SQL backends the contenders fail with simba-jdbc's `Unsupported` until it
-//! implements the permit operations, and on etcd (no semaphores); Redis Cluster is refused.
+//! `simba_test_kit::chaos`). Semaphores run on Redis (single, Sentinel), ZooKeeper and the
+//! SQL backends; on etcd (no semaphores) the contenders fail with `Unsupported`, and Redis
+//! Cluster is refused (its failover fault targets the mutex's shard).
 //!
 //! ```text
 //! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster

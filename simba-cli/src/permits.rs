@@ -1,10 +1,10 @@
 //! Semaphores from a backend URL, for `simba bench`.
 //!
 //! `simba_core::connect::Connection` has no semaphore yet, so this opens one through the
-//! backend crate of the URL's scheme: Redis (every form of simba-redis) and ZooKeeper (a
+//! backend crate of the URL's scheme: Redis (every form of simba-redis), ZooKeeper (a
 //! session of its own; the permits' lease is the longest the session allows,
-//! `ZkFactory::permit_lease`); the SQL backends' stores answer the permit operations with
-//! `Error::Unsupported` until simba-jdbc implements them, and etcd has no semaphores.
+//! `ZkFactory::permit_lease`) and the SQL backends (simba-jdbc's `{table}_permits`); etcd
+//! has no semaphores.
 
 use std::time::Duration;
 

@@ -142,8 +142,12 @@ fn bench_json_on_sqlite() {
     check_common(&v, "sqlite");
     number(&v, "floor.handoff_p50_us");
     number(&v, "failover.no_jitter.after_lease_p50_ms");
-    // No permits in simba-jdbc yet: said, not failed.
-    assert_eq!(v["semaphore"]["supported"], false, "{v:#}");
+    // simba-jdbc's permits: measured beside the mutex.
+    assert_eq!(v["semaphore"]["supported"], true, "{v:#}");
+    number(&v, "semaphore.p50_us");
+    number(&v, "semaphore.handoff_p50_us");
+    assert_eq!(number(&v, "semaphore.overlaps"), 0.0, "{v:#}");
+    assert_eq!(number(&v, "semaphore.fence_regressions"), 0.0, "{v:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,7 +68,7 @@ pub(super) async fn run(ctx: &Ctx, mutex: MutexFigures) -> anyhow::Result<Sectio
         let t0 = Instant::now();
         let guard = match sem.acquire_timeout(ACQUIRE_LIMIT).await {
             Ok(g) => g,
-            // The store refuses the permit operations (SQL until simba-jdbc has them).
+            // The store refuses the permit operations (etcd).
             Err(Error::Unsupported { reason, .. }) if i == 0 => return Ok(none(&reason)),
             Err(e) => return Err(e).context("acquire a permit"),
         };
