@@ -15,6 +15,7 @@ use simba_core::backend::{
     BoxFuture, ContendHandle, OwnershipTracker, Reporter, ServiceHandle, ServiceStatus,
     held_owner_id,
 };
+use simba_core::hops::{self, Hop};
 use simba_core::metrics::FailureKind;
 use simba_core::{Contender, Error, LossReason, MutexOwner, Result};
 use tokio::sync::oneshot;
@@ -268,7 +269,7 @@ impl Run {
                 () = stop.cancelled() => break,
                 () = sleep_opt(deadline) => self.expire(),
                 r = next_keepalive(&mut self.lease) => self.on_keepalive(r),
-                r = next_watch(&mut self.watch) => self.on_watch(r),
+                r = next_watch(&mut self.watch, &self.sh.prefix) => self.on_watch(r),
                 _ = tick.tick() => self.send_keepalive().await,
                 () = sleep_opt(retry_at) => {
                     self.retry_at = None;
@@ -422,6 +423,7 @@ impl Run {
             Ok(()) => {
                 debug!("predecessor watch fired");
                 if self.predecessor_owns {
+                    hops::record(Hop::WaiterWoken, &self.sh.prefix);
                     self.tracker.handoff_begins();
                 }
                 self.due = true;
@@ -433,10 +435,22 @@ impl Run {
         }
     }
 
+    /// One pass ([`Run::check_calls`]); a pass of a contender that does not own is an
+    /// acquire for `simba bench --explain` (an owner's pass is the proof of a renewal).
+    async fn check(&mut self) -> Result<Step> {
+        if self.tracker.is_held() {
+            return self.check_calls().await;
+        }
+        hops::record(Hop::AcquireSent, &self.sh.prefix);
+        let step = self.check_calls().await;
+        hops::record(Hop::AcquireAnswered, &self.sh.prefix);
+        step
+    }
+
     /// One pass: revoke given-up leases, make sure lease, keep-alive and key exist, then
     /// in one transaction prove the key and read the owner and the predecessor; own, or
     /// watch the predecessor.
-    async fn check(&mut self) -> Result<Step> {
+    async fn check_calls(&mut self) -> Result<Step> {
         let limit = self.limit();
         while let Some(&id) = self.stale.last() {
             match bounded("revoking an old lease", limit, self.leases.revoke(id)).await {
@@ -674,7 +688,10 @@ impl Run {
             .into_iter()
             .chain(self.stale.drain(..))
         {
-            match bounded("revoking the lease", limit, self.leases.revoke(id)).await {
+            hops::record(Hop::ReleaseSent, &self.sh.prefix);
+            let revoked = bounded("revoking the lease", limit, self.leases.revoke(id)).await;
+            hops::record(Hop::ReleaseAnswered, &self.sh.prefix);
+            match revoked {
                 Ok(_) => debug!(lease = id, "stop: lease revoked"),
                 Err(e) => debug!(lease = id, "stop: revoke failed ({e}); it ends by its TTL"),
             }
@@ -775,9 +792,18 @@ async fn next_keepalive(lease: &mut Option<Lease>) -> std::result::Result<i64, S
     }
 }
 
-async fn next_watch(watch: &mut Option<WatchStream>) -> std::result::Result<(), String> {
-    match watch.as_mut() {
+/// The next change of the watched key, or why the watch ended; pending without a watch.
+/// `prefix` names the mutex for `simba bench --explain`'s push hop.
+async fn next_watch(
+    watch: &mut Option<WatchStream>,
+    prefix: &str,
+) -> std::result::Result<(), String> {
+    let change = match watch.as_mut() {
         Some(stream) => next_change(stream).await,
         None => std::future::pending().await,
+    };
+    if change.is_ok() {
+        hops::record(Hop::PushReceived, prefix);
     }
+    change
 }
