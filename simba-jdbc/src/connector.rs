@@ -217,7 +217,7 @@ pub const URL_DDL_OPTION: &str = "simba_ddl";
 fn url_config(url: &str) -> Result<SqlConfig> {
     let mut table = None;
     let mut ddl = true;
-    let driver_url = crate::url_tls::take_query_options(
+    let driver_url = crate::url_query::take_query_options(
         url,
         &[URL_TABLE_OPTION, URL_DDL_OPTION],
         |name, value| {

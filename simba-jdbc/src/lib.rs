@@ -27,6 +27,7 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
+mod url_query;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod url_tls;
 
