@@ -2,7 +2,7 @@
 //! with the resources of each process sampled every minute.
 //!
 //! ```text
-//! simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper [--url URL]
+//! simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper|etcd [--url URL]
 //!     [--processes 8] [--mutexes 1000] [--shared 8] [--duration 60m] [--sample-every 60s]
 //!     [--warmup 10] [--max-growth 5] [--count-slack 0] [--max-lost 0] [--report FILE]
 //!     [--ttl 30s] [--transition 10s] [--request-timeout 5s] [--acquire-timeout 3s]
@@ -221,7 +221,7 @@ impl Params {
     }
 }
 
-const USAGE: &str = "usage: simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper \
+const USAGE: &str = "usage: simba-chaos soak --backend sqlite|redis|mysql|postgres|zookeeper|etcd \
     [--url URL] [--processes 8] [--mutexes 1000] [--shared 8] [--duration 60m] \
     [--sample-every 60s] [--warmup 10] [--max-growth 5] [--count-slack 0] [--max-lost 0] \
     [--report FILE] [--ttl 30s] [--transition 10s] [--request-timeout 5s] \
@@ -293,9 +293,11 @@ fn server_kind(backend: &str) -> Result<Option<ServerKind>, String> {
         "mysql" | "mariadb" => Some(ServerKind::Mysql),
         "postgres" | "postgresql" => Some(ServerKind::Postgres),
         "zookeeper" | "zk" => Some(ServerKind::Zookeeper),
+        "etcd" => Some(ServerKind::Etcd),
         other => {
             return Err(format!(
-                "unknown soak backend {other:?}: use sqlite, redis, mysql, postgres or zookeeper"
+                "unknown soak backend {other:?}: use sqlite, redis, mysql, postgres, zookeeper \
+                 or etcd"
             ));
         }
     })
@@ -574,6 +576,7 @@ async fn soak_run(params: &mut Params, run: &Run) -> anyhow::Result<bool> {
         &simba_redis::CONNECTOR,
         &simba_jdbc::CONNECTOR,
         &simba_zookeeper::CONNECTOR,
+        &simba_etcd::CONNECTOR,
     ]);
     let counter = match (kind, server_addr) {
         (Some(ServerKind::Redis), _) => ServerCount::Redis(

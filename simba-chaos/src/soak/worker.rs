@@ -108,6 +108,7 @@ pub(crate) async fn run(args: &[String]) -> Result<()> {
         &simba_redis::CONNECTOR,
         &simba_jdbc::CONNECTOR,
         &simba_zookeeper::CONNECTOR,
+        &simba_etcd::CONNECTOR,
     ]);
     let connection = connectors
         .connect(&url, &ConnectOptions::new().with_lease(lease))
