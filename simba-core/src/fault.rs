@@ -5,10 +5,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use crate::error::{Error, Result};
-use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use crate::events::EventReceiver;
+use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders};
 
 /// A store operation, to aim a fault at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -177,11 +176,7 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
         self.run(Op::Owner, self.inner.owner(mutex)).await
     }
 
-    async fn subscribe(
-        &self,
-        mutex: &str,
-        contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    async fn subscribe(&self, mutex: &str, contender_id: &str) -> Result<Option<EventReceiver>> {
         self.run(Op::Subscribe, self.inner.subscribe(mutex, contender_id))
             .await
     }
@@ -231,7 +226,7 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> Result<Option<EventReceiver>> {
         let call = self.inner.permit_subscribe(semaphore, contender_id);
         self.run(Op::Subscribe, call).await
     }

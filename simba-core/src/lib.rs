@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod connect;
 mod error;
+pub mod events;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod fault;

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::error::Result;
+use crate::events::{self, EventReceiver, EventSender, TrySendError};
 use crate::owner::{MutexOwner, held_owner_id};
 use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, hold_millis};
 
@@ -16,7 +16,7 @@ use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, hol
 struct Entry {
     owner: MutexOwner,
     fence: u64,
-    subscribers: Vec<(String, mpsc::Sender<StoreEvent>)>,
+    subscribers: Vec<(String, EventSender)>,
 }
 
 /// One semaphore: its holders (each a mutex owner of its own), the count they agreed on,
@@ -28,7 +28,7 @@ struct Permits {
     holders: Vec<MutexOwner>,
     fence: u64,
     queue: Vec<(String, i64)>,
-    subscribers: Vec<(String, mpsc::Sender<StoreEvent>)>,
+    subscribers: Vec<(String, EventSender)>,
 }
 
 /// How soon a waiter that is not yet first in line for a free permit looks again (the
@@ -59,7 +59,7 @@ impl Permits {
                 // A full channel already holds an event that makes the waiter look again.
                 heard |= !matches!(
                     tx.try_send(StoreEvent::Released),
-                    Err(mpsc::error::TrySendError::Closed(_))
+                    Err(TrySendError::Closed(_))
                 );
             }
             if heard {
@@ -268,12 +268,8 @@ impl LeaseStore for MemoryStore {
         }))
     }
 
-    async fn subscribe(
-        &self,
-        mutex: &str,
-        contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
-        let (tx, rx) = mpsc::channel(4);
+    async fn subscribe(&self, mutex: &str, contender_id: &str) -> Result<Option<EventReceiver>> {
+        let (tx, rx) = events::channel(4);
         self.with(mutex, |e, _| {
             e.subscribers.push((contender_id.to_owned(), tx))
         });
@@ -369,8 +365,8 @@ impl LeaseStore for MemoryStore {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
-        let (tx, rx) = mpsc::channel(4);
+    ) -> Result<Option<EventReceiver>> {
+        let (tx, rx) = events::channel(4);
         self.with_permits(semaphore, |p, _| {
             p.subscribers.push((contender_id.to_owned(), tx))
         });

@@ -44,7 +44,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::service::ContenderStatus;
-use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent};
+use crate::store::{Lease, LeaseReply, LeaseStore};
 use crate::{LeaseConfig, LeaseServiceFactory, LockGuard, Locker, MemoryStore};
 
 const MUTEX: &str = "m";
@@ -192,7 +192,7 @@ impl LeaseStore for ModelStore {
         &self,
         m: &str,
         c: &str,
-    ) -> crate::Result<Option<tokio::sync::mpsc::Receiver<StoreEvent>>> {
+    ) -> crate::Result<Option<crate::events::EventReceiver>> {
         self.call(self.inner.subscribe(m, c)).await
     }
 }

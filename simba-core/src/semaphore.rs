@@ -14,15 +14,16 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::error::{Error, LossReason, Result};
+use crate::events::EventReceiver;
 use crate::id::generate_contender_id;
 use crate::lease::{LeaseConfig, LeaseServiceFactory};
 use crate::locker::{LockGuard, Locker};
 use crate::owner::MutexOwner;
 use crate::service::{ContendServiceFactory, ContenderStatus};
-use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders};
 
 /// Why a store refused an acquisition for good (the engine would retry it forever).
 #[derive(Debug, Clone)]
@@ -189,7 +190,7 @@ impl<S: LeaseStore> LeaseStore for Permits<S> {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> Result<Option<EventReceiver>> {
         self.store.permit_subscribe(semaphore, contender_id).await
     }
 
@@ -559,6 +560,7 @@ mod tests {
 
     use super::*;
     use crate::MemoryStore;
+    use crate::store::StoreEvent;
 
     fn config() -> LeaseConfig {
         LeaseConfig {

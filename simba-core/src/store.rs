@@ -6,9 +6,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use crate::error::{Error, Result};
+use crate::events::EventReceiver;
 use crate::owner::MutexOwner;
 
 /// The lease asked for by an acquisition or renewal.
@@ -232,7 +231,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> impl Future<Output = Result<Option<mpsc::Receiver<StoreEvent>>>> + Send {
+    ) -> impl Future<Output = Result<Option<EventReceiver>>> + Send {
         let _ = (mutex, contender_id);
         async { Ok(None) }
     }
@@ -310,7 +309,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> impl Future<Output = Result<Option<mpsc::Receiver<StoreEvent>>>> + Send {
+    ) -> impl Future<Output = Result<Option<EventReceiver>>> + Send {
         let _ = (semaphore, contender_id);
         async { Ok(None) }
     }
@@ -377,7 +376,7 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> impl Future<Output = Result<Option<mpsc::Receiver<StoreEvent>>>> + Send {
+    ) -> impl Future<Output = Result<Option<EventReceiver>>> + Send {
         (**self).subscribe(mutex, contender_id)
     }
     fn leave(&self, mutex: &str, contender_id: &str) -> impl Future<Output = Result<()>> + Send {
@@ -418,7 +417,7 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> impl Future<Output = Result<Option<mpsc::Receiver<StoreEvent>>>> + Send {
+    ) -> impl Future<Output = Result<Option<EventReceiver>>> + Send {
         (**self).permit_subscribe(semaphore, contender_id)
     }
     fn permit_leave(

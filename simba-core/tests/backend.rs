@@ -209,6 +209,47 @@ async fn a_retriever_hears_changes_before_the_state_shows_them() {
     assert!(!out.contends());
 }
 
+/// The owner-state channel is made when first asked for: it starts from what was seen
+/// before, renewals refresh its times, later changes reach it, and a clone of the status
+/// (the driver's) writes to the same channel.
+#[tokio::test(start_paused = true)]
+async fn an_owner_state_asked_for_late_starts_from_the_last_change() {
+    let out = ServiceStatus::new(Reporter::Retriever(Probe::new()));
+    let mut t = out.clone().begin();
+    t.observe(owner("a", 1));
+    let mut renewed = owner("a", 1);
+    renewed.ttl_at = 9_000;
+    t.observe(renewed);
+    assert_eq!(out.current_owner().after.ttl_at, 9_000);
+    let mut state = out.owner_state();
+    assert_eq!(state.borrow_and_update().after.owner_id, "a");
+    assert_eq!(state.borrow().after.ttl_at, 9_000);
+    let mut renewed = owner("a", 1);
+    renewed.ttl_at = 10_000;
+    t.observe(renewed);
+    assert!(
+        !state.has_changed().expect("open"),
+        "a renewal notifies nobody"
+    );
+    assert_eq!(
+        state.borrow().after.ttl_at,
+        10_000,
+        "but its times are kept"
+    );
+    t.observe(owner("b", 2));
+    assert!(state.has_changed().expect("open"));
+    let seen = state.borrow_and_update().clone();
+    assert_eq!(
+        (seen.before.owner_id.as_str(), seen.after.owner_id.as_str()),
+        ("a", "b")
+    );
+    let mut second = out.owner_state();
+    assert_eq!(second.borrow_and_update().after.owner_id, "b");
+    t.observe(owner("c", 3));
+    assert!(state.has_changed().expect("open") && second.has_changed().expect("open"));
+    assert_eq!(out.current_owner().after.owner_id, "c");
+}
+
 #[tokio::test]
 async fn runner_starts_once_stops_and_restarts() {
     let runner = ServiceRunner::new();

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore};
 use simba_core::fault::{Behavior, FaultStore, Op};
 use simba_core::{
     ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Locker, LossReason, MemoryStore,
@@ -294,7 +294,7 @@ impl LeaseStore for Detached {
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> simba_core::Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> simba_core::Result<Option<simba_core::events::EventReceiver>> {
         self.inner.subscribe(mutex, contender_id).await
     }
 }
@@ -484,7 +484,7 @@ impl LeaseStore for TellsGrants {
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> simba_core::Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> simba_core::Result<Option<simba_core::events::EventReceiver>> {
         self.inner.subscribe(mutex, contender_id).await
     }
 }

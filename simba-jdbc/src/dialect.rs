@@ -11,10 +11,9 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use simba_core::backend::StoreEvent;
+use simba_core::events::EventSender;
 use simba_core::tls::TlsFailure;
 use simba_core::{Error, Result};
-use tokio::sync::mpsc;
 
 use crate::config::{Backend, SqlConfig, Target};
 use crate::native::Kind as GateKind;
@@ -115,7 +114,7 @@ impl Dialect {
         &self,
         mutex: &str,
         contender: &str,
-        tx: &mpsc::Sender<StoreEvent>,
+        tx: &EventSender,
         contending: &Arc<AtomicBool>,
     ) {
         match self {

@@ -35,7 +35,8 @@ use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
 
 use simba_core::backend::StoreEvent;
-use tokio::sync::{mpsc, oneshot};
+use simba_core::events::{self, EventReceiver, EventSender};
+use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, timeout};
 use tracing::{debug, warn};
@@ -84,7 +85,7 @@ struct Wait {
 
 /// A local subscriber of a mutex's events.
 struct Sub {
-    tx: mpsc::Sender<StoreEvent>,
+    tx: EventSender,
     /// Set once the subscriber contends: PostgreSQL's NOTIFY hub then stops telling it
     /// about every change (only its gate wakes it).
     contending: Arc<AtomicBool>,
@@ -566,13 +567,9 @@ impl Gates {
         self: &Arc<Self>,
         mutex: &str,
         id: &str,
-    ) -> (
-        mpsc::Receiver<StoreEvent>,
-        mpsc::Sender<StoreEvent>,
-        Arc<AtomicBool>,
-    ) {
+    ) -> (EventReceiver, EventSender, Arc<AtomicBool>) {
         let gate = self.gate(mutex);
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = events::channel(QUEUE);
         let mut s = gate.lock();
         let queued = s.queue.iter().any(|q| q == id) || s.is(&s.granted, id);
         let contending = Arc::new(AtomicBool::new(queued || s.is(&s.owner, id)));

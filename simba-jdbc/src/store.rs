@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, hold_millis};
+use simba_core::events::EventReceiver;
 use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_common_mutex_name};
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::config::{Backend, SqlConfig, Target, redact_url};
@@ -967,17 +967,13 @@ impl LeaseStore for SqlStore {
     }
 
     /// Every backend pushes to contenders: a contender that waits is woken with
-    /// [`StoreEvent::Released`] when the database (or, on SQLite, the kernel) hands its
-    /// process the mutex's native lock, and gets [`StoreEvent::Resync`] when waiting
+    /// [`StoreEvent::Released`](simba_core::backend::StoreEvent::Released) when the database (or, on SQLite, the kernel) hands its
+    /// process the mutex's native lock, and gets [`StoreEvent::Resync`](simba_core::backend::StoreEvent::Resync) when waiting
     /// failed (a lost session). On PostgreSQL a subscriber that does not contend (an
     /// observer) hears every change by LISTEN/NOTIFY; on MySQL and SQLite an observer gets
     /// `None` (the engine reads on its schedule). A contender is one that called
     /// [`LeaseStore::acquire`] on this store and has not released or left since.
-    async fn subscribe(
-        &self,
-        mutex: &str,
-        contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    async fn subscribe(&self, mutex: &str, contender_id: &str) -> Result<Option<EventReceiver>> {
         self.inner.check_name(mutex)?;
         let observers_hear = self.dialect().observers_hear();
         if !observers_hear && !self.inner.gates.contends(mutex, contender_id) {
@@ -1034,7 +1030,7 @@ impl LeaseStore for SqlStore {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> Result<Option<EventReceiver>> {
         self.permit_ops().subscribe(semaphore, contender_id)
     }
 

@@ -175,7 +175,7 @@ async fn postgres_hung_while_owning() {
 
 #[cfg(feature = "postgres")]
 async fn next(
-    rx: &mut tokio::sync::mpsc::Receiver<simba_core::backend::StoreEvent>,
+    rx: &mut simba_core::events::EventReceiver,
     bound: Duration,
 ) -> Option<simba_core::backend::StoreEvent> {
     timeout(bound, rx.recv()).await.ok().flatten()

@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use simba_core::backend::{Lease, LeaseStore, StoreEvent};
+use simba_core::events::EventReceiver as Receiver;
 use simba_jdbc::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL, SqlStore};
 use simba_test_kit::suite::Harness;
 use simba_test_kit::support::unique_name;
-use tokio::sync::mpsc::Receiver;
 use tokio::time::Instant;
 
 use common::{SqlHarness, sqlite_blocked};
@@ -129,7 +129,7 @@ async fn count(h: &SqlHarness, c: &Counter) -> (usize, usize) {
 }
 
 /// The next event other than a Resync, within `limit`.
-async fn next_event(rx: &mut Receiver<StoreEvent>, limit: Duration) -> Option<StoreEvent> {
+async fn next_event(rx: &mut Receiver, limit: Duration) -> Option<StoreEvent> {
     let until = Instant::now() + limit;
     loop {
         match tokio::time::timeout_at(until, rx.recv()).await {

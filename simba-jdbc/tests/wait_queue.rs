@@ -18,9 +18,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use simba_core::backend::{Lease, LeaseStore, StoreEvent};
+use simba_core::events::EventReceiver as Receiver;
 use simba_jdbc::SqlStore;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::mpsc::Receiver;
 use tokio::time::{Instant, timeout};
 
 use common::{LEASE, SqlHarness, sqlite_blocked};
@@ -43,7 +43,7 @@ const PUSH: Duration = Duration::from_secs(5);
 /// about a millisecond; a second is far longer, short enough to keep the test quick.
 const QUIET: Duration = Duration::from_secs(1);
 
-async fn next_event(rx: &mut Receiver<StoreEvent>, who: &str) -> StoreEvent {
+async fn next_event(rx: &mut Receiver, who: &str) -> StoreEvent {
     timeout(PUSH, rx.recv())
         .await
         .unwrap_or_else(|_| panic!("{who} was not woken within {PUSH:?}"))
@@ -51,7 +51,7 @@ async fn next_event(rx: &mut Receiver<StoreEvent>, who: &str) -> StoreEvent {
 }
 
 /// Whether an event other than a Resync comes within [`QUIET`].
-async fn woken(rx: &mut Receiver<StoreEvent>) -> Option<StoreEvent> {
+async fn woken(rx: &mut Receiver) -> Option<StoreEvent> {
     let until = Instant::now() + QUIET;
     loop {
         match tokio::time::timeout_at(until, rx.recv()).await {
@@ -134,7 +134,7 @@ async fn until_queued(h: &SqlHarness, n: usize) {
 
 /// A waiter: its first look found the mutex held, and it subscribed (in this order, as
 /// the engine's first attempt does: a store pushes to the contenders it knows).
-async fn waiter(store: &SqlStore, m: &str, id: &str, owner: &str) -> Receiver<StoreEvent> {
+async fn waiter(store: &SqlStore, m: &str, id: &str, owner: &str) -> Receiver {
     let r = store.acquire(m, id, LONG).await.expect("acquire");
     assert!(r.owner.is_owner(owner), "{id} finds {owner}: {r:?}");
     store

@@ -11,10 +11,10 @@ use fred::types::config::{
 };
 use fred::types::{Builder, Value, scripts::Script};
 use simba_core::backend::{
-    Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, held_owner_id, hold_millis,
+    Lease, LeaseReply, LeaseStore, PermitHolders, held_owner_id, hold_millis,
 };
+use simba_core::events::EventReceiver;
 use simba_core::{Error, Result, check_common_contender_id, check_common_mutex_name};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -374,7 +374,7 @@ impl RedisStore {
         &self,
         channels: Vec<String>,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> Result<Option<EventReceiver>> {
         let Some(subs) = &self.inner.subscriptions else {
             return Ok(None);
         };
@@ -838,11 +838,7 @@ impl LeaseStore for RedisStore {
         lease_reply("owner script", reply)
     }
 
-    async fn subscribe(
-        &self,
-        mutex: &str,
-        contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    async fn subscribe(&self, mutex: &str, contender_id: &str) -> Result<Option<EventReceiver>> {
         check(mutex, contender_id)?;
         let channels = vec![
             self.inner.keys.owner(mutex),
@@ -943,7 +939,7 @@ impl LeaseStore for RedisStore {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> Result<Option<EventReceiver>> {
         check(semaphore, contender_id)?;
         let keys = &self.inner.keys;
         let channels = vec![

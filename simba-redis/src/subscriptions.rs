@@ -1,6 +1,6 @@
 //! One subscriber connection per store, routing pub/sub messages to contenders.
 //!
-//! Every contender that subscribes gets an `mpsc` channel fed from three Redis channels: the
+//! Every contender that subscribes gets an event channel ([`simba_core::events`]) fed from three Redis channels: the
 //! mutex channel `P:{M}` (`acquired@@<id>`, and `released@@<id>` when a release reached no
 //! waiter or came from a JVM Simba that broadcasts it), its own channel `P:{M}:<id>`
 //! (`released@@<id>`, the targeted handoff) and the handoff channel `P:{M}:@@handoff`
@@ -25,9 +25,9 @@ use fred::types::config::{Options, Server};
 use fred::types::{Message, Value};
 use simba_core::Result;
 use simba_core::backend::StoreEvent;
+use simba_core::events::{self, EventReceiver, EventSender, TrySendError};
+use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{Notify, mpsc};
 use tracing::{debug, trace, warn};
 
 use crate::error::{BACKEND, backend};
@@ -77,7 +77,7 @@ pub(crate) fn parse_notice(text: &str) -> Option<Notice<'_>> {
 
 struct Route {
     contender: String,
-    tx: mpsc::Sender<StoreEvent>,
+    tx: EventSender,
 }
 
 #[derive(Default)]
@@ -88,7 +88,7 @@ struct Routes {
 }
 
 impl Routes {
-    fn add(&mut self, contender: &str, channels: &[String], tx: mpsc::Sender<StoreEvent>) -> u64 {
+    fn add(&mut self, contender: &str, channels: &[String], tx: EventSender) -> u64 {
         self.next += 1;
         let id = self.next;
         self.routes.insert(
@@ -175,11 +175,11 @@ impl Subscriptions {
         self: &Arc<Self>,
         channels: Vec<String>,
         contender: &str,
-    ) -> Result<mpsc::Receiver<StoreEvent>> {
+    ) -> Result<EventReceiver> {
         let this = self.clone();
         let contender = contender.to_owned();
         let task = tokio::spawn(async move {
-            let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
+            let (tx, rx) = events::channel(EVENT_CAPACITY);
             let mut subscribed = this.subscribed.lock().await;
             let route = this.routes().add(&contender, &channels, tx);
             let missing: Vec<String> = channels
@@ -535,7 +535,7 @@ mod tests {
 
     #[tokio::test]
     async fn full_channels_keep_releases() {
-        let (tx, mut rx) = mpsc::channel(1);
+        let (tx, mut rx) = events::channel(1);
         let route = Route {
             contender: "c".into(),
             tx,

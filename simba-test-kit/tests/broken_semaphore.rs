@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders};
+use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, MemoryStore, MutexOwner, Result};
 use simba_test_kit::memory::StoreHarness;
 use simba_test_kit::semaphore_cases;
-use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flaw {
@@ -27,7 +27,7 @@ enum Flaw {
 struct Flawed {
     flaw: Flaw,
     inner: MemoryStore,
-    deaf: std::sync::Arc<std::sync::Mutex<Vec<mpsc::Sender<StoreEvent>>>>,
+    deaf: std::sync::Arc<std::sync::Mutex<Vec<EventSender>>>,
 }
 
 impl LeaseStore for Flawed {
@@ -97,13 +97,9 @@ impl LeaseStore for Flawed {
     async fn permit_owners(&self, s: &str) -> Result<PermitHolders> {
         self.inner.permit_owners(s).await
     }
-    async fn permit_subscribe(
-        &self,
-        s: &str,
-        id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    async fn permit_subscribe(&self, s: &str, id: &str) -> Result<Option<EventReceiver>> {
         if self.flaw == Flaw::DeafWaiters {
-            let (tx, rx) = mpsc::channel(4);
+            let (tx, rx) = events::channel(4);
             self.deaf.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
             return Ok(Some(rx));
         }

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, StoreEvent};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore};
+use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{MemoryStore, MutexOwner, Result};
 use simba_test_kit::memory::StoreHarness;
 use simba_test_kit::{store_cases, suite};
-use tokio::sync::mpsc;
 
 /// Grants every acquire to whoever asks: no mutual exclusion at all.
 #[derive(Clone, Default)]
@@ -143,7 +143,7 @@ enum Flaw {
 struct Flawed {
     flaw: Flaw,
     inner: MemoryStore,
-    deaf: Arc<Mutex<Vec<mpsc::Sender<StoreEvent>>>>,
+    deaf: Arc<Mutex<Vec<EventSender>>>,
 }
 
 impl Flawed {
@@ -232,9 +232,9 @@ impl LeaseStore for Flawed {
     async fn owner(&self, m: &str) -> Result<LeaseReply> {
         self.inner.owner(m).await
     }
-    async fn subscribe(&self, m: &str, id: &str) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    async fn subscribe(&self, m: &str, id: &str) -> Result<Option<EventReceiver>> {
         if self.flaw == Flaw::DeafSubscribe {
-            let (tx, rx) = mpsc::channel(4);
+            let (tx, rx) = events::channel(4);
             self.deaf.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
             return Ok(Some(rx));
         }

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, LeaseConfig, MutexOwner, Result};
-use tokio::sync::mpsc;
 use zookeeper_async::{CreateMode, Stat, WatchedEvent, ZkError};
 
 use crate::config::encode_name;
@@ -58,7 +58,7 @@ impl std::fmt::Debug for ZkPermitStore {
     }
 }
 
-type Subscribers = StdMutex<HashMap<(String, String), mpsc::Sender<StoreEvent>>>;
+type Subscribers = StdMutex<HashMap<(String, String), EventSender>>;
 
 struct Inner {
     session: Arc<Session>,
@@ -398,9 +398,7 @@ impl Inner {
         }
     }
 
-    fn subscribers(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), mpsc::Sender<StoreEvent>>> {
+    fn subscribers(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), EventSender>> {
         self.subscribers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -823,9 +821,9 @@ impl LeaseStore for ZkPermitStore {
         &self,
         semaphore: &str,
         contender_id: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    ) -> Result<Option<EventReceiver>> {
         self.inner.follow_session();
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = events::channel(4);
         let mut subs = self.inner.subscribers();
         subs.retain(|_, tx| !tx.is_closed());
         subs.insert((semaphore.to_owned(), contender_id.to_owned()), tx);

@@ -2,7 +2,7 @@
 //! publisher every contend and retrieval service shares.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -40,9 +40,52 @@ impl fmt::Debug for Reporter {
 #[derive(Debug, Clone)]
 pub struct ServiceStatus {
     status: watch::Sender<ContenderStatus>,
-    owner_state: watch::Sender<MutexState>,
+    owner_state: Arc<StdMutex<OwnerState>>,
     reporter: Reporter,
     identity: Arc<Identity>,
+}
+
+/// The last owner change seen: the value alone until someone asks for a receiver
+/// ([`ServiceStatus::owner_state`]), then a `watch` channel made from it. A `watch` costs
+/// about 460 bytes, and most services (every one a [`Locker`](crate::Locker) holds) never
+/// hand one out. Every read and write goes through the one lock, so the channel made
+/// starts from the latest value and misses no update.
+#[derive(Debug)]
+enum OwnerState {
+    Value(MutexState),
+    Channel(watch::Sender<MutexState>),
+}
+
+impl OwnerState {
+    /// Replaces the value and notifies receivers.
+    fn replace(&mut self, state: MutexState) {
+        match self {
+            OwnerState::Value(v) => *v = state,
+            OwnerState::Channel(tx) => {
+                tx.send_replace(state);
+            }
+        }
+    }
+
+    /// Sets the times of the owner after the change (a renewal), without notifying.
+    fn refresh_after(&mut self, after: &MutexOwner) {
+        match self {
+            OwnerState::Value(v) => v.after = after.clone(),
+            OwnerState::Channel(tx) => {
+                tx.send_if_modified(|s| {
+                    s.after = after.clone();
+                    false
+                });
+            }
+        }
+    }
+
+    fn get<R>(&self, f: impl FnOnce(&MutexState) -> R) -> R {
+        match self {
+            OwnerState::Value(v) => f(v),
+            OwnerState::Channel(tx) => f(&tx.borrow()),
+        }
+    }
 }
 
 /// Whom the metrics and the loss / suspect events of a service name.
@@ -59,7 +102,7 @@ impl ServiceStatus {
     pub fn new(reporter: Reporter) -> Self {
         ServiceStatus {
             status: watch::Sender::new(ContenderStatus::default()),
-            owner_state: watch::Sender::new(MutexState::default()),
+            owner_state: Arc::new(StdMutex::new(OwnerState::Value(MutexState::default()))),
             reporter,
             identity: Arc::default(),
         }
@@ -124,7 +167,23 @@ impl ServiceStatus {
     /// A receiver of the last owner change seen
     /// ([`RetrievalService::state`](crate::RetrievalService::state)).
     pub fn owner_state(&self) -> watch::Receiver<MutexState> {
-        self.owner_state.subscribe()
+        let mut state = self.lock_owner_state();
+        match &mut *state {
+            OwnerState::Channel(tx) => tx.subscribe(),
+            OwnerState::Value(v) => {
+                let (tx, rx) = watch::channel(std::mem::take(v));
+                *state = OwnerState::Channel(tx);
+                rx
+            }
+        }
+    }
+
+    fn lock_owner_state(&self) -> MutexGuard<'_, OwnerState> {
+        // Nothing panics while it is held but an allocation failure; the state is whole
+        // after every statement.
+        self.owner_state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The status now.
@@ -134,7 +193,7 @@ impl ServiceStatus {
 
     /// The last owner change seen, now.
     pub fn current_owner(&self) -> MutexState {
-        self.owner_state.borrow().clone()
+        self.lock_owner_state().get(MutexState::clone)
     }
 
     /// Starts a run of the service's driver: publishes `running`, clears `held`,
@@ -154,7 +213,7 @@ impl ServiceStatus {
         });
         OwnershipTracker {
             out: self.clone(),
-            known: self.owner_state.borrow().after.clone(),
+            known: self.lock_owner_state().get(|s| s.after.clone()),
             owned: None,
             contending_since: Instant::now(),
             handoff_from: None,
@@ -260,16 +319,13 @@ impl OwnershipTracker {
         let state = MutexState::new(std::mem::replace(&mut self.known, owner.clone()), owner);
         if state.is_changed() {
             debug!(owner = %state.after.owner_id, fence = state.after.fence, "owner changed");
-            self.out.owner_state.send_replace(state.clone());
+            self.out.lock_owner_state().replace(state.clone());
             if let Reporter::Retriever(r) = &self.out.reporter {
                 r.on_changed(&state);
             }
             self.out.status.send_modify(|s| s.state = state.clone());
         } else {
-            self.out.owner_state.send_if_modified(|s| {
-                s.after = state.after.clone();
-                false
-            });
+            self.out.lock_owner_state().refresh_after(&state.after);
         }
         state
     }
@@ -425,7 +481,7 @@ impl OwnershipTracker {
             self.known.clone(),
         );
         if state.is_changed() {
-            self.out.owner_state.send_replace(state.clone());
+            self.out.lock_owner_state().replace(state.clone());
         }
         let loss = Loss {
             fence: owned.fence,

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, debug, info, warn};
@@ -12,6 +11,7 @@ use tracing::{Instrument, Span, debug, info, warn};
 use super::service::{OBSERVE_FLOOR, Shared};
 use crate::backend::OwnershipTracker;
 use crate::error::{Error, LossReason, Result};
+use crate::events::{EventReceiver, TryRecvError};
 use crate::hops::Hop;
 use crate::metrics::FailureKind;
 use crate::owner::{ContendPeriod, MutexOwner};
@@ -34,8 +34,7 @@ fn call_span<S: LeaseStore>(shared: &Shared<S>, op: &'static str, fence: Option<
 }
 
 /// What a subscription came back with (bounded by the request timeout).
-type Subscribed =
-    std::result::Result<Result<Option<mpsc::Receiver<StoreEvent>>>, crate::rt::Elapsed>;
+type Subscribed = std::result::Result<Result<Option<EventReceiver>>, crate::rt::Elapsed>;
 
 /// What one attempt (acquire, renew or read) came back with.
 enum Outcome {
@@ -52,7 +51,7 @@ pub(super) struct Driver<S> {
     tracker: OwnershipTracker,
     stop: CancellationToken,
     period: ContendPeriod,
-    events: Option<mpsc::Receiver<StoreEvent>>,
+    events: Option<EventReceiver>,
     subscribed: bool,
     next: Instant,
     /// The next attempt was asked for at once (start, or a pushed event): it goes ahead
@@ -591,15 +590,15 @@ fn record_outcome(span: &Span, outcome: &Outcome, me: &str) {
 }
 
 /// An event already queued: `Some(None)` when the store dropped the channel.
-fn try_event(events: &mut Option<mpsc::Receiver<StoreEvent>>) -> Option<Option<StoreEvent>> {
+fn try_event(events: &mut Option<EventReceiver>) -> Option<Option<StoreEvent>> {
     match events.as_mut()?.try_recv() {
         Ok(ev) => Some(Some(ev)),
-        Err(mpsc::error::TryRecvError::Empty) => None,
-        Err(mpsc::error::TryRecvError::Disconnected) => Some(None),
+        Err(TryRecvError::Empty) => None,
+        Err(TryRecvError::Disconnected) => Some(None),
     }
 }
 
-async fn recv_event(events: &mut Option<mpsc::Receiver<StoreEvent>>) -> Option<StoreEvent> {
+async fn recv_event(events: &mut Option<EventReceiver>) -> Option<StoreEvent> {
     match events {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use simba_core::backend::StoreEvent;
+use simba_core::events::EventSender;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
@@ -31,7 +32,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 struct Sub {
     contender: String,
-    tx: mpsc::Sender<StoreEvent>,
+    tx: EventSender,
     /// Set once the subscriber contends: its gate wakes it then (one waiter per release),
     /// so it hears nothing more from here.
     contending: Arc<AtomicBool>,
@@ -59,13 +60,7 @@ impl Hub {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add(
-        &self,
-        mutex: &str,
-        contender: &str,
-        tx: mpsc::Sender<StoreEvent>,
-        contending: Arc<AtomicBool>,
-    ) {
+    fn add(&self, mutex: &str, contender: &str, tx: EventSender, contending: Arc<AtomicBool>) {
         let mut subs = self.lock();
         let list = subs.entry(mutex.to_owned()).or_default();
         list.retain(Sub::listens);
@@ -181,7 +176,7 @@ impl Listener {
         &self,
         mutex: &str,
         contender: &str,
-        tx: mpsc::Sender<StoreEvent>,
+        tx: EventSender,
         contending: Arc<AtomicBool>,
     ) {
         self.hub.add(mutex, contender, tx, contending);
@@ -294,7 +289,7 @@ mod tests {
     fn dispatch_skips_the_actor_and_other_mutexes() {
         let hub = Hub::default();
         let add = |m: &str, c: &str| {
-            let (tx, rx) = mpsc::channel(16);
+            let (tx, rx) = simba_core::events::channel(16);
             hub.add(m, c, tx, Arc::default());
             rx
         };

@@ -24,8 +24,8 @@ use diesel::QueryableByName;
 use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use simba_core::backend::{Lease, LeaseReply, PermitHolders, StoreEvent};
+use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, MutexOwner, Result};
-use tokio::sync::mpsc;
 use tracing::debug;
 
 // `Failure`, `Checked`, `on_pool!` and `debug!` are named by the `run!` expansion.
@@ -603,7 +603,7 @@ async fn insert<C: SqlConn>(
 }
 
 /// The waiters of one semaphore in a store: (contender, sender).
-type Subscribers = Vec<(String, mpsc::Sender<StoreEvent>)>;
+type Subscribers = Vec<(String, EventSender)>;
 
 /// The store's semaphores: their statements and the local waiters to wake.
 pub(crate) struct Permits {
@@ -620,8 +620,8 @@ impl Permits {
         }
     }
 
-    fn subscribe(&self, semaphore: &str, contender: &str) -> mpsc::Receiver<StoreEvent> {
-        let (tx, rx) = mpsc::channel(4);
+    fn subscribe(&self, semaphore: &str, contender: &str) -> EventReceiver {
+        let (tx, rx) = events::channel(4);
         let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         let list = map.entry(semaphore.to_owned()).or_default();
         list.retain(|(_, tx)| !tx.is_closed());
@@ -862,11 +862,7 @@ impl Ops<'_> {
         })
     }
 
-    pub(crate) fn subscribe(
-        &self,
-        semaphore: &str,
-        me: &str,
-    ) -> Result<Option<mpsc::Receiver<StoreEvent>>> {
+    pub(crate) fn subscribe(&self, semaphore: &str, me: &str) -> Result<Option<EventReceiver>> {
         self.check(semaphore, Some(me))?;
         Ok(Some(self.inner.permits.subscribe(semaphore, me)))
     }
