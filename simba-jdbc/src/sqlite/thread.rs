@@ -30,6 +30,34 @@ pub(crate) struct ConnThread {
     jobs: Option<mpsc::Sender<Job>>,
 }
 
+/// The answer of a job not yet received. Dropped before it came (its caller gave up), it
+/// waits for the job to end, as the wrapper's default runtime does: the job holds the
+/// connection, and diesel-async's transactions need it to themselves (it panics
+/// otherwise) once the connection is back in the pool. On a multi-thread runtime only
+/// (elsewhere the job ends on its own, later).
+struct Pending<R>(Option<tokio::sync::oneshot::Receiver<R>>);
+
+impl<R> Drop for Pending<R> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.0.take() else {
+            return;
+        };
+        if !matches!(
+            rx.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ) {
+            return;
+        }
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi {
+            tokio::task::block_in_place(move || {
+                let _ = rx.blocking_recv();
+            });
+        }
+    }
+}
+
 impl SpawnBlocking for ConnThread {
     fn spawn_blocking<'a, R>(
         &mut self,
@@ -50,8 +78,13 @@ impl SpawnBlocking for ConnThread {
         };
         Box::pin(async move {
             sent?;
-            rx.await
-                .map_err(|_| "the SQLite statement panicked on the connection's thread".into())
+            let mut pending = Pending(Some(rx));
+            let answer = match pending.0.as_mut() {
+                Some(rx) => rx.await,
+                None => return Err("no answer channel".into()),
+            };
+            pending.0 = None;
+            answer.map_err(|_| "the SQLite statement panicked on the connection's thread".into())
         })
     }
 
