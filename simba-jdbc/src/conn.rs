@@ -86,6 +86,107 @@ where
     q
 }
 
+/// A statement with `?` placeholders and its bound values, which the connection may
+/// prepare once and keep (diesel's statement cache, keyed by the text): unlike diesel's
+/// `sql_query`, which is prepared anew on every call. For the statements whose text is
+/// fixed (one per kind of call) on MySQL and SQLite; not for the batched renewal, whose
+/// text varies with its size, nor for PostgreSQL (its `$n` placeholders: its hot calls
+/// have prepared statements of their own, `crate::postgres::fast`).
+///
+/// The placeholders are written by diesel's query builder as it walks the text (`?` on
+/// MySQL and SQLite), one per bound value in order, so the text must hold no `?` outside
+/// placeholders (none of `crate::sql`'s does).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) struct Prepared<'a> {
+    pub(crate) sql: &'a str,
+    pub(crate) args: &'a [Arg<'a>],
+}
+
+impl diesel::query_builder::QueryId for Prepared<'_> {
+    type QueryId = ();
+    // No type of its own: the statement cache keys it by its text and bind types.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<DB> diesel::query_builder::QueryFragment<DB> for Prepared<'_>
+where
+    DB: DieselBackend + HasSqlType<Text> + HasSqlType<BigInt>,
+    for<'b> &'b str: ToSql<Text, DB>,
+    i64: ToSql<BigInt, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        let mut parts = self.sql.split('?');
+        if let Some(first) = parts.next() {
+            out.push_sql(first);
+        }
+        let mut args = self.args.iter();
+        for part in parts {
+            match args.next() {
+                Some(Arg::Text(s)) => out.push_bind_param::<Text, _>(s)?,
+                Some(Arg::Int(i)) => out.push_bind_param::<BigInt, _>(i)?,
+                None => {
+                    return Err(diesel::result::Error::QueryBuilderError(
+                        "more placeholders than bound values".into(),
+                    ));
+                }
+            }
+            out.push_sql(part);
+        }
+        if args.next().is_some() {
+            return Err(diesel::result::Error::QueryBuilderError(
+                "more bound values than placeholders".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl diesel::query_builder::Query for Prepared<'_> {
+    type SqlType = diesel::sql_types::Untyped;
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for Prepared<'_> {}
+
+/// A statement the connection keeps prepared ([`Prepared`]); `DB` only matches
+/// [`bind_all`]'s form for `impl_sql_conn!`.
+#[allow(clippy::extra_unused_type_parameters)]
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) fn prepared<'a, DB>(sql: &'a str, args: &'a [Arg<'a>]) -> Prepared<'a> {
+    Prepared { sql, args }
+}
+
+/// A bound value owned, to send to a connection's thread ([`SqlConn::on_thread`]).
+#[cfg(feature = "sqlite")]
+#[derive(Debug, Clone)]
+pub(crate) enum OwnedArg {
+    Text(String),
+    Int(i64),
+}
+
+#[cfg(feature = "sqlite")]
+impl OwnedArg {
+    pub(crate) fn all(args: &[Arg<'_>]) -> Vec<OwnedArg> {
+        args.iter()
+            .map(|a| match *a {
+                Arg::Text(s) => OwnedArg::Text(s.to_owned()),
+                Arg::Int(i) => OwnedArg::Int(i),
+            })
+            .collect()
+    }
+
+    pub(crate) fn borrow(args: &[OwnedArg]) -> Vec<Arg<'_>> {
+        args.iter()
+            .map(|a| match a {
+                OwnedArg::Text(s) => Arg::Text(s),
+                OwnedArg::Int(i) => Arg::Int(*i),
+            })
+            .collect()
+    }
+}
+
 /// What the store needs from a connection, whatever the backend.
 pub(crate) trait SqlConn: Send {
     fn exec<'a>(
@@ -100,6 +201,16 @@ pub(crate) trait SqlConn: Send {
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a;
 
+    /// `exec` of a statement whose text varies from call to call (the batched renewal):
+    /// never kept prepared.
+    fn exec_varying<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'a;
+
+    /// Reads the rows of a batched renewal (a statement whose text varies with the batch:
+    /// never kept prepared).
     fn load_batch<'a>(
         &'a mut self,
         sql: &'a str,
@@ -120,14 +231,42 @@ pub(crate) trait SqlConn: Send {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<crate::store::permits::PermitRow>>> + Send + 'a;
+
+    /// Whether the connection runs its statements on a thread of its own (SQLite): then a
+    /// call's statements go there together, in one hop ([`SqlConn::on_thread`]).
+    const THREADED: bool = false;
+
+    /// Runs `work` with the SQLite connection on its thread, in one hop; an error where
+    /// the connection has no thread (only called when [`SqlConn::THREADED`]).
+    #[cfg(feature = "sqlite")]
+    fn on_thread<'a, R: Send + 'static>(
+        &'a mut self,
+        work: impl FnOnce(&mut diesel::SqliteConnection) -> QueryResult<R> + Send + 'static,
+    ) -> impl Future<Output = QueryResult<R>> + Send + 'a {
+        drop(work);
+        std::future::ready(Err(diesel::result::Error::QueryBuilderError(
+            "this connection runs no statements on a thread of its own".into(),
+        )))
+    }
 }
 
 /// Implements [`SqlConn`] for a diesel-async connection type `$conn` of backend `$db`
-/// (each dialect module for its own connection).
+/// (each dialect module for its own connection), its statements of fixed text built by
+/// `$query` ([`bind_all`]: prepared on every call; [`prepared`]: kept prepared by the
+/// connection), with the `$extra` items (SQLite's thread) in the impl.
 macro_rules! impl_sql_conn {
-    ($conn:ty, $db:ty) => {
+    ($conn:ty, $db:ty, $query:ident { $($extra:item)* }) => {
         impl $crate::conn::SqlConn for $conn {
             fn exec<'a>(
+                &'a mut self,
+                sql: &'a str,
+                args: &'a [$crate::conn::Arg<'a>],
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<usize>> + Send + 'a {
+                let q = $crate::conn::$query::<$db>(sql, args);
+                async move { diesel_async::RunQueryDsl::execute(q, self).await }
+            }
+
+            fn exec_varying<'a>(
                 &'a mut self,
                 sql: &'a str,
                 args: &'a [$crate::conn::Arg<'a>],
@@ -141,7 +280,7 @@ macro_rules! impl_sql_conn {
                 sql: &'a str,
                 args: &'a [$crate::conn::Arg<'a>],
             ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::conn::OwnerRow>>> + Send + 'a {
-                let q = $crate::conn::bind_all::<$db>(sql, args);
+                let q = $crate::conn::$query::<$db>(sql, args);
                 async move { diesel_async::RunQueryDsl::load::<$crate::conn::OwnerRow>(q, self).await }
             }
 
@@ -175,9 +314,11 @@ macro_rules! impl_sql_conn {
                 sql: &'a str,
                 args: &'a [$crate::conn::Arg<'a>],
             ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::store::permits::PermitRow>>> + Send + 'a {
-                let q = $crate::conn::bind_all::<$db>(sql, args);
+                let q = $crate::conn::$query::<$db>(sql, args);
                 async move { diesel_async::RunQueryDsl::load::<$crate::store::permits::PermitRow>(q, self).await }
             }
+
+            $($extra)*
         }
     };
 }
@@ -237,6 +378,19 @@ impl Call<'_> {
             args.push(Arg::Text(&payload));
             args.push(Arg::Text(self.mutex));
         }
+        #[cfg(feature = "sqlite")]
+        if C::THREADED && !self.st.returns_row {
+            // All of it on the connection's thread, in one hop (a hop costs more than
+            // SQLite's work on a statement, and the store's turn is held meanwhile).
+            let (sql, insert, select) =
+                (sql.clone(), self.st.insert.clone(), self.st.select.clone());
+            let (mutex, args) = (self.mutex.to_owned(), OwnedArg::all(&args));
+            return c
+                .on_thread(move |conn| {
+                    acquire_on_thread(conn, &sql, &insert, &select, &mutex, &args)
+                })
+                .await;
+        }
         let row = self.run_acquire(c, sql, &args).await?;
         if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
             return Ok(row);
@@ -295,6 +449,43 @@ impl Call<'_> {
         }
         Ok(c.exec(&self.st.release, &args).await? > 0)
     }
+}
+
+/// [`Call::acquire`]'s statements on a SQLite connection's thread: the conditional
+/// UPDATE and the owner read, and on a mutex's first use the insert of its row and both
+/// again.
+#[cfg(feature = "sqlite")]
+fn acquire_on_thread(
+    conn: &mut diesel::SqliteConnection,
+    sql: &str,
+    insert: &str,
+    select: &str,
+    mutex: &str,
+    args: &[OwnedArg],
+) -> QueryResult<Option<OwnerRow>> {
+    use diesel::RunQueryDsl;
+    let args = OwnedArg::borrow(args);
+    let key = [Arg::Text(mutex)];
+    let attempt = |conn: &mut diesel::SqliteConnection| -> QueryResult<Option<OwnerRow>> {
+        Prepared { sql, args: &args }.execute(conn)?;
+        Ok(Prepared {
+            sql: select,
+            args: &key,
+        }
+        .load::<OwnerRow>(conn)?
+        .pop())
+    };
+    let row = attempt(conn)?;
+    if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
+        return Ok(row);
+    }
+    // First use of this mutex: create its row (racing inserts are no-ops) and decide again.
+    Prepared {
+        sql: insert,
+        args: &key,
+    }
+    .execute(conn)?;
+    attempt(conn)
 }
 
 /// A pooled connection that is closed, not returned to the pool, unless the call that

@@ -181,7 +181,7 @@ pub(crate) enum ProbeConn {
 }
 
 impl ProbeConn {
-    /// Runs `SELECT 1`: one round trip (SQLite: one hop to a blocking thread and back).
+    /// Runs `SELECT 1`: one round trip (SQLite: one hop to the connection's thread and back).
     pub(crate) async fn select_one(&mut self) -> diesel::QueryResult<()> {
         use diesel_async::SimpleAsyncConnection;
         match self {

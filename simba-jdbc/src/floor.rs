@@ -3,7 +3,7 @@
 //!
 //! The probe opens one connection of the same kind as the store's pool (same driver, same
 //! URL, same SQLite file) and keeps it, so that each [`SqlProbe::select_one`] is exactly one
-//! round trip (SQLite: one hop to a blocking thread and back).
+//! round trip (SQLite: one hop to the connection's thread and back).
 
 use std::fmt;
 use std::time::Duration;

@@ -28,16 +28,16 @@
 //! in the gate itself, so a caller's future that is dropped halfway never leaves the lock
 //! held by nobody's knowledge.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use simba_core::backend::StoreEvent;
 use simba_core::events::{self, EventReceiver, EventSender};
 use tokio::sync::oneshot;
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 use tracing::{debug, warn};
 
@@ -102,8 +102,9 @@ struct State {
     /// acquire or renewal call plus the whole lease (later than the engine's own local
     /// deadline, which counts from before the call and subtracts a drift margin).
     owner_until: Option<Instant>,
-    /// The timer that ends the ownership here at `owner_until`.
-    expiry: Option<AbortHandle>,
+    /// The entry in the store's expiry queue ([`Expiries`]) that ends the ownership here at
+    /// `owner_until`.
+    expiry: Option<ExpiryKey>,
     /// The owner has an acquisition or renewal in flight (see [`Gates::calling`]): if its
     /// ownership runs out here meanwhile, the native lock stays with it.
     calling: Option<String>,
@@ -180,6 +181,46 @@ pub(crate) struct Gates {
     /// The namespace of lock keys: the database and the table.
     scope: String,
     gates: StdMutex<HashMap<String, Arc<Gate>>>,
+    /// When the ownerships held here end unless renewed: one queue and at most one task
+    /// for the whole store, not a timer task per owned mutex.
+    expiries: Expiries,
+}
+
+/// An ownership's place in the expiry queue: its end, and a sequence number that tells
+/// two ends at the same instant apart.
+type ExpiryKey = (Instant, u64);
+
+/// The expiry queue of a store's gates: the ends of the local ownerships ([`State::owner_until`]),
+/// earliest first, served by one task ([`Gates::expiry_task`]) that runs while the queue
+/// holds an entry. An ownership costs an entry (its key and its gate), and a renewal moves
+/// it: no task and no spawn per owned mutex or per renewal.
+#[derive(Default)]
+struct Expiries {
+    queue: StdMutex<ExpiryQueue>,
+    /// Signalled when an entry earlier than every other is queued (the task sleeps until
+    /// the earliest entry).
+    sooner: Arc<tokio::sync::Notify>,
+}
+
+#[derive(Default)]
+struct ExpiryQueue {
+    due: BTreeMap<ExpiryKey, Arc<Gate>>,
+    next: u64,
+    /// The task runs (it ends when the queue is empty).
+    running: bool,
+}
+
+impl Expiries {
+    fn lock(&self) -> MutexGuard<'_, ExpiryQueue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes `key` out of the queue (the ownership was renewed, released or lost).
+    fn remove(&self, key: ExpiryKey) {
+        let removed = self.lock().due.remove(&key);
+        // The gate's last reference may go here: outside the queue's lock.
+        drop(removed);
+    }
 }
 
 impl fmt::Debug for Gates {
@@ -196,6 +237,7 @@ impl Gates {
             locks: Locks::new(kind, bound),
             scope,
             gates: StdMutex::new(HashMap::new()),
+            expiries: Expiries::default(),
         }
     }
 
@@ -413,17 +455,8 @@ impl Gates {
             s.owner = Some(id.to_owned());
             if s.owner_until.is_none_or(|u| u < until) {
                 s.owner_until = Some(until);
-                if let Some(old) = s.expiry.take() {
-                    old.abort();
-                }
-                let this = self.clone();
-                let timer_gate = gate.clone();
-                let me = id.to_owned();
-                let timer = tokio::spawn(async move {
-                    tokio::time::sleep_until(until).await;
-                    this.expire(&timer_gate, &me, until);
-                });
-                s.expiry = Some(timer.abort_handle());
+                let old = s.expiry.take();
+                s.expiry = Some(self.schedule(&gate, until, old));
             }
             if s.is(&s.granted, id) {
                 s.granted = None;
@@ -435,6 +468,9 @@ impl Gates {
             // It lost the row: a waiter again, first in line if this process holds the lock.
             s.owner = None;
             s.owner_until = None;
+            if let Some(key) = s.expiry.take() {
+                self.expiries.remove(key);
+            }
             if s.held.is_some() && s.granted.is_none() {
                 s.granted = Some(id.to_owned());
             } else {
@@ -443,14 +479,104 @@ impl Gates {
         }
     }
 
+    /// Queues the end of `gate`'s ownership at `until` (in place of `old`, its earlier end),
+    /// starting the expiry task if it does not run, and returns the entry's key. Called
+    /// with the gate's state locked (the queue's lock is taken inside it, never the other
+    /// way round).
+    fn schedule(
+        self: &Arc<Self>,
+        gate: &Arc<Gate>,
+        until: Instant,
+        old: Option<ExpiryKey>,
+    ) -> ExpiryKey {
+        let mut q = self.expiries.lock();
+        let replaced = old.and_then(|k| q.due.remove(&k));
+        let key = (until, q.next);
+        q.next = q.next.wrapping_add(1);
+        let sooner = q
+            .due
+            .first_key_value()
+            .is_none_or(|(first, _)| key < *first);
+        q.due.insert(key, gate.clone());
+        if !q.running {
+            q.running = true;
+            tokio::spawn(Self::expiry_task(
+                Arc::downgrade(self),
+                self.expiries.sooner.clone(),
+            ));
+        } else if sooner {
+            self.expiries.sooner.notify_one();
+        }
+        drop(q);
+        drop(replaced);
+        key
+    }
+
+    /// The expiry task: ends every queued ownership whose end has come ([`Gates::expire`]),
+    /// sleeps until the next one (or until a sooner one is queued), and ends when the
+    /// queue is empty or the store is gone.
+    async fn expiry_task(this: Weak<Self>, sooner: Arc<tokio::sync::Notify>) {
+        enum Then {
+            Sleep(Instant),
+            Again,
+        }
+        loop {
+            let then = {
+                let Some(gates) = this.upgrade() else {
+                    return;
+                };
+                let now = Instant::now();
+                let mut due = Vec::new();
+                let then = {
+                    let mut q = gates.expiries.lock();
+                    while let Some(entry) = q.due.first_entry() {
+                        if entry.key().0 > now {
+                            break;
+                        }
+                        let key = *entry.key();
+                        due.push((key, entry.remove()));
+                    }
+                    match q.due.first_key_value() {
+                        Some((first, _)) => Then::Sleep(first.0),
+                        // The expiries below may queue more: look again after them.
+                        None if !due.is_empty() => Then::Again,
+                        None => {
+                            q.running = false;
+                            return;
+                        }
+                    }
+                };
+                // Outside the queue's lock: `expire` locks the gate, and the gate's
+                // holders take the queue's lock inside the gate's.
+                for (key, gate) in due {
+                    gates.expire(&gate, key);
+                }
+                then
+            };
+            // Asleep, the task holds no reference to the store.
+            if let Then::Sleep(at) = then {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = sooner.notified() => {}
+                }
+            }
+        }
+    }
+
     /// The ownership of `id` was not renewed by `until`: its engine has given it up by
     /// now, so the native lock goes on as after a release (an owner that comes back
     /// contends anew).
-    fn expire(self: &Arc<Self>, gate: &Arc<Gate>, id: &str, until: Instant) {
+    fn expire(self: &Arc<Self>, gate: &Arc<Gate>, key: ExpiryKey) {
         let mut s = gate.lock();
-        if !s.is(&s.owner, id) || s.owner_until != Some(until) {
+        if s.expiry != Some(key) {
+            // Renewed, released or lost since it was taken out of the queue.
             return;
         }
+        let Some(id) = s.owner.clone() else {
+            s.expiry = None;
+            return;
+        };
+        let id = id.as_str();
         if s.is(&s.calling, id) && s.held.is_some() && s.granted.is_none() {
             // A call of the owner is in flight, and may renew the row (or take it, with
             // the lock) after this instant: unlocking now would let another process take
@@ -493,8 +619,8 @@ impl Gates {
             if s.is(&s.owner, id) {
                 s.owner = None;
                 s.owner_until = None;
-                if let Some(timer) = s.expiry.take() {
-                    timer.abort();
+                if let Some(key) = s.expiry.take() {
+                    self.expiries.remove(key);
                 }
             }
             if s.is(&s.granted, id) {
@@ -738,5 +864,103 @@ impl Gates {
             gate.lingered.notify_waiters();
             this.tidy(&gate);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(gates: &Gates, mutex: &str) -> Option<String> {
+        gates.existing(mutex).and_then(|g| g.lock().owner.clone())
+    }
+
+    fn queued(gates: &Gates) -> usize {
+        gates.expiries.lock().due.len()
+    }
+
+    /// Lets the expiry task run on the paused clock.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The ownerships of a store end from one queue: at their own ends (a renewal moves
+    /// one), a sooner end queued while the task sleeps is served on time, a release takes
+    /// its entry out, and the task ends with the queue.
+    #[tokio::test(start_paused = true)]
+    async fn ownerships_expire_from_one_queue() {
+        let gates = Arc::new(Gates::new(
+            Kind::Local,
+            "db\ntable".to_owned(),
+            Duration::from_secs(5),
+        ));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        gates.outcome("late", "a", true, t0 + ms(10_000));
+        settle().await;
+        // The task sleeps until 10 s; a sooner end wakes it.
+        for i in 0..100u64 {
+            gates.outcome(&format!("m{i}"), "a", true, t0 + ms(100 + i));
+        }
+        // A renewal moves m0's end; an earlier end than the one queued changes nothing.
+        gates.outcome("m0", "a", true, t0 + ms(5_000));
+        gates.outcome("m1", "a", true, t0 + ms(50));
+        assert_eq!(queued(&gates), 101);
+        tokio::time::sleep_until(t0 + ms(99)).await;
+        settle().await;
+        assert_eq!(owner(&gates, "m1").as_deref(), Some("a"), "ended too early");
+        tokio::time::sleep_until(t0 + ms(200)).await;
+        settle().await;
+        for i in 1..100 {
+            assert_eq!(owner(&gates, &format!("m{i}")), None, "m{i} did not end");
+        }
+        assert_eq!(
+            owner(&gates, "m0").as_deref(),
+            Some("a"),
+            "the renewal was lost"
+        );
+        assert_eq!(queued(&gates), 2);
+        // A lost row and a release take their entries out at once.
+        gates.outcome("m0", "a", false, t0 + ms(6_000));
+        assert_eq!(owner(&gates, "m0"), None);
+        gates.done("late", "a", false).await;
+        assert_eq!(queued(&gates), 0);
+        tokio::time::sleep_until(t0 + ms(20_000)).await;
+        settle().await;
+        assert!(
+            !gates.expiries.lock().running,
+            "the task outlived its queue"
+        );
+        // And starts again with the next ownership.
+        gates.outcome("again", "b", true, Instant::now() + ms(10));
+        tokio::time::sleep(ms(20)).await;
+        settle().await;
+        assert_eq!(owner(&gates, "again"), None);
+    }
+
+    /// An ownership whose end comes while a call of its owner is in flight keeps the native
+    /// lock for the owner, as a grant (see `Gates::expire`).
+    #[tokio::test(start_paused = true)]
+    async fn an_end_during_a_call_keeps_the_lock_as_a_grant() {
+        let gates = Arc::new(Gates::new(
+            Kind::Local,
+            "db\ntable".to_owned(),
+            Duration::from_secs(5),
+        ));
+        gates.outcome("m", "a", true, Instant::now() + Duration::from_millis(10));
+        let gate = gates.existing("m").expect("gate");
+        gate.lock().held = Some(Held::Local);
+        gates.calling("m", "a");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        settle().await;
+        let s = gate.lock();
+        assert_eq!(s.owner, None);
+        assert_eq!(s.granted.as_deref(), Some("a"));
+        assert!(
+            s.held.is_some(),
+            "the lock was let go under a call in flight"
+        );
     }
 }

@@ -13,7 +13,7 @@
 //! lock file) for as long as it waits, and a session that got its lock keeps it while its
 //! mutex is owned. Without a bound, a process that waits for thousands of distinct mutexes
 //! opens thousands of sessions (MariaDB answered "Too many connections" at scale) or fills
-//! tokio's blocking pool, which the SQLite connections also run on. So one store runs at
+//! tokio's blocking pool. So one store runs at
 //! most [`MAX_NATIVE_WAITS`] of them: its lock sessions other than the shared holder (waiting,
 //! holding a lock for an owner, or spare) and its lock-file waits in flight. A wait beyond
 //! the cap takes none: its gate tries the lock once per [`NATIVE_WAIT_POLL`] with a

@@ -169,7 +169,7 @@ struct Inner {
     /// The native wait queues of this store's mutexes.
     gates: Arc<Gates>,
     /// Close connections whose call failed or was cut off (not SQLite: its calls run to
-    /// completion on a blocking thread, and an in-memory database lives in its connection).
+    /// completion on the connection's thread, and an in-memory database lives in its connection).
     discard: bool,
     /// Renewals waiting for their batch ([`renew`]).
     renewals: renew::Renewals,

@@ -19,7 +19,7 @@ use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
 use crate::dialect::{pool_error, pools};
 
-impl_sql_conn!(AsyncMysqlConnection, diesel::mysql::Mysql);
+impl_sql_conn!(AsyncMysqlConnection, diesel::mysql::Mysql, bind_all {});
 
 /// What a MySQL / MariaDB store holds: its pool, and the URL its lock sessions connect to.
 pub(crate) struct Store {

@@ -161,6 +161,23 @@ impl SqlConn for Handle {
         }
     }
 
+    /// Not prepared nor cached: the text changes from call to call.
+    fn exec_varying<'a>(
+        &'a mut self,
+        sql: &'a str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
+        async move {
+            let n = self
+                .0
+                .client
+                .execute(sql, &params(args))
+                .await
+                .map_err(failed)?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        }
+    }
+
     fn load_owner<'a>(
         &'a mut self,
         sql: &'a str,

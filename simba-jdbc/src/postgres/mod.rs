@@ -25,7 +25,7 @@ use crate::config::{Backend, SqlConfig, redact_url};
 use crate::conn::impl_sql_conn;
 use crate::dialect::{pool_error, pools};
 
-impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg);
+impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg, bind_all {});
 
 /// What a PostgreSQL store holds.
 pub(crate) struct Store {

@@ -1,4 +1,4 @@
-//! SQLite: the connections of a store (diesel's `SqliteConnection` on blocking threads),
+//! SQLite: the connections of a store (diesel's `SqliteConnection`, each on a thread of its own),
 //! its pool, and its native lock (on Linux byte-range locks in one lock file per
 //! database, elsewhere a lock file per mutex).
 
@@ -7,6 +7,7 @@ pub(crate) mod lock;
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 #[path = "lock_files.rs"]
 pub(crate) mod lock;
+mod thread;
 
 use std::time::Duration;
 
@@ -23,11 +24,23 @@ use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
 use crate::dialect::{pool_error, pools};
 
-/// A SQLite connection, run on blocking threads.
-pub(crate) type SqliteConn =
-    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+/// A SQLite connection, its statements run on a thread of its own ([`thread`]) and kept
+/// prepared.
+pub(crate) type SqliteConn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper<
+    diesel::SqliteConnection,
+    thread::ConnThread,
+>;
 
-impl_sql_conn!(SqliteConn, diesel::sqlite::Sqlite);
+impl_sql_conn!(SqliteConn, diesel::sqlite::Sqlite, prepared {
+    const THREADED: bool = true;
+
+    fn on_thread<'a, R: Send + 'static>(
+        &'a mut self,
+        work: impl FnOnce(&mut diesel::SqliteConnection) -> diesel::QueryResult<R> + Send + 'static,
+    ) -> impl std::future::Future<Output = diesel::QueryResult<R>> + Send + 'a {
+        self.spawn_blocking(work)
+    }
+});
 
 /// What a SQLite store holds: its pool, and where its database lives.
 pub(crate) struct Store {

@@ -740,7 +740,7 @@ impl Ops<'_> {
     /// (commit or rollback) even when the caller gives up; the caller waits for it at most
     /// the statement timeout. MySQL and PostgreSQL bound the work itself too (a
     /// connection cut off is closed, and the server rolls back); SQLite's statements run
-    /// to completion on a blocking thread (its busy timeout bounds a lock wait).
+    /// to completion on the connection's thread (its busy timeout bounds a lock wait).
     async fn detached<T, F, Fut>(&self, what: String, work: F) -> Result<T>
     where
         T: Send + 'static,

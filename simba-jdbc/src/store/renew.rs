@@ -212,10 +212,7 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
     // module's documentation on the local deadline).
     let rows: Result<Vec<BatchRow>> = inner
         .bounded(&what, inner.config.statement_timeout(), async {
-            on_conn!(@renewal inner, |c| async {
-                c.exec(&update, &update_args).await?;
-                c.load_batch(&select, &select_args).await
-            })
+            on_conn!(@renewal inner, |c| renew_statements(c, &update, &update_args, &select, &select_args))
         })
         .await;
     inner
@@ -285,4 +282,34 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
         }
         let _ = p.reply.send(reply);
     }
+}
+
+/// The two statements of a batch: on SQLite together on the connection's thread, in one
+/// hop (see `SqlConn::on_thread`).
+async fn renew_statements<C: SqlConn>(
+    c: &mut C,
+    update: &str,
+    update_args: &[Arg<'_>],
+    select: &str,
+    select_args: &[Arg<'_>],
+) -> diesel::QueryResult<Vec<BatchRow>> {
+    #[cfg(feature = "sqlite")]
+    if C::THREADED {
+        use crate::conn::OwnedArg;
+        use diesel::RunQueryDsl;
+        let (update, select) = (update.to_owned(), select.to_owned());
+        let (update_args, select_args) = (OwnedArg::all(update_args), OwnedArg::all(select_args));
+        return c
+            .on_thread(move |conn| {
+                let update_args = OwnedArg::borrow(&update_args);
+                let select_args = OwnedArg::borrow(&select_args);
+                crate::conn::bind_all::<diesel::sqlite::Sqlite>(&update, &update_args)
+                    .execute(conn)?;
+                crate::conn::bind_all::<diesel::sqlite::Sqlite>(&select, &select_args)
+                    .load::<BatchRow>(conn)
+            })
+            .await;
+    }
+    c.exec_varying(update, update_args).await?;
+    c.load_batch(select, select_args).await
 }
