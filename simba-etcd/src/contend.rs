@@ -305,7 +305,14 @@ impl Run {
                     self.tracker.mark_suspect(&"an etcd call failed");
                 }
                 if self.failures == 1 {
-                    warn!("contending failed, retrying: {e}");
+                    let mut cause = String::new();
+                    let mut next = std::error::Error::source(&e);
+                    while let Some(c) = next {
+                        cause.push_str(": ");
+                        cause.push_str(&c.to_string());
+                        next = c.source();
+                    }
+                    warn!("contending failed, retrying: {e}{cause}");
                 } else {
                     debug!("contending failed again: {e}");
                 }
