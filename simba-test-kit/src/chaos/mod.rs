@@ -535,6 +535,28 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Waits (up to 2 s: a stop is delivered in microseconds, the bound covers a loaded
+    /// machine) until the kernel shows contender `i` stopped; false if it never does, or
+    /// has no process.
+    async fn stopped(&self, i: usize) -> bool {
+        let Some(pid) = self.contenders[i].child.as_ref().and_then(Child::id) else {
+            return false;
+        };
+        if !cfg!(target_os = "linux") {
+            // No `/proc` to look at: the signal was sent, take it as delivered.
+            return true;
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            match all_threads_stopped(pid) {
+                Some(true) => return true,
+                Some(false) => sleep(Duration::from_millis(1)).await,
+                None => return false,
+            }
+        }
+        false
+    }
+
     fn lease(&self) -> Duration {
         self.cfg.ttl + self.cfg.transition
     }
@@ -564,6 +586,16 @@ impl Run<'_> {
             }
             FaultKind::Pause => {
                 self.signal(owner, "STOP").await?;
+                // A holder holds for tens of milliseconds, about what spawning `kill` takes
+                // on a loaded machine: the stop may land after its release. A pause of a
+                // process that owns nothing tests nothing, so it is let go at once and the
+                // pause comes again at the next tick.
+                if !self.stopped(owner).await
+                    || !self.resource.believes(&self.contenders[owner].name)
+                {
+                    self.signal(owner, "CONT").await?;
+                    return Ok(false);
+                }
                 // Past the lease end and past the waiters' wake-up jitter after it (up to
                 // 1 s by default): a waiter that is not pushed (its push would come from
                 // the stopped owner) takes over while the owner is still stopped.
@@ -782,6 +814,30 @@ fn zookeeper_peer(pid: u32) -> Option<std::net::SocketAddr> {
         .into_iter()
         .map(|(_, remote)| remote)
         .find(|remote| remote.port() == 2181)
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` or `t` in
+/// `/proc/<pid>/task/*/stat`, Linux): a thread inside a system call stops only on its way
+/// out of it, so a message it was sending has gone by then. `None`: no such process.
+fn all_threads_stopped(pid: u32) -> Option<bool> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut any = false;
+    for task in tasks.flatten() {
+        // A thread that exited meanwhile has no stat any more: it runs nothing.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        any = true;
+        // "tid (comm) S ...": comm may hold spaces and parentheses, the state follows the
+        // last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if !matches!(state, Some("T" | "t")) {
+            return Some(false);
+        }
+    }
+    any.then_some(true)
 }
 
 /// The established TCP connections of process `pid`, `(local, remote)`, read from `/proc`

@@ -154,6 +154,17 @@ impl FencedResource {
             .map(|o| o.contender.clone())
     }
 
+    /// Whether `contender` believes it owns now: its current ownership is begun, not ended
+    /// and within the validity it claimed.
+    pub fn believes(&self, contender: &str) -> bool {
+        let s = self.lock();
+        let now = Instant::now();
+        s.current
+            .get(contender)
+            .and_then(|&i| s.ownerships.get(i))
+            .is_some_and(|o| o.end.is_none() && o.bound > now)
+    }
+
     /// Records that the process of `contender` is dead (reaped): the run killed it, sending
     /// the kill at `killed`, or it exited by itself (`None`). Its open ownership ends at its
     /// last message, or at the kill if that came later: a dead process acts no more, and
