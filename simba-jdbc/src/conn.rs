@@ -96,7 +96,7 @@ where
 /// The placeholders are written by diesel's query builder as it walks the text (`?` on
 /// MySQL and SQLite), one per bound value in order, so the text must hold no `?` outside
 /// placeholders (none of `crate::sql`'s does).
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
 pub(crate) struct Prepared<'a> {
     pub(crate) sql: &'a str,
     pub(crate) args: &'a [Arg<'a>],
@@ -153,7 +153,7 @@ impl<Conn> diesel::RunQueryDsl<Conn> for Prepared<'_> {}
 /// A statement the connection keeps prepared ([`Prepared`]); `DB` only matches
 /// [`bind_all`]'s form for `impl_sql_conn!`.
 #[allow(clippy::extra_unused_type_parameters)]
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
 pub(crate) fn prepared<'a, DB>(sql: &'a str, args: &'a [Arg<'a>]) -> Prepared<'a> {
     Prepared { sql, args }
 }
