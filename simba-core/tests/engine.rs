@@ -218,6 +218,35 @@ async fn a_slow_renewal_is_suspect_until_it_answers() {
     svc.stop().await.expect("stop");
 }
 
+/// A contender that does not own backs off while its calls fail: the retry interval (100
+/// ms) after the first failure, then doubling up to 800 ms (8 × the interval, under the 1 s
+/// ttl), so a backend that times out under load is not kept busy by every waiting mutex.
+/// Once the backend answers again it owns within one capped pause.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_backs_off_while_the_backend_fails_and_resumes_when_it_answers() {
+    let s = setup();
+    s.store.control().set(Op::Acquire, Behavior::Fail);
+    let (svc, _events) = contender(&s, "m");
+    svc.start().expect("start");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let calls = s.store.control().calls(Op::Acquire);
+    // At a flat 100 ms it would be about 100 calls; with the back-off: 1 + 1 (100 ms) + the
+    // pauses of 100-200, 200-400 and 400-800 ms, then one every 400-800 ms: 14-28.
+    assert!(
+        (12..=30).contains(&calls),
+        "{calls} calls in 10 s of failures"
+    );
+    s.store.control().set(Op::Acquire, Behavior::Pass);
+    let since = Instant::now();
+    wait(&svc, |st| st.held.is_some()).await;
+    assert!(
+        Instant::now() - since <= Duration::from_millis(800),
+        "owned {:?} after the backend answered again",
+        Instant::now() - since
+    );
+    svc.stop().await.expect("stop");
+}
+
 #[tokio::test(start_paused = true)]
 async fn failing_renewals_make_the_owner_suspect_and_a_success_recovers() {
     let s = setup();

@@ -63,7 +63,11 @@ pub struct LeaseConfig {
     /// *suspect* ([`Held::suspect`](crate::Held::suspect)) while it keeps waiting for the
     /// answer, as after a failed renewal.
     pub request_timeout: Duration,
-    /// Pause before retrying after a failed call.
+    /// Pause before retrying after a failed call. A contender that does not own doubles
+    /// it after each further failure in a row, up to the smaller of 8 × this and the ttl
+    /// (never below this), at a random point of the pause's second half, so that the
+    /// waiters of a backend that times out under load do not keep it overloaded; an owner
+    /// retries at this pace, within its deadline.
     pub retry_interval: Duration,
     /// When the store cannot push releases (SQLite, MySQL, Redis in polling mode): the
     /// longest a non-owner sleeps between two looks (a random time in the second half of

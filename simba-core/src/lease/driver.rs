@@ -63,6 +63,26 @@ pub(super) struct Driver<S> {
     failures: u32,
 }
 
+/// The pause of a contender that does not own after its `failures`-th failed call in a
+/// row: `retry` after the first, then doubling, up to the smaller of 8 × `retry` and the
+/// ttl (never below `retry`), at a random point of its second half from the second on.
+///
+/// A backend that times out under load would otherwise get a call every `retry` from every
+/// waiting mutex of every process, load that can keep it timing out (the likely reason a
+/// Redis soak at 8,000 mutexes never recovered from a load spike, docs/testing.md). An
+/// owner does not back off: its deadline bounds its retries.
+pub(crate) fn backoff(retry: Duration, ttl: Duration, failures: u32) -> Duration {
+    let cap = retry.max(ttl.min(retry.saturating_mul(8)));
+    let doubled = retry.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    let delay = doubled.min(cap);
+    if failures <= 1 {
+        return delay;
+    }
+    let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+    let jittered = crate::owner::random_in(ms - ms / 2..ms + 1);
+    Duration::from_millis(u64::try_from(jittered).unwrap_or(0))
+}
+
 impl<S: LeaseStore> Driver<S> {
     pub(super) fn new(
         shared: Arc<Shared<S>>,
@@ -411,12 +431,15 @@ impl<S: LeaseStore> Driver<S> {
                 self.next = now + retry.min(left / 3);
             }
             None => {
+                let delay = backoff(retry, self.shared.config.ttl, self.failures);
                 if self.failures == 1 {
-                    warn!("backend call failed, retrying every {retry:?}: {e}");
+                    warn!(
+                        "backend call failed, retrying in {delay:?}, and less often while it fails: {e}"
+                    );
                 } else {
-                    debug!("backend call failed again: {e}");
+                    debug!("backend call failed again, retrying in {delay:?}: {e}");
                 }
-                self.next = now + retry;
+                self.next = now + delay;
             }
         }
         self.tracker.count_failure(kind, e.to_string());
@@ -602,5 +625,48 @@ async fn recv_event(events: &mut Option<EventReceiver>) -> Option<StoreEvent> {
     match events {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_first_retry_is_the_interval_then_it_doubles_up_to_the_cap() {
+        let (retry, ttl) = (MS * 100, MS * 10_000);
+        assert_eq!(backoff(retry, ttl, 1), retry);
+        for _ in 0..200 {
+            for (failures, full) in [(2, 200), (3, 400), (4, 800), (5, 800), (40, 800)] {
+                let d = backoff(retry, ttl, failures);
+                assert!(
+                    d >= MS * (full / 2) && d <= MS * full,
+                    "failure {failures}: {d:?} not in the second half of {full} ms"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_ttl_caps_the_pause_but_never_below_the_interval() {
+        let retry = MS * 1000;
+        for _ in 0..100 {
+            assert!(backoff(retry, MS * 3000, 10) <= MS * 3000);
+            assert!(backoff(retry, MS * 3000, 10) >= MS * 1500);
+            // A ttl shorter than the interval: the interval stays the pause.
+            assert!(backoff(retry, MS * 500, 10) <= retry);
+            assert!(backoff(retry, MS * 500, 10) >= retry / 2);
+        }
+    }
+
+    #[test]
+    fn the_pauses_are_spread_so_that_contenders_do_not_retry_in_step() {
+        let pauses: std::collections::HashSet<Duration> = (0..50)
+            .map(|_| backoff(MS * 1000, MS * 30_000, 4))
+            .collect();
+        assert!(pauses.len() > 10, "{} distinct pauses of 50", pauses.len());
     }
 }
