@@ -12,7 +12,7 @@ use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use simba_core::connect::{ConnectOptions, Connection, Connectors};
 use simba_core::{Error, LeaseConfig, LockGuard, Locker, LossReason, PermitGuard, Semaphore};
 use simba_test_kit::chaos::ResourceClient;
@@ -162,6 +162,20 @@ pub(crate) async fn run() -> Result<()> {
     let id = var("SIMBA_CHAOS_ID")?;
     let mutex = var("SIMBA_CHAOS_MUTEX")?;
     let unsafe_mode = var("SIMBA_CHAOS_UNSAFE").is_ok_and(|v| v == "1");
+    let (hold_from, hold_span) = match std::env::var("SIMBA_CHAOS_HOLD_MS") {
+        Ok(range) if !range.is_empty() => {
+            let parsed = range.split_once("..").and_then(|(a, b)| {
+                Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?))
+            });
+            match parsed {
+                Some((a, b)) if a < b => (a, b - a),
+                _ => bail!(
+                    "SIMBA_CHAOS_HOLD_MS must be FROM..TO in milliseconds, FROM < TO: {range:?}"
+                ),
+            }
+        }
+        _ => (5, 40),
+    };
     let lease_config = lease()?;
     let lease = lease_config.ttl + lease_config.transition;
     let url = var("SIMBA_BACKEND")?;
@@ -200,7 +214,8 @@ pub(crate) async fn run() -> Result<()> {
             .begin(fence, valid(&guard, lease, unsafe_mode))
             .await
             .context("the fenced resource")?;
-        let until = tokio::time::Instant::now() + Duration::from_millis(5 + roll(40));
+        let until =
+            tokio::time::Instant::now() + Duration::from_millis(hold_from + roll(hold_span));
         let mut lost: Option<LossReason> = None;
         while tokio::time::Instant::now() < until {
             // The check right before the write is what keeps a woken, paused process

@@ -148,13 +148,17 @@ async fn chaos_semaphore_zookeeper() {
 }
 
 /// The semaphore checker catches holders that ignore their local deadline: paused past
-/// their lease, they write on beside the three that hold the permits since.
+/// their lease, they write on beside the three that hold the permits since. Holds of
+/// 150-300 ms keep the permits busy: with the usual 5-45 ms a slow run (340 acquisitions
+/// in 15 s) had each permit idle most of the time, and three pauses met no moment with
+/// all three permits held beside the paused one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_semaphore_catches_contenders_without_a_local_deadline() {
     let mut cfg = semaphore_config(ChaosBackend::Redis);
     cfg.faults = vec![FaultKind::Pause];
     cfg.duration = Duration::from_secs(15);
     cfg.unsafe_contenders = true;
+    cfg.hold_ms = 150..300;
     let summary = run(&cfg).await.expect("the chaos run could be made");
     println!("{summary}");
     assert!(

@@ -267,6 +267,10 @@ pub struct ChaosConfig {
     pub min_handoffs: usize,
     /// Contenders ignore their local deadline (to show that the checker catches it).
     pub unsafe_contenders: bool,
+    /// How long a contender holds, in milliseconds (a random time in this range; 5..45 by
+    /// default). Longer holds keep a semaphore's permits busy, so that a paused holder
+    /// that believes on is met by a full set of newer holders.
+    pub hold_ms: std::ops::Range<u64>,
     /// `Some(n)`: contend for the permits of a semaphore of `n` permits instead of a mutex;
     /// the checker then allows `n` holders at once (see [`crate::history::check_permits`]).
     pub permits: Option<u32>,
@@ -312,6 +316,7 @@ impl ChaosConfig {
             fault_every: Duration::from_secs(2),
             min_handoffs: 5,
             unsafe_contenders: false,
+            hold_ms: 5..45,
             permits: None,
         }
     }
@@ -486,6 +491,10 @@ impl Run<'_> {
             .env(
                 "SIMBA_CHAOS_TRANSITION_MS",
                 cfg.transition.as_millis().to_string(),
+            )
+            .env(
+                "SIMBA_CHAOS_HOLD_MS",
+                format!("{}..{}", cfg.hold_ms.start, cfg.hold_ms.end),
             )
             .env(
                 "SIMBA_CHAOS_UNSAFE",
