@@ -122,6 +122,21 @@ impl Handle {
             .map_err(failed)?;
         rows.iter().map(row).collect()
     }
+
+    /// Runs `statement` (prepared, or text prepared unnamed for this call) with `args`:
+    /// the rows it changed.
+    async fn execute<T>(&self, statement: &T, args: &[Arg<'_>]) -> QueryResult<usize>
+    where
+        T: tokio_postgres::ToStatement + ?Sized + Sync,
+    {
+        let n = self
+            .0
+            .client
+            .execute(statement, &params(args))
+            .await
+            .map_err(failed)?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
 }
 
 fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
@@ -151,13 +166,7 @@ impl SqlConn for Handle {
     ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
         async move {
             let st = self.statement(sql).await?;
-            let n = self
-                .0
-                .client
-                .execute(&st, &params(args))
-                .await
-                .map_err(failed)?;
-            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+            self.execute(&st, args).await
         }
     }
 
@@ -167,15 +176,7 @@ impl SqlConn for Handle {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
-        async move {
-            let n = self
-                .0
-                .client
-                .execute(sql, &params(args))
-                .await
-                .map_err(failed)?;
-            Ok(usize::try_from(n).unwrap_or(usize::MAX))
-        }
+        self.execute(sql, args)
     }
 
     fn load_owner<'a>(
