@@ -879,6 +879,15 @@ mod tests {
         gates.expiries.lock().due.len()
     }
 
+    /// The gates of a store with local locks (SQLite's), statement timeout 5 s.
+    fn local_gates() -> Arc<Gates> {
+        Arc::new(Gates::new(
+            Kind::Local,
+            "db\ntable".to_owned(),
+            Duration::from_secs(5),
+        ))
+    }
+
     /// Lets the expiry task run on the paused clock.
     async fn settle() {
         for _ in 0..10 {
@@ -891,11 +900,7 @@ mod tests {
     /// its entry out, and the task ends with the queue.
     #[tokio::test(start_paused = true)]
     async fn ownerships_expire_from_one_queue() {
-        let gates = Arc::new(Gates::new(
-            Kind::Local,
-            "db\ntable".to_owned(),
-            Duration::from_secs(5),
-        ));
+        let gates = local_gates();
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         gates.outcome("late", "a", true, t0 + ms(10_000));
@@ -944,11 +949,7 @@ mod tests {
     /// lock for the owner, as a grant (see `Gates::expire`).
     #[tokio::test(start_paused = true)]
     async fn an_end_during_a_call_keeps_the_lock_as_a_grant() {
-        let gates = Arc::new(Gates::new(
-            Kind::Local,
-            "db\ntable".to_owned(),
-            Duration::from_secs(5),
-        ));
+        let gates = local_gates();
         gates.outcome("m", "a", true, Instant::now() + Duration::from_millis(10));
         let gate = gates.existing("m").expect("gate");
         gate.lock().held = Some(Held::Local);
