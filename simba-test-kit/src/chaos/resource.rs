@@ -55,6 +55,14 @@ struct Open {
     last: Instant,
 }
 
+impl Open {
+    /// Whether its contender still believes in it at `now`: not ended, and within the
+    /// validity it claimed.
+    fn believed_at(&self, now: Instant) -> bool {
+        self.end.is_none() && self.bound > now
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     ownerships: Vec<Open>,
@@ -150,7 +158,7 @@ impl FencedResource {
         s.ownerships
             .iter()
             .rev()
-            .find(|o| o.end.is_none() && o.bound > now)
+            .find(|o| o.believed_at(now))
             .map(|o| o.contender.clone())
     }
 
@@ -162,7 +170,7 @@ impl FencedResource {
         s.current
             .get(contender)
             .and_then(|&i| s.ownerships.get(i))
-            .is_some_and(|o| o.end.is_none() && o.bound > now)
+            .is_some_and(|o| o.believed_at(now))
     }
 
     /// Records that the process of `contender` is dead (reaped): the run killed it, sending
@@ -285,7 +293,7 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 let above = s
                     .ownerships
                     .iter()
-                    .filter(|o| o.fence > fence && o.end.is_none() && o.bound > now)
+                    .filter(|o| o.fence > fence && o.believed_at(now))
                     .count();
                 if above >= permits {
                     s.stale_writes_accepted += 1;
