@@ -60,6 +60,11 @@ pub const MAX_NATIVE_WAITS: usize = 16;
 /// it sooner.
 pub const NATIVE_WAIT_POLL: Duration = Duration::from_secs(1);
 
+/// The first pause after a cancel request of a given-up wait before the next one (see
+/// `Locks::end_wait`), and the longest.
+const CANCEL_AGAIN_MIN: Duration = Duration::from_millis(25);
+const CANCEL_AGAIN_MAX: Duration = Duration::from_millis(400);
+
 /// How a blocking wait for the native lock ended.
 pub(crate) enum Waited {
     Got(Held),
@@ -254,55 +259,108 @@ impl Locks {
             }
             Key::Session(_) => {
                 let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
-                let mut own = match spare {
+                let own = match spare {
                     Some(s) => s,
                     None => match self.slot_or_poll(key, &mut cancel, poke).await {
                         Entry::Spare(own) => own,
                         Entry::Slot(slot) => {
-                            let session = timeout(self.bound, Session::connect(&self.kind))
-                                .await
-                                .map_err(|_| {
+                            let connect = timeout(self.bound, Session::connect(&self.kind));
+                            // Given up while connecting: nothing was asked of the server.
+                            let session = tokio::select! {
+                                biased;
+                                _ = &mut cancel => return Ok(Waited::GaveUp),
+                                s = connect => s.map_err(|_| {
                                     format!("no lock session within {:?}", self.bound)
-                                })??;
+                                })??,
+                            };
                             OwnSession { session, slot }
                         }
                         Entry::Got(held) => return Ok(Waited::Got(held)),
                         Entry::GaveUp => return Ok(Waited::GaveUp),
                     },
                 };
-                let canceller = own.session.canceller(&self.kind);
-                let mut given_up = false;
-                let got = {
-                    let lock = own.session.lock(key);
-                    tokio::pin!(lock);
-                    tokio::select! {
-                        r = &mut lock => r,
-                        _ = cancel => {
-                            given_up = true;
-                            if let Err(e) = timeout(self.bound, canceller.cancel()).await
-                                .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.bound)))
-                            {
-                                debug!("cancelling a native lock wait: {e}");
-                            }
-                            // The wait ends with an error (cancelled), or with the lock if it
-                            // was granted first.
-                            timeout(self.bound, &mut lock).await.unwrap_or_else(|_| {
-                                Err(format!("a cancelled wait did not end within {:?}", self.bound))
-                            })
-                        }
-                    }
-                };
-                match (got, given_up) {
-                    (Ok(()), false) => Ok(Waited::Got(Held::Own(Box::new(own)))),
-                    (Ok(()), true) => {
-                        self.unlock(key, Held::Own(Box::new(own))).await?;
-                        Ok(Waited::GaveUp)
-                    }
-                    // The session is dropped: its connection closes, and whatever the server
-                    // still had it wait for or hold goes with it (and its slot frees).
-                    (Err(_), true) => Ok(Waited::GaveUp),
-                    (Err(e), false) => Err(e),
+                // Given up before the blocking lock was sent: the session goes back as it
+                // came, and nothing is left on the server.
+                if !matches!(cancel.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+                    self.keep(own);
+                    return Ok(Waited::GaveUp);
                 }
+                self.wait_on(key, own, cancel).await
+            }
+        }
+    }
+
+    /// The blocking wait of `own` for `key`, until the lock is granted or `cancel` fires.
+    /// A given-up wait is cancelled on the server, and a lock granted meanwhile unlocked.
+    async fn wait_on(
+        &self,
+        key: &Key,
+        mut own: OwnSession,
+        cancel: oneshot::Receiver<()>,
+    ) -> Result<Waited, String> {
+        let canceller = own.session.canceller(&self.kind);
+        let mut given_up = false;
+        let got = {
+            let lock = own.session.lock(key);
+            tokio::pin!(lock);
+            tokio::select! {
+                biased;
+                r = &mut lock => r,
+                _ = cancel => {
+                    given_up = true;
+                    self.end_wait(&canceller, lock).await
+                }
+            }
+        };
+        match (got, given_up) {
+            (Ok(()), false) => Ok(Waited::Got(Held::Own(Box::new(own)))),
+            (Ok(()), true) => {
+                self.unlock(key, Held::Own(Box::new(own))).await?;
+                Ok(Waited::GaveUp)
+            }
+            // The session is dropped: its connection closes, and whatever the server
+            // still had it wait for or hold goes with it (and its slot frees).
+            (Err(_), true) => Ok(Waited::GaveUp),
+            (Err(e), false) => Err(e),
+        }
+    }
+
+    /// Ends a given-up blocking wait, `lock`: it ends with an error (cancelled), or with
+    /// the lock if the lock was granted first. A cancel request that reaches the server
+    /// before the wait has started there ends nothing (the lock statement may still be on
+    /// its way), so requests are sent again, at growing intervals, until the wait ends or
+    /// the store's statement timeout passes. (One request was not enough: a wait given up
+    /// while its session was connecting then blocked until the timeout, and the lock that
+    /// the owner's release freed went to it, not to the contender that looked next.)
+    async fn end_wait<F>(
+        &self,
+        canceller: &Canceller,
+        mut lock: std::pin::Pin<&mut F>,
+    ) -> Result<(), String>
+    where
+        F: std::future::Future<Output = Result<(), String>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.bound;
+        let mut pause = CANCEL_AGAIN_MIN;
+        loop {
+            match tokio::time::timeout_at(deadline, canceller.cancel()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => debug!("cancelling a native lock wait: {e}"),
+                Err(_) => debug!(
+                    "cancelling a native lock wait: no answer within {:?}",
+                    self.bound
+                ),
+            }
+            let until = (tokio::time::Instant::now() + pause).min(deadline);
+            match tokio::time::timeout_at(until, &mut lock).await {
+                Ok(r) => return r,
+                Err(_) if until >= deadline => {
+                    return Err(format!(
+                        "a cancelled wait did not end within {:?}",
+                        self.bound
+                    ));
+                }
+                Err(_) => pause = (pause * 2).min(CANCEL_AGAIN_MAX),
             }
         }
     }
@@ -349,6 +407,18 @@ impl Locks {
         }
     }
 
+    /// A lock session that holds and waits for nothing goes back to the spares, or is
+    /// closed (freeing its slot) when waits beyond the cap want a slot more than the
+    /// spares want a session.
+    fn keep(&self, own: OwnSession) {
+        if self.capped.load(Ordering::Relaxed) == 0 {
+            self.spare
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(own);
+        }
+    }
+
     pub(crate) async fn unlock(&self, key: &Key, held: Held) -> Result<(), String> {
         match held {
             Held::Local => Ok(()),
@@ -379,13 +449,7 @@ impl Locks {
             }
             Held::Own(mut own) => match timeout(self.bound, own.session.unlock(key)).await {
                 Ok(Ok(())) => {
-                    // Waits beyond the cap want its slot more than the spares want it.
-                    if self.capped.load(Ordering::Relaxed) == 0 {
-                        self.spare
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(*own);
-                    }
+                    self.keep(*own);
                     Ok(())
                 }
                 Ok(Err(e)) => Err(e),
@@ -569,15 +633,15 @@ pub(crate) enum Canceller {
 }
 
 impl Canceller {
-    pub(crate) async fn cancel(self) -> Result<(), String> {
+    pub(crate) async fn cancel(&self) -> Result<(), String> {
         match self {
             #[cfg(feature = "postgres")]
             Canceller::Pg(token, pg) => pg
-                .cancel(&token)
+                .cancel(token)
                 .await
                 .map_err(|e| format!("postgres cancel request: {e}")),
             #[cfg(feature = "mysql")]
-            Canceller::My { url, id } => crate::mysql::lock::kill_query(&url, id).await,
+            Canceller::My { url, id } => crate::mysql::lock::kill_query(url, *id).await,
             Canceller::None => Ok(()),
         }
     }
@@ -633,5 +697,67 @@ mod tests {
             let waited = locks.wait(&key, rx, &Notify::new()).await;
             assert!(matches!(waited, Ok(Waited::GaveUp)), "{:?}", waited.is_ok());
         }
+    }
+}
+
+/// A given-up wait whose first cancel request reached the server before the lock statement
+/// (what a give-up that comes while the wait's session connects, or while its statement is
+/// on the way, sends) still ends, long before the statement timeout: MariaDB forgets a
+/// `KILL QUERY` of an idle connection (by hand: the `GET_LOCK` sent after it waited its
+/// whole timeout), and PostgreSQL ignores a cancel request of an idle session.
+#[cfg(all(test, any(feature = "mysql", feature = "postgres")))]
+mod cancel_tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// Far longer than a handoff; the wait must end well within half of it.
+    const BOUND: Duration = Duration::from_secs(10);
+
+    async fn a_cancel_before_the_wait_still_ends_it(kind: Kind) {
+        let locks = Locks::new(kind.clone(), BOUND);
+        let key = kind.key("cancel_tests", "m");
+        let mut holder = Session::connect(&kind).await.expect("holder session");
+        assert!(
+            holder.try_lock(&key).await.expect("try"),
+            "the lock is free"
+        );
+        let mut waiter = Session::connect(&kind).await.expect("waiter session");
+        let canceller = waiter.canceller(&kind);
+        let started = Instant::now();
+        // `end_wait` sends its first request before the statement has been polled at all.
+        let lock = waiter.lock(&key);
+        tokio::pin!(lock);
+        let ended = locks.end_wait(&canceller, lock).await;
+        let took = started.elapsed();
+        assert!(
+            ended.is_err(),
+            "{kind:?}: the wait got a lock another session holds"
+        );
+        assert!(
+            took < BOUND / 2,
+            "{kind:?}: the cancelled wait ended after {took:?} (the statement timeout is {BOUND:?})"
+        );
+        holder.unlock(&key).await.expect("unlock");
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn mysql_a_cancel_before_the_wait_still_ends_it() {
+        let server = simba_test_kit::servers::mysql().await.expect("MariaDB");
+        let url = server.url().to_owned();
+        a_cancel_before_the_wait_still_ends_it(Kind::Mysql { url }).await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_a_cancel_before_the_wait_still_ends_it() {
+        let server = simba_test_kit::servers::postgres()
+            .await
+            .expect("PostgreSQL");
+        let pg = crate::postgres::Connector::new(server.url()).expect("connector");
+        a_cancel_before_the_wait_still_ends_it(Kind::Postgres {
+            pg: std::sync::Arc::new(pg),
+        })
+        .await;
     }
 }

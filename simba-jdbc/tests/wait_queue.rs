@@ -339,6 +339,65 @@ async fn killed_waiter_skipped(h: &SqlHarness) {
     assert!(after.release(m, "next").await.expect("release"));
 }
 
+/// A contender that looks once, finds the mutex held and gives up at once (what
+/// `try_acquire` does) leaves nothing waiting on the server: once the owner releases, a new
+/// contender of the same store takes the mutex at its first look.
+///
+/// Each round uses a new store, so the waiter's gate has no spare session and its wait
+/// connects one: a give-up that reaches it while it connects, or before its lock statement
+/// has started on the server, once sent a single cancel request that ended nothing; the
+/// wait blocked until the statement timeout, and the lock freed by the release went to it,
+/// so `try_acquire` after the release said `WouldBlock` (CI, `tls_mysql
+/// suite::try_acquire`, over TLS on a loaded machine). On an idle machine the statement is
+/// usually on the server first and this passed with that code too; the unit tests
+/// `native::cancel_tests` reproduce the early cancel every time.
+async fn give_up_at_once(h: &SqlHarness) {
+    for round in 0..12 {
+        let m = format!("give_up_{round}");
+        let owner = h.store().await.expect("store");
+        let other = h.store().await.expect("store");
+        let first = owner.acquire(&m, "o", LONG).await.expect("acquire");
+        assert!(first.owner.is_owned_by_at("o", first.now), "{first:?}");
+        let look = other.acquire(&m, "t1", LONG).await.expect("acquire");
+        assert!(look.owner.is_owner("o"), "round {round}: t1 finds {look:?}");
+        // The engine's give-up: release (it may have won unknowingly), then leave.
+        let since = Instant::now();
+        other.release(&m, "t1").await.expect("release");
+        other.leave(&m, "t1").await.expect("leave");
+        let gave_up = since.elapsed();
+        assert!(
+            owner.release(&m, "o").await.expect("release"),
+            "round {round}"
+        );
+        let next = other.acquire(&m, "t2", LONG).await.expect("acquire");
+        assert!(
+            next.owner.is_owned_by_at("t2", next.now),
+            "{} round {round}: after the owner's release, a new contender's first look \
+             found {next:?} (the give-up before it took {gave_up:?})",
+            h.name()
+        );
+        assert!(other.release(&m, "t2").await.expect("release"));
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_give_up_at_once() {
+    give_up_at_once(&SqlHarness::postgres().await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_give_up_at_once() {
+    give_up_at_once(&SqlHarness::mysql().await).await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_give_up_at_once() {
+    give_up_at_once(&SqlHarness::sqlite()).await;
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_wait_queue() {
