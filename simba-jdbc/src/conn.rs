@@ -16,7 +16,6 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Object;
 use simba_core::backend::{Lease, held_owner_id};
 
-use crate::dialect::{notify_acquired, notify_released};
 use crate::gate::Pass;
 use crate::sql::Statements;
 
@@ -330,7 +329,6 @@ pub(crate) use impl_sql_conn;
 pub(crate) struct Call<'a> {
     pub(crate) st: &'a Statements,
     pub(crate) mutex: &'a str,
-    pub(crate) channel: &'a str,
 }
 
 impl Call<'_> {
@@ -357,8 +355,7 @@ impl Call<'_> {
             Pass::Locked => (&self.st.acquire_locked, 1),
             Pass::Unlocked => (&self.st.acquire_unlocked, 0),
         };
-        let payload;
-        let mut args = Vec::with_capacity(14);
+        let mut args = Vec::with_capacity(12);
         if self.st.waiter_columns {
             args.extend([Arg::Text(me), Arg::Text(me), Arg::Int(gated)]);
         }
@@ -374,10 +371,7 @@ impl Call<'_> {
         if pass == Pass::Unlocked {
             args.push(Arg::Int(total));
         }
-        if self.st.notify {
-            payload = notify_acquired(self.mutex, me);
-            args.push(Arg::Text(self.channel));
-            args.push(Arg::Text(&payload));
+        if self.st.returns_row {
             args.push(Arg::Text(self.mutex));
         }
         #[cfg(feature = "sqlite")]
@@ -416,7 +410,7 @@ impl Call<'_> {
     }
 
     /// Release with a hold: one owner-checked UPDATE that hands the ownership to the hold's
-    /// id until `now + hold_ms` on the database clock (PostgreSQL: with NOTIFY).
+    /// id until `now + hold_ms` on the database clock.
     pub(crate) async fn release_after<C: SqlConn>(
         &self,
         c: &mut C,
@@ -424,31 +418,19 @@ impl Call<'_> {
         hold_ms: i64,
     ) -> QueryResult<bool> {
         let holder = held_owner_id(me);
-        let payload;
-        let mut args = vec![
+        let args = [
             Arg::Text(&holder),
             Arg::Int(hold_ms),
             Arg::Int(hold_ms),
             Arg::Text(self.mutex),
             Arg::Text(me),
         ];
-        if self.st.notify {
-            payload = notify_acquired(self.mutex, &holder);
-            args.push(Arg::Text(self.channel));
-            args.push(Arg::Text(&payload));
-        }
         Ok(c.exec(&self.st.release_after, &args).await? > 0)
     }
 
-    /// Release: owner-checked UPDATE (PostgreSQL: with NOTIFY in the same statement).
+    /// Release: owner-checked UPDATE.
     pub(crate) async fn release<C: SqlConn>(&self, c: &mut C, me: &str) -> QueryResult<bool> {
-        let payload;
-        let mut args = vec![Arg::Text(self.mutex), Arg::Text(me)];
-        if self.st.notify {
-            payload = notify_released(self.mutex, me);
-            args.push(Arg::Text(self.channel));
-            args.push(Arg::Text(&payload));
-        }
+        let args = [Arg::Text(self.mutex), Arg::Text(me)];
         Ok(c.exec(&self.st.release, &args).await? > 0)
     }
 }

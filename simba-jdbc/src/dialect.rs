@@ -132,6 +132,20 @@ impl Dialect {
 
     /// Tells `poke` the mutex of every release another process makes that the store hears
     /// (PostgreSQL's LISTEN; nothing elsewhere).
+    /// Tells observers of a change that has committed: PostgreSQL queues the NOTIFY
+    /// `payload()` makes ([`crate::postgres::Notifier`]); elsewhere nothing is sent (and
+    /// no payload is made).
+    pub(crate) fn notify(&self, payload: impl FnOnce() -> String) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => d.notifier.send(payload()),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = payload;
+            }
+        }
+    }
+
     pub(crate) fn on_release(&self, poke: Box<dyn Fn(&str) + Send + Sync>) {
         match self {
             #[cfg(feature = "postgres")]

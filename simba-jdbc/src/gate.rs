@@ -435,19 +435,29 @@ impl Gates {
     /// gets the lock file then and takes a gated row over never takes one whose lease is
     /// in force), and it is later than the engine's own local deadline, which counts from
     /// before the call and ends at the ttl less a drift margin.
-    pub(crate) fn outcome(self: &Arc<Self>, mutex: &str, id: &str, owns: bool, until: Instant) {
+    ///
+    /// Returns whether `id` owns now and was not the owner here before (a new ownership, as
+    /// far as this process knows; observers are told of it).
+    pub(crate) fn outcome(
+        self: &Arc<Self>,
+        mutex: &str,
+        id: &str,
+        owns: bool,
+        until: Instant,
+    ) -> bool {
         let gate = if owns {
             self.gate(mutex)
         } else {
             match self.existing(mutex) {
                 Some(g) => g,
-                None => return,
+                None => return false,
             }
         };
         let mut s = gate.lock();
         if s.is(&s.calling, id) {
             s.calling = None;
         }
+        let new = owns && !s.is(&s.owner, id);
         if owns {
             if !s.is(&s.owner, id) {
                 s.owner_until = None;
@@ -477,6 +487,7 @@ impl Gates {
                 s.enqueue(id);
             }
         }
+        new
     }
 
     /// Queues the end of `gate`'s ownership at `until` (in place of `old`, its earlier end),

@@ -89,9 +89,6 @@ pub fn create_table_sql(backend: Backend, table: &str) -> simba_core::Result<Str
 /// Every statement of one store.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
-    /// `true` when acquire and release statements take two more arguments, the NOTIFY
-    /// channel and payload (PostgreSQL, for observers).
-    pub(crate) notify: bool,
     /// `true` when the acquire statements return the row themselves (PostgreSQL: one
     /// statement, `UPDATE … RETURNING` joined with the row); else `select` follows.
     pub(crate) returns_row: bool,
@@ -101,17 +98,17 @@ pub(crate) struct Statements {
     pub(crate) waiter_columns: bool,
     /// Acquire while this process holds the mutex's native lock: takes a free row (SQLite:
     /// also the row of an owner whose process is gone). Args: me, me, 1, me, me, ttl,
-    /// ttl+transition, me, mutex, me [, channel, payload, mutex].
+    /// ttl+transition, me, mutex, me [, mutex when `returns_row`].
     pub(crate) acquire_locked: String,
     /// Acquire without the native lock: renews its own row, takes a row only when its
     /// lease ran out (never a released one before `grace` ms). Args: me, me, 0, me, me, ttl,
-    /// ttl+transition, me, mutex, me, grace [, channel, payload, mutex].
+    /// ttl+transition, me, mutex, me, grace [, mutex when `returns_row`].
     pub(crate) acquire_unlocked: String,
     /// The parts of the batched renewal ([`Statements::renew_batch`]).
     pub(crate) batch: BatchParts,
-    /// Args: mutex, me [, channel, payload].
+    /// Args: mutex, me.
     pub(crate) release: String,
-    /// Args: holder, hold ms, hold ms, mutex, me [, channel, payload]. Hands `me`'s
+    /// Args: holder, hold ms, hold ms, mutex, me. Hands `me`'s
     /// ownership to the hold's id until `now + hold`.
     pub(crate) release_after: String,
     /// Args: mutex.
@@ -288,9 +285,12 @@ impl Statements {
         match backend {
             Backend::Postgres => {
                 // One statement: the UPDATE, the row after it (the UPDATE's own row if it
-                // changed one, else the row as it is: `m` is the row before the UPDATE), the
-                // time, and a NOTIFY for observers when it made a new owner (a renewal keeps
-                // the version, even within the millisecond of its acquisition).
+                // changed one, else the row as it is: `m` is the row before the UPDATE) and
+                // the time. No NOTIFY in it: a transaction that notifies holds PostgreSQL's
+                // notification lock, one for the whole server, through its commit's WAL
+                // flush, so notifying writes commit one after another, each with a flush of
+                // its own; the store notifies after the commit instead
+                // (`crate::postgres::Notifier`).
                 let (returned_waiter, waiter_out) = if waiter_columns {
                     (", waiter_id", "COALESCE(u.waiter_id, m.waiter_id)")
                 } else {
@@ -307,26 +307,18 @@ impl Statements {
                          COALESCE(u.ttl_at, m.ttl_at) AS ttl_at, \
                          COALESCE(u.transition_at, m.transition_at) AS transition_at, \
                          CAST(COALESCE(u.version, m.version) AS BIGINT) AS version, \
-                         {waiter_out} AS waiter_id, \
-                         (SELECT COUNT(pg_notify(?, ?)) FROM u WHERE u.version IS DISTINCT FROM m.version) \
-                             AS notified \
+                         {waiter_out} AS waiter_id \
                          FROM n LEFT JOIN u ON TRUE LEFT JOIN {t} m ON m.mutex = ?"
                     ))
                 };
                 Statements {
-                    notify: true,
                     returns_row: true,
                     waiter_columns,
                     acquire_locked: returning(&acquire_locked),
                     acquire_unlocked: returning(&acquire_unlocked),
                     batch,
-                    release: numbered(&format!(
-                        "WITH r AS ({release} RETURNING mutex) SELECT pg_notify(?, ?) FROM r"
-                    )),
-                    // Observers hear of the hold as of a new owner (the hold's id).
-                    release_after: numbered(&format!(
-                        "WITH h AS ({release_after} RETURNING mutex) SELECT pg_notify(?, ?) FROM h"
-                    )),
+                    release: numbered(&release),
+                    release_after: numbered(&release_after),
                     insert: numbered(&insert),
                     select: numbered(&select),
                     // One implicit transaction: the advisory lock is held until the end.
@@ -335,7 +327,6 @@ impl Statements {
                 }
             }
             Backend::Mysql | Backend::Sqlite => Statements {
-                notify: false,
                 returns_row: false,
                 waiter_columns,
                 acquire_locked,
@@ -418,11 +409,21 @@ mod tests {
             Columns::All,
         );
         assert!(!s.acquire_locked.contains('?'), "{}", s.acquire_locked);
-        assert!(s.acquire_locked.contains("$13"), "{}", s.acquire_locked);
-        assert!(!s.acquire_locked.contains("$14"), "{}", s.acquire_locked);
-        assert!(s.acquire_unlocked.contains("$14") && !s.acquire_unlocked.contains("$15"));
-        assert!(s.release.contains("$4") && !s.release.contains("$5"));
-        assert!(s.release_after.contains("$7") && !s.release_after.contains("$8"));
+        // The arguments of MySQL's and SQLite's, and the mutex of the row joined to the
+        // UPDATE's; no NOTIFY channel or payload (sent after the commit).
+        assert!(s.acquire_locked.contains("$11"), "{}", s.acquire_locked);
+        assert!(!s.acquire_locked.contains("$12"), "{}", s.acquire_locked);
+        assert!(s.acquire_unlocked.contains("$12") && !s.acquire_unlocked.contains("$13"));
+        assert!(s.release.contains("$2") && !s.release.contains("$3"));
+        assert!(s.release_after.contains("$5") && !s.release_after.contains("$6"));
+        for sql in [
+            &s.acquire_locked,
+            &s.acquire_unlocked,
+            &s.release,
+            &s.release_after,
+        ] {
+            assert!(!sql.contains("pg_notify"), "{sql}");
+        }
     }
 
     #[test]
@@ -456,11 +457,12 @@ mod tests {
                     let named = sql.replace("AS waiter_id", "");
                     assert!(!named.contains("waiter_"), "{backend:?}: {sql}");
                 }
-                // The three waiter arguments are gone: 10 - 3, 11 - 3.
+                // The three waiter arguments are gone: 10 - 3, 11 - 3 (PostgreSQL: one more,
+                // the mutex of the joined row).
                 if backend == Backend::Postgres {
-                    assert!(s.acquire_locked.contains("$10") && !s.acquire_locked.contains("$11"));
+                    assert!(s.acquire_locked.contains("$8") && !s.acquire_locked.contains("$9"));
                     assert!(
-                        s.acquire_unlocked.contains("$11") && !s.acquire_unlocked.contains("$12")
+                        s.acquire_unlocked.contains("$9") && !s.acquire_unlocked.contains("$10")
                     );
                 } else {
                     assert_eq!(s.acquire_locked.matches('?').count(), 7);

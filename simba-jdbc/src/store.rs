@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Backend, SqlConfig, Target, redact_url};
 use crate::conn::{Arg, Call, Checked, OwnerRow, SqlConn};
-use crate::dialect::{Dialect, on_pool, with_fast};
+use crate::dialect::{Dialect, notify_acquired, notify_released, on_pool, with_fast};
 use crate::gate::{Gates, Pass};
 use crate::schema::{self, Shape};
 use crate::sql::{Columns, FenceRule, Statements};
@@ -89,29 +89,30 @@ macro_rules! on_conn {
 }
 
 /// Runs one store call (`$body` on a connection `$c`) bounded by the statement timeout,
-/// its failure described as `$what`: on PostgreSQL's prepared-statement connection when
-/// the store has one (`fast`), else on a pooled connection.
+/// its failure described as `$what`: on PostgreSQL's prepared-statement connections when
+/// the store has them (`fast`), else on a pooled connection.
 macro_rules! run_fast {
     ($inner:expr, $what:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
         let done = with_fast!(&inner.dialect, |fast| {
             let limit = inner.config.statement_timeout();
             let what = $what;
-            let result = inner
+            // A handle not finished (the call failed, or was cut off halfway) retires its
+            // connection: the next call opens a new one.
+            inner
                 .bounded(&what, limit, async {
                     let mut handle = fast
                         .handle()
                         .await
                         .map_err(|e| Failure::Connect(e.clone(), e.into()))?;
-                    let $c = &mut handle;
-                    $body.await.map_err(Failure::Query)
+                    let answer = {
+                        let $c = &mut handle;
+                        $body.await.map_err(Failure::Query)?
+                    };
+                    handle.finish();
+                    Ok(answer)
                 })
-                .await;
-            if result.is_err() {
-                // Failed or cut off halfway: the next call opens a new connection.
-                fast.reset_any().await;
-            }
-            result
+                .await
         });
         match done {
             Some(result) => result,
@@ -165,7 +166,6 @@ struct Inner {
     /// Mutexes whose row a watcher reads while a foreign owner holds it
     /// ([`watch_foreign`]).
     foreign: std::sync::Mutex<std::collections::HashSet<String>>,
-    channel: String,
     /// The native wait queues of this store's mutexes.
     gates: Arc<Gates>,
     /// Close connections whose call failed or was cut off (not SQLite: its calls run to
@@ -302,7 +302,6 @@ impl Inner {
         Call {
             st: self.st(),
             mutex,
-            channel: &self.channel,
         }
     }
 
@@ -521,7 +520,6 @@ impl SqlStore {
                 max_contender: AtomicUsize::new(Shape::default().max_contender_len()),
                 max_name: AtomicUsize::new(usize::MAX),
                 foreign: std::sync::Mutex::new(std::collections::HashSet::new()),
-                channel,
             }),
         })
     }
@@ -867,9 +865,15 @@ impl LeaseStore for SqlStore {
             let owns = reply.owner.is_owned_by_at(contender_id, reply.now);
             // Until the whole lease from the answer (see `Gates::outcome`).
             let answered = tokio::time::Instant::now();
-            inner
+            let new = inner
                 .gates
                 .outcome(mutex, contender_id, owns, answered + lease.total());
+            if new {
+                // Observers hear of a new owner (not of an owner's acquire that renews).
+                inner
+                    .dialect
+                    .notify(|| notify_acquired(mutex, contender_id));
+            }
             if let Some(foreign) = foreign
                 && !owns
                 && reply.owner.owner_id == foreign
@@ -916,6 +920,11 @@ impl LeaseStore for SqlStore {
             let call = inner.start(mutex, Some(contender_id))?;
             let released = run_fast!(inner, format!("release mutex {mutex:?}"), |c| call
                 .release(c, contender_id));
+            if matches!(released, Ok(true)) {
+                inner
+                    .dialect
+                    .notify(|| notify_released(mutex, contender_id));
+            }
             // The row first, then the native lock: the waiter it wakes finds the row free.
             // On failure too: the engine releases only what it no longer believes it owns.
             inner.gates.done(mutex, contender_id, false).await;
@@ -937,6 +946,12 @@ impl LeaseStore for SqlStore {
             let held = run!(inner, format!("release mutex {mutex:?} with a hold"), |c| {
                 call.release_after(c, contender_id, ms)
             });
+            // Observers hear of the hold as of a new owner (the hold's id).
+            if matches!(held, Ok(true)) {
+                inner.dialect.notify(|| {
+                    notify_acquired(mutex, &simba_core::backend::held_owner_id(contender_id))
+                });
+            }
             // The next waiter gets the native lock, finds the row held, and waits for the
             // hold's end on the lease clock.
             inner.gates.done(mutex, contender_id, false).await;

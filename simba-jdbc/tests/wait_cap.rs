@@ -267,8 +267,8 @@ async fn postgres_waits_beyond_the_cap_take_no_session() {
         app,
     };
     // Besides the pool and the lock sessions: the shared lock session, the LISTEN
-    // connection and the prepared-statement connection.
-    capped(&h, &owner, &waiting, &counter, 3).await;
+    // connection and up to 4 prepared-statement connections (`postgres::fast::MAX_CONNS`).
+    capped(&h, &owner, &waiting, &counter, 6).await;
 }
 
 #[cfg(feature = "mysql")]

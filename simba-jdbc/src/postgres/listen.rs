@@ -1,8 +1,8 @@
 //! PostgreSQL push: one LISTEN connection per store fans NOTIFY messages out to the
 //! contenders that subscribed.
 //!
-//! Releases and new acquisitions run `pg_notify` in the same statement as their UPDATE
-//! (see `crate::sql`), so a notification is sent exactly when the change commits. Payloads are
+//! Releases, new acquisitions and holds are notified once their UPDATE has committed
+//! (`super::Notifier`: not in the same transaction, which would serialize commits). Payloads are
 //! `R\n{mutex}\n{releaser}` and `A\n{mutex}\n{new owner}`; mutex names and contender ids
 //! cannot contain a newline (they are validated).
 //!
@@ -171,7 +171,9 @@ impl Listener {
     }
 
     /// Registers `contender` for events about `mutex` (on `tx`, until `contending` is set)
-    /// and makes sure the listener runs.
+    /// and makes sure the listener runs (it also pokes the gates of waits beyond the cap).
+    /// A subscriber that contends already would never hear from here: it is not kept (a
+    /// process holding 10,000 mutexes kept an entry for each, about 3 MiB).
     pub(crate) fn subscribe(
         &self,
         mutex: &str,
@@ -179,7 +181,9 @@ impl Listener {
         tx: EventSender,
         contending: Arc<AtomicBool>,
     ) {
-        self.hub.add(mutex, contender, tx, contending);
+        if !contending.load(Ordering::Relaxed) {
+            self.hub.add(mutex, contender, tx, contending);
+        }
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.as_ref().is_none_or(JoinHandle::is_finished) {
             *task = Some(tokio::spawn(run(

@@ -18,7 +18,7 @@ use simba_core::tls::TlsFailure;
 use simba_core::{Error, Result};
 
 pub(crate) use connect::{ConnectError, Connector, split_url};
-pub(crate) use fast::Fast;
+pub(crate) use fast::{Fast, Notifier};
 pub(crate) use listen::{Listener, acquired_payload, released_payload};
 
 use crate::config::{Backend, SqlConfig, redact_url};
@@ -36,7 +36,9 @@ pub(crate) struct Store {
     pub(crate) pg: Arc<Connector>,
     pub(crate) listener: Listener,
     /// Prepared statements for acquire and release.
-    pub(crate) fast: Fast,
+    pub(crate) fast: Arc<Fast>,
+    /// The NOTIFYs of the store's changes, sent after they commit.
+    pub(crate) notifier: Notifier,
 }
 
 impl Store {
@@ -72,13 +74,15 @@ impl Store {
                 .map_err(|e| pool_error(Backend::Postgres, e))
         })?;
         let listener = Listener::new(pg.clone(), channel.to_owned(), timeout);
-        let fast = Fast::new(pg.clone(), timeout);
+        let fast = Arc::new(Fast::new(pg.clone(), timeout));
+        let notifier = Notifier::new(fast.clone(), channel.to_owned(), timeout);
         Ok(Store {
             pool,
             renew,
             pg,
             listener,
             fast,
+            notifier,
         })
     }
 
