@@ -107,13 +107,6 @@ impl Fast {
         conns.push(c.clone());
         Ok(Handle::new(c))
     }
-
-    /// How many connections are open (tests).
-    #[cfg(test)]
-    pub(crate) async fn open(&self) -> usize {
-        let conns = self.conns.lock().await;
-        conns.iter().filter(|c| c.usable()).count()
-    }
 }
 
 /// The most payloads one NOTIFY statement carries.
