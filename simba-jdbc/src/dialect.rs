@@ -130,8 +130,6 @@ impl Dialect {
         }
     }
 
-    /// Tells `poke` the mutex of every release another process makes that the store hears
-    /// (PostgreSQL's LISTEN; nothing elsewhere).
     /// Tells observers of a change that has committed: PostgreSQL queues the NOTIFY
     /// `payload()` makes ([`crate::postgres::Notifier`]); elsewhere nothing is sent (and
     /// no payload is made).
@@ -146,6 +144,8 @@ impl Dialect {
         }
     }
 
+    /// Tells `poke` the mutex of every release another process makes that the store hears
+    /// (PostgreSQL's LISTEN; nothing elsewhere).
     pub(crate) fn on_release(&self, poke: Box<dyn Fn(&str) + Send + Sync>) {
         match self {
             #[cfg(feature = "postgres")]

@@ -459,7 +459,7 @@ impl Gates {
         }
         let new = owns && !s.is(&s.owner, id);
         if owns {
-            if !s.is(&s.owner, id) {
+            if new {
                 s.owner_until = None;
             }
             s.owner = Some(id.to_owned());

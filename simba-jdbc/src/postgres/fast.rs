@@ -6,10 +6,14 @@
 //!
 //! One connection carries the statements of a store at ordinary loads. Every acquisition
 //! commits, and a commit waits for its WAL flush: statements pipelined on one connection
-//! commit one after another, each with a flush of its own (10,000 acquisitions at once took
-//! 5.8 s on this machine, 2.0 s with `synchronous_commit = off`). So when every open
-//! connection has [`BUSY`] statements in flight, another opens, up to [`MAX_CONNS`]:
-//! commits of different connections overlap and share the server's flushes.
+//! commit one after another, each with a flush of its own. So when every open connection
+//! has [`BUSY`] statements in flight, another opens, up to [`MAX_CONNS`]: commits of
+//! different connections overlap and share the server's flushes, as long as no NOTIFY
+//! serializes them ([`Notifier`]). 10,000 acquisitions at once (`simba bench --scenario
+//! scale`, one machine, one day): 6.0–6.3 s on one connection with the NOTIFY in the
+//! statement, 6.3 s on one connection with it after the commit, 4.8–5.0 s on up to four
+//! with it in the statement, 3.7–4.1 s on up to four with it after the commit (2.0 s on
+//! one connection with the server's `synchronous_commit = off`: the flushes were the time).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -118,8 +122,9 @@ const NOTIFY_BATCH: usize = 1000;
 /// Not in the changing statement itself: a transaction that notifies takes PostgreSQL's
 /// notification lock (one for the whole server) before its commit and keeps it through the
 /// commit's WAL flush, so notifying writes commit one after another, each with a flush of
-/// its own, even on different connections (10,000 acquisitions at once waited on it for
-/// most of their 5–6 s). A statement that only notifies writes no WAL and holds the lock for
+/// its own, even on different connections (seen in `pg_locks`: the store's statements
+/// waiting for an `AccessExclusiveLock` on `pg_database` object 0; figures in the module
+/// documentation). A statement that only notifies writes no WAL and holds the lock for
 /// microseconds. Payloads queued while one statement is in flight go out together in the
 /// next (`pg_notify` over an array).
 ///
