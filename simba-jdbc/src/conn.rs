@@ -378,22 +378,53 @@ impl Call<'_> {
         if C::THREADED && !self.st.returns_row {
             // All of it on the connection's thread, in one hop (a hop costs more than
             // SQLite's work on a statement, and the store's turn is held meanwhile).
-            let (sql, insert, select) =
-                (sql.clone(), self.st.insert.clone(), self.st.select.clone());
-            let (mutex, args) = (self.mutex.to_owned(), OwnedArg::all(&args));
-            return c
-                .on_thread(move |conn| {
-                    acquire_on_thread(conn, &sql, &insert, &select, &mutex, &args)
-                })
-                .await;
+            let statements = AcquireOnThread {
+                acquire: sql.clone(),
+                insert_owned: self.st.insert_owned.clone(),
+                select: self.st.select.clone(),
+                mutex: self.mutex.to_owned(),
+                me: me.to_owned(),
+                args: OwnedArg::all(&args),
+                insert_args: OwnedArg::all(&self.insert_owned_args(me, ttl, total, gated)),
+            };
+            return c.on_thread(move |conn| statements.run(conn)).await;
         }
         let row = self.run_acquire(c, sql, &args).await?;
         if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
             return Ok(row);
         }
-        // First use of this mutex: create its row (racing inserts are no-ops) and decide again.
-        c.exec(&self.st.insert, &[Arg::Text(self.mutex)]).await?;
+        // First use of this mutex: its row inserted already owned (one commit). A racing
+        // insert that came first leaves its row, which the UPDATE then decides on.
+        let insert = self.insert_owned_args(me, ttl, total, gated);
+        c.exec(&self.st.insert_owned, &insert).await?;
+        let row = self.select(c).await?;
+        if row
+            .as_ref()
+            .is_some_and(|r| r.owner_id.as_deref() == Some(me))
+        {
+            return Ok(row);
+        }
         self.run_acquire(c, sql, &args).await
+    }
+
+    /// The arguments of [`Statements::insert_owned`].
+    fn insert_owned_args<'b>(
+        &'b self,
+        me: &'b str,
+        ttl: i64,
+        total: i64,
+        gated: i64,
+    ) -> Vec<Arg<'b>> {
+        let mut args = vec![
+            Arg::Text(self.mutex),
+            Arg::Int(ttl),
+            Arg::Int(total),
+            Arg::Text(me),
+        ];
+        if self.st.waiter_columns {
+            args.extend([Arg::Text(me), Arg::Int(gated)]);
+        }
+        args
     }
 
     pub(crate) async fn run_acquire<C: SqlConn>(
@@ -436,40 +467,60 @@ impl Call<'_> {
 }
 
 /// [`Call::acquire`]'s statements on a SQLite connection's thread: the conditional
-/// UPDATE and the owner read, and on a mutex's first use the insert of its row and both
-/// again.
+/// UPDATE and the owner read, and on a mutex's first use the owned insert of its row, the
+/// read, and when another's insert came first both again.
 #[cfg(feature = "sqlite")]
-fn acquire_on_thread(
-    conn: &mut diesel::SqliteConnection,
-    sql: &str,
-    insert: &str,
-    select: &str,
-    mutex: &str,
-    args: &[OwnedArg],
-) -> QueryResult<Option<OwnerRow>> {
-    use diesel::RunQueryDsl;
-    let args = OwnedArg::borrow(args);
-    let key = [Arg::Text(mutex)];
-    let attempt = |conn: &mut diesel::SqliteConnection| -> QueryResult<Option<OwnerRow>> {
-        Prepared { sql, args: &args }.execute(conn)?;
-        Ok(Prepared {
-            sql: select,
-            args: &key,
+struct AcquireOnThread {
+    acquire: String,
+    insert_owned: String,
+    select: String,
+    mutex: String,
+    me: String,
+    args: Vec<OwnedArg>,
+    insert_args: Vec<OwnedArg>,
+}
+
+#[cfg(feature = "sqlite")]
+impl AcquireOnThread {
+    fn run(&self, conn: &mut diesel::SqliteConnection) -> QueryResult<Option<OwnerRow>> {
+        use diesel::RunQueryDsl;
+        let key = [Arg::Text(&self.mutex)];
+        let read = |conn: &mut diesel::SqliteConnection| -> QueryResult<Option<OwnerRow>> {
+            Ok(Prepared {
+                sql: &self.select,
+                args: &key,
+            }
+            .load::<OwnerRow>(conn)?
+            .pop())
+        };
+        let args = OwnedArg::borrow(&self.args);
+        let attempt = |conn: &mut diesel::SqliteConnection| -> QueryResult<Option<OwnerRow>> {
+            Prepared {
+                sql: &self.acquire,
+                args: &args,
+            }
+            .execute(conn)?;
+            read(conn)
+        };
+        let row = attempt(conn)?;
+        if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
+            return Ok(row);
         }
-        .load::<OwnerRow>(conn)?
-        .pop())
-    };
-    let row = attempt(conn)?;
-    if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
-        return Ok(row);
+        // First use of this mutex, as in `Call::acquire`.
+        Prepared {
+            sql: &self.insert_owned,
+            args: &OwnedArg::borrow(&self.insert_args),
+        }
+        .execute(conn)?;
+        let row = read(conn)?;
+        if row
+            .as_ref()
+            .is_some_and(|r| r.owner_id.as_deref() == Some(self.me.as_str()))
+        {
+            return Ok(row);
+        }
+        attempt(conn)
     }
-    // First use of this mutex: create its row (racing inserts are no-ops) and decide again.
-    Prepared {
-        sql: insert,
-        args: &key,
-    }
-    .execute(conn)?;
-    attempt(conn)
 }
 
 /// A pooled connection that is closed, not returned to the pool, unless the call that

@@ -111,8 +111,12 @@ pub(crate) struct Statements {
     /// Args: holder, hold ms, hold ms, mutex, me. Hands `me`'s
     /// ownership to the hold's id until `now + hold`.
     pub(crate) release_after: String,
-    /// Args: mutex.
-    pub(crate) insert: String,
+    /// A mutex's first acquisition: its row inserted already owned, with the row the
+    /// acquire statements would have written into a fresh one (the fence
+    /// `max(1, the database clock)`, or 1 on a narrow column); a no-op when the row
+    /// exists. Args: mutex, ttl, ttl+transition, me [, me, the gated flag when
+    /// `waiter_columns`].
+    pub(crate) insert_owned: String,
     /// Args: mutex. One row: now_ms, and the nullable columns of the mutex's row.
     pub(crate) select: String,
     /// Runs once per migration (may hold several statements).
@@ -245,15 +249,27 @@ impl Statements {
             ),
         };
         let columns = "(mutex, acquired_at, ttl_at, transition_at, owner_id, version)";
-        let insert = match backend {
-            Backend::Mysql => format!(
-                "INSERT INTO {t} {columns} VALUES (?, 0, 0, 0, '', 0) \
-                 ON DUPLICATE KEY UPDATE mutex = mutex"
-            ),
-            Backend::Postgres | Backend::Sqlite => format!(
-                "INSERT INTO {t} {columns} VALUES (?, 0, 0, 0, '', 0) \
-                 ON CONFLICT (mutex) DO NOTHING"
-            ),
+        let if_new = match backend {
+            Backend::Mysql => "ON DUPLICATE KEY UPDATE mutex = mutex",
+            Backend::Postgres | Backend::Sqlite => "ON CONFLICT (mutex) DO NOTHING",
+        };
+        // What the acquire statements write into a fresh row (version 0, owner ''), in
+        // one statement: one commit where the insert and the UPDATE made two.
+        let first_fence = match fence {
+            FenceRule::Clock => format!("{greatest}(1, {now})"),
+            FenceRule::Counter => "1".to_owned(),
+        };
+        let insert_owned = if waiter_columns {
+            format!(
+                "INSERT INTO {t} (mutex, acquired_at, ttl_at, transition_at, owner_id, version, \
+                 waiter_id, waiter_until) \
+                 VALUES (?, {now}, {now} + ?, {now} + ?, ?, {first_fence}, ?, ?) {if_new}"
+            )
+        } else {
+            format!(
+                "INSERT INTO {t} {columns} \
+                 VALUES (?, {now}, {now} + ?, {now} + ?, ?, {first_fence}) {if_new}"
+            )
         };
         // Without the column, no owner is marked as simba's (`waiter_id` NULL).
         let no_waiter = match backend {
@@ -319,7 +335,7 @@ impl Statements {
                     batch,
                     release: numbered(&release),
                     release_after: numbered(&release_after),
-                    insert: numbered(&insert),
+                    insert_owned: numbered(&insert_owned),
                     select: numbered(&select),
                     // One implicit transaction: the advisory lock is held until the end.
                     migrate: format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK}); {create}"),
@@ -334,7 +350,7 @@ impl Statements {
                 batch,
                 release,
                 release_after,
-                insert,
+                insert_owned,
                 select,
                 migrate: create,
                 check,
@@ -416,6 +432,7 @@ mod tests {
         assert!(s.acquire_unlocked.contains("$12") && !s.acquire_unlocked.contains("$13"));
         assert!(s.release.contains("$2") && !s.release.contains("$3"));
         assert!(s.release_after.contains("$5") && !s.release_after.contains("$6"));
+        assert!(s.insert_owned.contains("$6") && !s.insert_owned.contains("$7"));
         for sql in [
             &s.acquire_locked,
             &s.acquire_unlocked,
@@ -434,7 +451,7 @@ mod tests {
             assert_eq!(s.acquire_unlocked.matches('?').count(), 11);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);
-            assert_eq!(s.insert.matches('?').count(), 1);
+            assert_eq!(s.insert_owned.matches('?').count(), 6);
             assert_eq!(s.select.matches('?').count(), 1);
         }
     }
@@ -452,6 +469,7 @@ mod tests {
                     &s.release_after,
                     &s.select,
                     &s.check,
+                    &s.insert_owned,
                 ] {
                     // `waiter_id` appears only as the alias of a NULL.
                     let named = sql.replace("AS waiter_id", "");
@@ -464,9 +482,11 @@ mod tests {
                     assert!(
                         s.acquire_unlocked.contains("$9") && !s.acquire_unlocked.contains("$10")
                     );
+                    assert!(s.insert_owned.contains("$4") && !s.insert_owned.contains("$5"));
                 } else {
                     assert_eq!(s.acquire_locked.matches('?').count(), 7);
                     assert_eq!(s.acquire_unlocked.matches('?').count(), 8);
+                    assert_eq!(s.insert_owned.matches('?').count(), 4);
                 }
             }
         }

@@ -108,6 +108,78 @@ async fn longest_names(h: &SqlHarness) {
     );
 }
 
+/// A mutex's first acquisition inserts its row already owned, in one statement. Four
+/// contenders of two stores acquire new mutexes at once, 20 times: one owns each, every
+/// reply that names an owner names it with its fence, the fence is the database clock
+/// (the rule of a fresh row: `max(version + 1, clock)`), the lease is the one asked for,
+/// and the owner's next acquire renews the same ownership.
+async fn first_acquisitions(h: &SqlHarness) {
+    use simba_core::backend::LeaseStore;
+    let a = h.store().await.expect("store a");
+    let b = h.store().await.expect("store b");
+    let ids = ["a1", "a2", "b1", "b2"];
+    let ttl_ms = common::LEASE.ttl.as_millis() as i64;
+    let total_ms = ttl_ms + common::LEASE.transition.as_millis() as i64;
+    for round in 0..20 {
+        let name = simba_test_kit::support::unique_name(&format!("first{round}"));
+        let replies = futures_util::future::join_all(ids.iter().enumerate().map(|(i, id)| {
+            let store = if i < 2 { &a } else { &b };
+            store.acquire(&name, id, common::LEASE)
+        }))
+        .await;
+        let replies: Vec<_> = replies
+            .into_iter()
+            .map(|r| r.expect("a first acquisition failed"))
+            .collect();
+        let winners: Vec<usize> = (0..ids.len())
+            .filter(|&i| replies[i].owner.is_owner(ids[i]))
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {replies:?}");
+        let won = &replies[winners[0]];
+        let winner = ids[winners[0]];
+        for r in &replies {
+            if r.owner.has_owner() {
+                assert_eq!(r.owner.owner_id, winner, "round {round}: {replies:?}");
+                assert_eq!(r.owner.fence, won.owner.fence, "round {round}: {replies:?}");
+            }
+        }
+        // The database clock in ms (after 2020), no later than the reply's time.
+        assert!(
+            won.owner.fence > 1_577_836_800_000 && won.owner.fence as i64 <= won.now,
+            "round {round}: the first fence is not the database clock: {won:?}"
+        );
+        assert_eq!(won.owner.acquired_at, won.owner.fence as i64, "{won:?}");
+        assert_eq!(won.owner.ttl_at - won.owner.acquired_at, ttl_ms, "{won:?}");
+        assert_eq!(won.owner.transition_at - won.owner.acquired_at, total_ms, "{won:?}");
+        let store = if winners[0] < 2 { &a } else { &b };
+        let again = store
+            .acquire(&name, winner, common::LEASE)
+            .await
+            .expect("acquire again");
+        assert!(again.owner.is_owner(winner), "{again:?}");
+        assert_eq!(again.owner.fence, won.owner.fence, "a renewal changed the fence");
+        assert!(store.release(&name, winner).await.expect("release"));
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_first_acquisitions() {
+    first_acquisitions(&SqlHarness::sqlite()).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_first_acquisitions() {
+    first_acquisitions(&SqlHarness::mysql().await).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_first_acquisitions() {
+    first_acquisitions(&SqlHarness::postgres().await).await;
+}
+
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_longest_names() {
