@@ -385,7 +385,7 @@ impl Call<'_> {
                 mutex: self.mutex.to_owned(),
                 me: me.to_owned(),
                 args: OwnedArg::all(&args),
-                insert_args: OwnedArg::all(&self.insert_owned_args(me, ttl, total, gated)),
+                first: (ttl, total, gated, self.st.waiter_columns),
             };
             return c.on_thread(move |conn| statements.run(conn)).await;
         }
@@ -395,7 +395,7 @@ impl Call<'_> {
         }
         // First use of this mutex: its row inserted already owned (one commit). A racing
         // insert that came first leaves its row, which the UPDATE then decides on.
-        let insert = self.insert_owned_args(me, ttl, total, gated);
+        let insert = insert_owned_args(self.mutex, me, (ttl, total, gated, self.st.waiter_columns));
         c.exec(&self.st.insert_owned, &insert).await?;
         let row = self.select(c).await?;
         if row
@@ -405,26 +405,6 @@ impl Call<'_> {
             return Ok(row);
         }
         self.run_acquire(c, sql, &args).await
-    }
-
-    /// The arguments of [`Statements::insert_owned`].
-    fn insert_owned_args<'b>(
-        &'b self,
-        me: &'b str,
-        ttl: i64,
-        total: i64,
-        gated: i64,
-    ) -> Vec<Arg<'b>> {
-        let mut args = vec![
-            Arg::Text(self.mutex),
-            Arg::Int(ttl),
-            Arg::Int(total),
-            Arg::Text(me),
-        ];
-        if self.st.waiter_columns {
-            args.extend([Arg::Text(me), Arg::Int(gated)]);
-        }
-        args
     }
 
     pub(crate) async fn run_acquire<C: SqlConn>(
@@ -466,6 +446,25 @@ impl Call<'_> {
     }
 }
 
+/// The arguments of [`Statements::insert_owned`]: `first` is the ttl, the ttl+transition
+/// and the gated flag in ms, and whether the table has the waiter columns.
+fn insert_owned_args<'b>(
+    mutex: &'b str,
+    me: &'b str,
+    (ttl, total, gated, waiter_columns): (i64, i64, i64, bool),
+) -> Vec<Arg<'b>> {
+    let mut args = vec![
+        Arg::Text(mutex),
+        Arg::Int(ttl),
+        Arg::Int(total),
+        Arg::Text(me),
+    ];
+    if waiter_columns {
+        args.extend([Arg::Text(me), Arg::Int(gated)]);
+    }
+    args
+}
+
 /// [`Call::acquire`]'s statements on a SQLite connection's thread: the conditional
 /// UPDATE and the owner read, and on a mutex's first use the owned insert of its row, the
 /// read, and when another's insert came first both again.
@@ -477,7 +476,8 @@ struct AcquireOnThread {
     mutex: String,
     me: String,
     args: Vec<OwnedArg>,
-    insert_args: Vec<OwnedArg>,
+    /// What [`insert_owned_args`] needs beside the names.
+    first: (i64, i64, i64, bool),
 }
 
 #[cfg(feature = "sqlite")]
@@ -509,7 +509,7 @@ impl AcquireOnThread {
         // First use of this mutex, as in `Call::acquire`.
         Prepared {
             sql: &self.insert_owned,
-            args: &OwnedArg::borrow(&self.insert_args),
+            args: &insert_owned_args(&self.mutex, &self.me, self.first),
         }
         .execute(conn)?;
         let row = read(conn)?;

@@ -150,14 +150,21 @@ async fn first_acquisitions(h: &SqlHarness) {
         );
         assert_eq!(won.owner.acquired_at, won.owner.fence as i64, "{won:?}");
         assert_eq!(won.owner.ttl_at - won.owner.acquired_at, ttl_ms, "{won:?}");
-        assert_eq!(won.owner.transition_at - won.owner.acquired_at, total_ms, "{won:?}");
+        assert_eq!(
+            won.owner.transition_at - won.owner.acquired_at,
+            total_ms,
+            "{won:?}"
+        );
         let store = if winners[0] < 2 { &a } else { &b };
         let again = store
             .acquire(&name, winner, common::LEASE)
             .await
             .expect("acquire again");
         assert!(again.owner.is_owner(winner), "{again:?}");
-        assert_eq!(again.owner.fence, won.owner.fence, "a renewal changed the fence");
+        assert_eq!(
+            again.owner.fence, won.owner.fence,
+            "a renewal changed the fence"
+        );
         assert!(store.release(&name, winner).await.expect("release"));
     }
 }
