@@ -374,6 +374,12 @@ impl Call<'_> {
         if self.st.returns_row {
             args.push(Arg::Text(self.mutex));
         }
+        let first = OwnedRow {
+            ttl,
+            total,
+            gated,
+            waiter_columns: self.st.waiter_columns,
+        };
         #[cfg(feature = "sqlite")]
         if C::THREADED && !self.st.returns_row {
             // All of it on the connection's thread, in one hop (a hop costs more than
@@ -385,7 +391,7 @@ impl Call<'_> {
                 mutex: self.mutex.to_owned(),
                 me: me.to_owned(),
                 args: OwnedArg::all(&args),
-                first: (ttl, total, gated, self.st.waiter_columns),
+                first,
             };
             return c.on_thread(move |conn| statements.run(conn)).await;
         }
@@ -395,13 +401,10 @@ impl Call<'_> {
         }
         // First use of this mutex: its row inserted already owned (one commit). A racing
         // insert that came first leaves its row, which the UPDATE then decides on.
-        let insert = insert_owned_args(self.mutex, me, (ttl, total, gated, self.st.waiter_columns));
-        c.exec(&self.st.insert_owned, &insert).await?;
+        c.exec(&self.st.insert_owned, &first.args(self.mutex, me))
+            .await?;
         let row = self.select(c).await?;
-        if row
-            .as_ref()
-            .is_some_and(|r| r.owner_id.as_deref() == Some(me))
-        {
+        if owned_by(&row, me) {
             return Ok(row);
         }
         self.run_acquire(c, sql, &args).await
@@ -446,23 +449,37 @@ impl Call<'_> {
     }
 }
 
-/// The arguments of [`Statements::insert_owned`]: `first` is the ttl, the ttl+transition
-/// and the gated flag in ms, and whether the table has the waiter columns.
-fn insert_owned_args<'b>(
-    mutex: &'b str,
-    me: &'b str,
-    (ttl, total, gated, waiter_columns): (i64, i64, i64, bool),
-) -> Vec<Arg<'b>> {
-    let mut args = vec![
-        Arg::Text(mutex),
-        Arg::Int(ttl),
-        Arg::Int(total),
-        Arg::Text(me),
-    ];
-    if waiter_columns {
-        args.extend([Arg::Text(me), Arg::Int(gated)]);
+/// What [`Statements::insert_owned`] writes besides the names: the ttl and the
+/// ttl+transition in ms, the gated flag, and whether the table has the waiter columns.
+#[derive(Debug, Clone, Copy)]
+struct OwnedRow {
+    ttl: i64,
+    total: i64,
+    gated: i64,
+    waiter_columns: bool,
+}
+
+impl OwnedRow {
+    /// The arguments of [`Statements::insert_owned`].
+    fn args<'b>(&self, mutex: &'b str, me: &'b str) -> Vec<Arg<'b>> {
+        let mut args = vec![
+            Arg::Text(mutex),
+            Arg::Int(self.ttl),
+            Arg::Int(self.total),
+            Arg::Text(me),
+        ];
+        if self.waiter_columns {
+            args.extend([Arg::Text(me), Arg::Int(self.gated)]);
+        }
+        args
     }
-    args
+}
+
+/// Whether the row read after the owned insert is `me`'s: the insert made it, else
+/// another contender's insert came first and the acquire `UPDATE` decides.
+fn owned_by(row: &Option<OwnerRow>, me: &str) -> bool {
+    row.as_ref()
+        .is_some_and(|r| r.owner_id.as_deref() == Some(me))
 }
 
 /// [`Call::acquire`]'s statements on a SQLite connection's thread: the conditional
@@ -476,8 +493,7 @@ struct AcquireOnThread {
     mutex: String,
     me: String,
     args: Vec<OwnedArg>,
-    /// What [`insert_owned_args`] needs beside the names.
-    first: (i64, i64, i64, bool),
+    first: OwnedRow,
 }
 
 #[cfg(feature = "sqlite")]
@@ -509,14 +525,11 @@ impl AcquireOnThread {
         // First use of this mutex, as in `Call::acquire`.
         Prepared {
             sql: &self.insert_owned,
-            args: &insert_owned_args(&self.mutex, &self.me, self.first),
+            args: &self.first.args(&self.mutex, &self.me),
         }
         .execute(conn)?;
         let row = read(conn)?;
-        if row
-            .as_ref()
-            .is_some_and(|r| r.owner_id.as_deref() == Some(self.me.as_str()))
-        {
+        if owned_by(&row, &self.me) {
             return Ok(row);
         }
         attempt(conn)
