@@ -562,10 +562,45 @@ fn short_name(kind: ServerKind) -> &'static str {
     }
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, and that no other process of the kit will
+/// be given while this one lives.
+///
+/// The kernel's port 0 only says that a port is free now: between this call and the
+/// server's `bind`, another test process may be given the same port for its own server,
+/// and a readiness probe of the slower one then answers from the other's server, which
+/// goes away with the other test ("connection refused" in the middle of a test). Each
+/// port handed out is therefore reserved by an exclusive lock on a file
+/// `simba-test-ports/<port>` in the temporary directory, held until the process exits (a
+/// private server keeps its port across restarts). The files are empty and stay; a lock
+/// never outlives its process.
 pub(crate) fn free_port() -> std::io::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(listener.local_addr()?.port())
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("simba-test-ports");
+    std::fs::create_dir_all(&dir)?;
+    for _ in 0..100 {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let port = listener.local_addr()?.port();
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))?;
+        match file.try_lock() {
+            Ok(()) => {
+                HELD.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(file);
+                return Ok(port);
+            }
+            // Another process of the kit has it: ask the kernel again.
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        "100 free ports in a row were reserved by other test processes",
+    ))
 }
 
 /// Polls a child until it exits or `timeout` passes.
@@ -914,6 +949,25 @@ pub(crate) fn opt(name: &str, value: impl AsRef<OsStr>) -> std::ffi::OsString {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_handed_out_is_reserved_until_the_process_ends() {
+        let a = free_port().expect("a port");
+        let b = free_port().expect("another port");
+        assert_ne!(a, b);
+        // What another process sees: its own open file description of the port's file.
+        let file = std::env::temp_dir()
+            .join("simba-test-ports")
+            .join(a.to_string());
+        let other = OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .expect("the reservation file exists");
+        assert!(
+            matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+            "port {a} is not reserved"
+        );
+    }
 
     #[test]
     fn parses_proc_stat() {
