@@ -123,6 +123,11 @@ async fn soak_parent() -> ExitCode {
     soak::soak(&args).await
 }
 
+/// Every allocation of the process goes through dhat's profiler (feature `heap-profile`).
+#[cfg(feature = "heap-profile")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 /// A soak worker: logs to stderr, which the parent keeps per worker.
 async fn soak_worker() -> ExitCode {
     let filter = std::env::var("SIMBA_LOG").unwrap_or_else(|_| "warn".to_owned());
@@ -131,6 +136,8 @@ async fn soak_worker() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    #[cfg(feature = "heap-profile")]
+    heap_profile();
     let args: Vec<String> = std::env::args().skip(2).collect();
     match soak::worker::run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -138,6 +145,30 @@ async fn soak_worker() -> ExitCode {
             eprintln!("simba-chaos soak-worker: {e:#}");
             ExitCode::from(69)
         }
+    }
+}
+
+/// Profiles the worker's heap for `SIMBA_SOAK_HEAP_PROFILE_SECS` seconds (default 600),
+/// then writes `dhat-heap-<pid>.json`: per allocation site, the bytes allocated and the
+/// bytes still held at that moment ("at t-end"), which is where a leak shows. The parent
+/// kills its workers at the end of a run, so the profile ends on a timer, not at exit.
+#[cfg(feature = "heap-profile")]
+fn heap_profile() {
+    let secs = std::env::var("SIMBA_SOAK_HEAP_PROFILE_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(600);
+    let file = format!("dhat-heap-{}.json", std::process::id());
+    let started = std::thread::Builder::new()
+        .name("heap-profile".to_owned())
+        .spawn(move || {
+            let profiler = dhat::Profiler::builder().file_name(&file).build();
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            drop(profiler);
+            tracing::warn!("heap profile written to {file}");
+        });
+    if let Err(e) = started {
+        tracing::warn!("no heap profile: cannot start its thread: {e}");
     }
 }
 
