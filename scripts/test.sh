@@ -14,6 +14,13 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
 export PATH="$PATH:$cargo_bin"
+# Every build here starts from a cold or an old target directory: incremental compilation
+# only adds its caches' writing. The debug info of the workspace's profile (line tables)
+# also for the `cargo package` verification, whose crates are built without the
+# workspace's [profile] (full debug info otherwise): it compiles faster, and the
+# dependencies it builds with the same features are the ones the test build reuses.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
 
 # --- step timing ---------------------------------------------------------------------------
 step_names=()
@@ -88,6 +95,23 @@ if [ ${#need_install[@]} -gt 0 ] && [ -z "${SIMBA_SKIP_INSTALL:-}" ]; then
   fi
 fi
 
+# --- container images, in the background -------------------------------------------------
+# The images (scripts/containers.sh) are made from Debian's packages: mostly downloads and
+# unpacking, which overlap well with the compiling steps below. Waited for at the container
+# step; without a Docker daemon that step says it skips.
+images_pid=
+images_log=$(mktemp)
+cleanup_actions+=('[ -n "$images_pid" ] && kill "$images_pid" 2>/dev/null; rm -f "$images_log"')
+if "${DOCKER:-docker}" info >/dev/null 2>&1; then
+  scripts/containers.sh build >"$images_log" 2>&1 &
+  images_pid=$!
+fi
+
+# The features of the test build: the kit's and simba-chaos's container fall-back, and
+# simba-cli's `etcd` (off by default: it needs protoc), so that every test builds. Every
+# build below with these features shares its dependencies with the others.
+test_features=simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd
+
 # --- cargo tools and crates ----------------------------------------------------------------
 if command -v rustup >/dev/null; then
   missing_components=()
@@ -129,7 +153,11 @@ fresh_pid=$!
 # ownership for one lease, so the servers get to age while the code is checked and built.
 step "shared test servers"
 servers_env=$(mktemp)
-cargo run --quiet -p simba-test-kit --bin simba-test-servers -- --env-file "$servers_env" &
+# Built with the test build's features over the whole workspace, so the dependencies it
+# compiles are the ones the test build reuses (`cargo run -p simba-test-kit` would build
+# them a second time, with the kit's features alone).
+cargo build --quiet --workspace --bin simba-test-servers --features "$test_features"
+"${CARGO_TARGET_DIR:-target}/debug/simba-test-servers" --env-file "$servers_env" &
 servers_pid=$!
 cleanup_actions+=('kill "$servers_pid" 2>/dev/null; wait "$servers_pid" 2>/dev/null; rm -f "$servers_env"')
 for _ in $(seq 1 600); do
@@ -150,12 +178,14 @@ cargo fmt --all -- --check
 
 step "clippy"
 # --all-targets: the examples (simba-jdbc/examples, simba-redis/examples) too.
-# simba-cli's `etcd` feature is off by default (it needs protoc): on here, so its tests build.
-cargo clippy --workspace --all-targets --features simba-cli/etcd --quiet -- -D warnings
+# With the test build's features ($test_features), so that every test target builds, and
+# simba-chaos's heap profiler (a soak tool, never in the test build).
+cargo clippy --workspace --all-targets --features "$test_features,simba-chaos/heap-profile" \
+  --quiet -- -D warnings
 
-step "clippy, the containers features (the kit's, simba-chaos's)"
-cargo clippy -p simba-test-kit -p simba-chaos --features simba-test-kit/containers,simba-chaos/containers \
-  --all-targets --quiet -- -D warnings
+step "clippy, the kit without its containers feature"
+# The kit has code for builds without `containers` (no container fall-back).
+cargo clippy -p simba-test-kit --quiet -- -D warnings
 
 step "clippy, one backend feature at a time (what a user who picks one builds)"
 # The workspace build unifies features (simba-chaos turns on every TLS feature), so it
@@ -202,38 +232,30 @@ if ! wait "$fresh_pid"; then
 fi
 echo "cargo deny also passes from an empty registry cache ($(du -sh "$fresh_home" | cut -f1) fetched)"
 
-step "cargo package (every published crate, verified)"
-# The verification builds the packaged crates as crates of a temporary registry: cargo
-# unpacks them under $CARGO_HOME/registry/src/-<hash>/ and builds them in this target dir,
-# and it reuses both for a crate of the same name and version. A second run of this script
-# would verify the kit against the first run's simba-core. Forget both first (a fresh
-# machine has neither).
-rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/simba-*
-cargo clean --quiet -p simba-core -p simba-test-kit -p simba-redis -p simba-jdbc \
-  -p simba-zookeeper -p simba-etcd -p simba-cli
-# simba-chaos and simba-docs (the guides' doctests, docs/) are not published.
-cargo package --workspace --exclude simba-chaos --exclude simba-docs --locked --allow-dirty --quiet
-
 # --- tests ---------------------------------------------------------------------------------
 # The test binaries are built once, with the `containers` features: the local-binary runs
 # below and the container runs after them use the same build. The test binaries named
 # `containers` need Docker: they run in the container step only.
 step "build tests"
-cargo build --workspace --all-targets --features simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd --quiet
+cargo build --workspace --all-targets --features "$test_features" --quiet
 
 step "tests"
-cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd --profile ci --test-threads 3 \
+# Four at a time on two cores: most tests wait on servers, leases and timers (the step's
+# processes use about a fifth of the cores), and the two one-at-a-time groups of
+# .config/nextest.toml (fault tests, chaos runs) each hold a slot most of the step.
+cargo nextest run --workspace --features "$test_features" --profile ci --test-threads 4 \
   -E 'not binary(containers) and not binary(soak)' --no-tests fail
 
 # The 3-minute soak (simba-chaos/tests/soak.rs: every backend at once, 15 worker processes)
 # in a step of its own: beside the other tests, its load would share the 2 cores with tests
 # whose subject is time (leases, failovers).
 step "soak (3 minutes, every backend)"
-cargo nextest run --workspace --features simba-test-kit/containers,simba-chaos/containers,simba-cli/etcd --profile ci \
+cargo nextest run --workspace --features "$test_features" --profile ci \
   -E 'binary(soak)' --no-tests fail
 
 step "doctests"
-cargo test --workspace --doc --quiet
+# The test build's features: the libraries are the ones built for the tests.
+cargo test --workspace --doc --features "$test_features" --quiet
 
 # The examples, as a user runs them, against the shared servers; each must print the
 # outcome it exists to show. Their binaries come from the build step above.
@@ -281,7 +303,27 @@ echo "examples: once_per_period, fenced_write, from_url (5 backends), leader_wor
 # own images (built from Debian's packages the first time, then reused). Skipped, saying
 # so, only where no Docker daemon answers.
 step "conformance through containers"
+if [ -n "$images_pid" ]; then
+  images_rc=0
+  wait "$images_pid" || images_rc=$?
+  images_pid=
+  cat "$images_log" >&2
+  [ "$images_rc" = 0 ] || { echo "building the container images failed (its output is above)" >&2; exit 1; }
+fi
 SIMBA_NEXTEST_PROFILE=ci scripts/containers.sh test
+
+# Last: it forgets the workspace crates' builds (below), which the steps above use.
+step "cargo package (every published crate, verified)"
+# The verification builds the packaged crates as crates of a temporary registry: cargo
+# unpacks them under $CARGO_HOME/registry/src/-<hash>/ and builds them in this target dir,
+# and it reuses both for a crate of the same name and version. A second run of this script
+# would verify the kit against the first run's simba-core. Forget both first (a fresh
+# machine has neither).
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/simba-*
+cargo clean --quiet -p simba-core -p simba-test-kit -p simba-redis -p simba-jdbc \
+  -p simba-zookeeper -p simba-etcd -p simba-cli
+# simba-chaos and simba-docs (the guides' doctests, docs/) are not published.
+cargo package --workspace --exclude simba-chaos --exclude simba-docs --locked --allow-dirty --quiet
 
 echo
 echo "all checks passed"
