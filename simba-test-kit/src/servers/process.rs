@@ -569,13 +569,13 @@ fn short_name(kind: ServerKind) -> &'static str {
 /// server's `bind`, another test process may be given the same port for its own server,
 /// and a readiness probe of the slower one then answers from the other's server, which
 /// goes away with the other test ("connection refused" in the middle of a test). Each
-/// port handed out is therefore reserved by an exclusive lock on a file
-/// `simba-test-ports/<port>` in the temporary directory, held until the process exits (a
-/// private server keeps its port across restarts). The files are empty and stay; a lock
-/// never outlives its process.
+/// port handed out is therefore reserved by an exclusive lock on a file `ports/<port>`
+/// beside the kit's data directory templates ([`port_reservations`]), held until the
+/// process exits (a private server keeps its port across restarts). The files are empty
+/// and stay; a lock never outlives its process.
 pub(crate) fn free_port() -> std::io::Result<u16> {
     static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
-    let dir = std::env::temp_dir().join("simba-test-ports");
+    let dir = port_reservations();
     std::fs::create_dir_all(&dir)?;
     for _ in 0..100 {
         let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
@@ -601,6 +601,12 @@ pub(crate) fn free_port() -> std::io::Result<u16> {
         std::io::ErrorKind::AddrInUse,
         "100 free ports in a row were reserved by other test processes",
     ))
+}
+
+/// The directory of [`free_port`]'s reservations: the user's own, so that the processes
+/// of one user see each other's and another user's files are never in the way.
+fn port_reservations() -> PathBuf {
+    template_root().join("ports")
 }
 
 /// Polls a child until it exits or `timeout` passes.
@@ -956,9 +962,7 @@ mod tests {
         let b = free_port().expect("another port");
         assert_ne!(a, b);
         // What another process sees: its own open file description of the port's file.
-        let file = std::env::temp_dir()
-            .join("simba-test-ports")
-            .join(a.to_string());
+        let file = port_reservations().join(a.to_string());
         let other = OpenOptions::new()
             .write(true)
             .open(&file)
