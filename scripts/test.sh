@@ -187,6 +187,10 @@ step "clippy"
 cargo clippy --workspace --all-targets --features "$test_features,simba-chaos/heap-profile" \
   --quiet -- -D warnings
 
+step "clippy, simba-chaos with mimalloc"
+# The soak's other allocator (a diagnostic; it excludes the heap profiler above).
+cargo clippy -p simba-chaos --all-targets --features mimalloc --quiet -- -D warnings
+
 step "clippy, the kit without its containers feature"
 # The kit has code for builds without `containers` (no container fall-back).
 cargo clippy -p simba-test-kit --quiet -- -D warnings

@@ -128,6 +128,17 @@ async fn soak_parent() -> ExitCode {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+/// Every allocation of the process goes to mimalloc (feature `mimalloc`), not glibc's
+/// malloc; SQLite's own (C) allocations still go to the system allocator.
+#[cfg(all(feature = "mimalloc", not(feature = "heap-profile")))]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[cfg(all(feature = "mimalloc", feature = "heap-profile"))]
+compile_error!(
+    "the features `mimalloc` and `heap-profile` each set the global allocator: choose one"
+);
+
 /// A soak worker: logs to stderr, which the parent keeps per worker.
 async fn soak_worker() -> ExitCode {
     let filter = std::env::var("SIMBA_LOG").unwrap_or_else(|_| "warn".to_owned());
