@@ -167,7 +167,13 @@ async fn jvm_owner_key_compatibility() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_script_flush() {
-    let server = server().await;
+    // A server of its own: SCRIPT FLUSH empties the whole server's script cache, and a
+    // test on the shared server between a client's SCRIPT LOAD and its EVALSHA would get
+    // NOSCRIPT (jvm_fleet's JVM-protocol contenders once did, four tests at a time).
+    init_tracing();
+    let server = simba_test_kit::servers::redis_private()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let store = RedisStore::connect(test_config(server.url(), &unique_name("t")))
         .await
         .unwrap();
