@@ -110,6 +110,14 @@ fn check_common(v: &Value, backend: &str) {
         number(v, key);
     }
     assert_eq!(number(v, "memory.handoff_overlaps"), 0.0, "{v:#}");
+    // The engine's handoff counts from `release()` called (from its return it is negative
+    // over memory: the next owner has the mutex first), and so does `from_call`, which is
+    // each hand-over's time from the return plus the release call's own.
+    assert!(number(v, "memory.handoff_p50_us") > 0.0, "{v:#}");
+    assert!(
+        number(v, "handoff.from_call_p50_us") >= number(v, "handoff.p50_us"),
+        "{v:#}"
+    );
     // `--explain`: the hops of a handoff, each with its p50; every backend records at
     // least its release, the acquisition's answer and the guard returned (where a waiter
     // blocks in the backend, its acquisition was sent before the release).

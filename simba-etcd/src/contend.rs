@@ -23,7 +23,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::common::{BACKEND, bounded, call_limit, first_key};
+use crate::common::{BACKEND, bounded, call_limit, first_key, watch_from_now};
 use crate::config::EtcdConfig;
 use crate::retrieve::{next_change, seen_owner};
 
@@ -532,13 +532,36 @@ impl Run {
         };
         self.predecessor_owns = pred_kv.create_revision() == owner_kv.create_revision();
         self.tracker.handoff_missed();
-        let options = WatchOptions::new().with_start_revision(revision + 1);
-        let stream = bounded(
+        let pred_key = pred_kv.key().to_vec();
+        let pred_revision = pred_kv.create_revision();
+        let (stream, from) = watch_from_now(
+            &mut self.watches,
+            pred_key.clone(),
+            WatchOptions::new(),
             "watching the predecessor",
             limit,
-            self.watches.watch(pred_kv.key().to_vec(), Some(options)),
         )
         .await?;
+        if from != revision {
+            // Writes came between the transaction and the watch: a deletion of the
+            // predecessor among them is not in the watch. Still there now, it is deleted
+            // later, inside what the watch delivers.
+            let now = bounded(
+                "reading the predecessor",
+                limit,
+                self.kv
+                    .get(pred_key, Some(GetOptions::new().with_keys_only())),
+            )
+            .await?;
+            if now
+                .kvs()
+                .first()
+                .map(etcd_client::KeyValue::create_revision)
+                != Some(pred_revision)
+            {
+                return Ok(Step::Recheck);
+            }
+        }
         self.watch = Some(stream);
         Ok(Step::Settled)
     }

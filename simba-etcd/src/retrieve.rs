@@ -13,11 +13,13 @@ use simba_core::{MutexOwner, MutexRetriever, Result};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::common::{BACKEND, bounded, call_limit, first_key, now_millis, owner_of};
+use crate::common::{
+    BACKEND, bounded, call_limit, first_key, now_millis, owner_of, watch_from_now,
+};
 use crate::config::EtcdConfig;
 
-/// A retrieval service on etcd: reads the first waiter key (the owner) and watches the
-/// mutex's key range from the revision of that read, reading again after every change.
+/// A retrieval service on etcd: watches the mutex's key range from now, then reads the
+/// first waiter key (the owner), and reads again after every change.
 /// Pushed: no polling.
 pub struct EtcdRetrievalService {
     prefix: String,
@@ -93,7 +95,8 @@ pub(crate) fn seen_owner(
     }
 }
 
-/// Reads the owner and opens a watch of the range from the read's revision on.
+/// Opens a watch of the range from now, then reads the owner: a change after the read is
+/// in the watch (a change before it, also in the watch, only causes one more read).
 async fn read_and_watch(
     client: &Client,
     config: &EtcdConfig,
@@ -101,6 +104,15 @@ async fn read_and_watch(
     tracker: &mut OwnershipTracker,
 ) -> Result<WatchStream> {
     let limit = call_limit(config.lease_ttl);
+    let mut watch = client.watch_client();
+    let (stream, _) = watch_from_now(
+        &mut watch,
+        prefix.as_bytes().to_vec(),
+        WatchOptions::new().with_prefix(),
+        "watching the mutex",
+        limit,
+    )
+    .await?;
     let mut kv = client.kv_client();
     let resp = bounded(
         "reading the owner",
@@ -108,19 +120,9 @@ async fn read_and_watch(
         kv.get(prefix.as_bytes(), Some(first_key())),
     )
     .await?;
-    let revision = resp.header().map_or(0, |h| h.revision());
     let owner = seen_owner(tracker, resp.kvs().first(), config.lease_ttl);
     tracker.observe(owner);
-    let mut watch = client.watch_client();
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(revision + 1);
-    bounded(
-        "watching the mutex",
-        limit,
-        watch.watch(prefix.as_bytes(), Some(options)),
-    )
-    .await
+    Ok(stream)
 }
 
 /// Waits for a change in the watched range (or the end of the stream).

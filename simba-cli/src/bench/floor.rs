@@ -30,7 +30,7 @@ pub(crate) struct Floors {
     pub(crate) handoff_what: &'static str,
     /// The engine alone (over `MemoryStore`): acquire + release p50, µs.
     pub(crate) engine_uncontended: Option<f64>,
-    /// The engine alone (over `MemoryStore`): handoff p50, µs.
+    /// The engine alone (over `MemoryStore`): handoff p50 from `release()` called, µs.
     pub(crate) engine_handoff: Option<f64>,
 }
 

@@ -209,7 +209,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
             Ok(m) => {
                 if let Some(f) = floors.as_mut() {
                     f.engine_uncontended = m.uncontended.p50();
-                    f.engine_handoff = m.handoff.as_ref().and_then(|h| h.handoff.p50());
+                    f.engine_handoff = m.handoff.as_ref().and_then(|h| h.from_call.p50());
                 }
                 table.push(("memory", Ok(memory::section(&m))));
             }
