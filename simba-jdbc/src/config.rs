@@ -304,6 +304,7 @@ pub struct SqlConfig {
     max_name_len: usize,
     ddl: bool,
     foreign_poll: Duration,
+    one_statement_acquire: bool,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -316,6 +317,7 @@ impl fmt::Debug for SqlConfig {
             .field("max_name_len", &self.max_name_len)
             .field("ddl", &self.ddl)
             .field("foreign_poll", &self.foreign_poll)
+            .field("one_statement_acquire", &self.one_statement_acquire)
             .finish()
     }
 }
@@ -341,6 +343,7 @@ impl SqlConfig {
             max_name_len: MUTEX_COLUMN_LEN,
             ddl: true,
             foreign_poll: DEFAULT_FOREIGN_POLL,
+            one_statement_acquire: true,
         }
     }
 
@@ -402,6 +405,24 @@ impl SqlConfig {
     pub fn with_foreign_poll(mut self, every: Duration) -> Self {
         self.foreign_poll = every;
         self
+    }
+
+    /// Whether an acquisition on MariaDB 10.5 or later is one statement, `INSERT … ON
+    /// DUPLICATE KEY UPDATE … RETURNING` (the default, `true`), or the `UPDATE` then `SELECT`
+    /// that MySQL runs (which has no `RETURNING`). [`SqlStore::migrate`](crate::SqlStore::migrate)
+    /// asks the server for its version; a store that never migrates, and every server whose
+    /// version does not name MariaDB 10.5 or later, runs the two statements. Both decide
+    /// alike; the one statement saves a round trip and the server a statement (see the
+    /// crate README, *Statements*). Ignored by PostgreSQL (already one statement) and
+    /// SQLite.
+    pub fn with_one_statement_acquire(mut self, on: bool) -> Self {
+        self.one_statement_acquire = on;
+        self
+    }
+
+    /// See [`SqlConfig::with_one_statement_acquire`].
+    pub fn one_statement_acquire(&self) -> bool {
+        self.one_statement_acquire
     }
 
     /// See [`SqlConfig::with_foreign_poll`].

@@ -17,7 +17,7 @@ use diesel_async::pooled_connection::deadpool::Object;
 use simba_core::backend::{Lease, held_owner_id};
 
 use crate::gate::Pass;
-use crate::sql::Statements;
+use crate::sql::{OneStatement, Statements};
 
 /// One bound value of a statement.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +47,13 @@ pub(crate) struct OwnerRow {
     /// owner whose id differs took the row without simba (the JVM library).
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) waiter_id: Option<String>,
+}
+
+/// A row of one text column `value` (the server's version).
+#[derive(Debug, Clone, QueryableByName)]
+pub(crate) struct TextRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) value: String,
 }
 
 /// A row of the batched renewal's read: the database's time, and one row of the batch
@@ -224,6 +231,12 @@ pub(crate) trait SqlConn: Send {
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<crate::schema::ColumnRow>>> + Send + 'a;
 
+    /// Rows of one text column named `value` (a statement run once: never kept prepared).
+    fn load_text<'a>(
+        &'a mut self,
+        sql: &'a str,
+    ) -> impl Future<Output = QueryResult<Vec<TextRow>>> + Send + 'a;
+
     /// Rows of the permits table (semaphores).
     fn load_permits<'a>(
         &'a mut self,
@@ -310,6 +323,14 @@ macro_rules! impl_sql_conn {
                 async move { diesel_async::RunQueryDsl::load::<$crate::schema::ColumnRow>(q, self).await }
             }
 
+            fn load_text<'a>(
+                &'a mut self,
+                sql: &'a str,
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::conn::TextRow>>> + Send + 'a {
+                let q = $crate::conn::bind_all::<$db>(sql, &[]);
+                async move { diesel_async::RunQueryDsl::load::<$crate::conn::TextRow>(q, self).await }
+            }
+
             fn load_permits<'a>(
                 &'a mut self,
                 sql: &'a str,
@@ -329,6 +350,8 @@ pub(crate) use impl_sql_conn;
 pub(crate) struct Call<'a> {
     pub(crate) st: &'a Statements,
     pub(crate) mutex: &'a str,
+    /// The acquisition in one statement, where the server runs it (MariaDB ≥ 10.5).
+    pub(crate) one: Option<&'a OneStatement>,
 }
 
 impl Call<'_> {
@@ -380,6 +403,16 @@ impl Call<'_> {
             gated,
             waiter_columns: self.st.waiter_columns,
         };
+        if let Some(one) = self.one {
+            // MariaDB: the insert of a first use, the UPDATE and the read, in one statement.
+            let (sql, graces) = match pass {
+                Pass::Locked => (&one.locked, 0),
+                Pass::Unlocked => (&one.unlocked, one.grace_args),
+            };
+            let mut args = first.args(self.mutex, me);
+            args.extend(std::iter::repeat_n(Arg::Int(total), graces));
+            return Ok(c.load_owner(sql, &args).await?.pop());
+        }
         #[cfg(feature = "sqlite")]
         if C::THREADED && !self.st.returns_row {
             // All of it on the connection's thread, in one hop (a hop costs more than

@@ -22,7 +22,8 @@ use crate::store::SqlStore;
 /// [`SqlConfig::new`]'s defaults and two URL options of its own, which it takes out of the
 /// URL before the driver sees it: `simba_table=NAME` ([`SqlConfig::with_table`]) and
 /// `simba_ddl=false` ([`SqlConfig::with_ddl`]: the migration changes nothing, for a JVM
-/// Simba table the database user may not alter). It creates the table if needed and
+/// Simba table the database user may not alter), and one for MariaDB,
+/// `simba_one_statement=false` ([`SqlConfig::with_one_statement_acquire`]). It creates the table if needed and
 /// allowed ([`SqlStore::migrate`]), and
 /// takes [`ConnectOptions`]'s lease timing. Where nothing pushes owner changes to observers
 /// (SQLite, MySQL), they read every [`OBSERVER_POLL`] unless the lease timing chose a
@@ -52,6 +53,25 @@ pub const OBSERVER_POLL: Duration = Duration::from_millis(200);
 /// See [`CONNECTOR`].
 #[derive(Debug, Clone, Copy)]
 pub struct SqlConnector;
+
+impl SqlConnector {
+    /// The [`SqlConfig`] this connector makes of `url`: its own URL options
+    /// ([`URL_TABLE_OPTION`], [`URL_DDL_OPTION`], [`URL_ONE_STATEMENT_OPTION`]) taken out
+    /// and applied, the rest left to the driver. Nothing is connected or checked beyond
+    /// those options (see [`SqlConfig::validate`]).
+    ///
+    /// ```
+    /// let config = simba_jdbc::SqlConnector::config("mysql://app@db/orders?simba_table=jobs")?;
+    /// assert_eq!((config.url(), config.table()), ("mysql://app@db/orders", "jobs"));
+    /// # Ok::<(), simba_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the option whose value is bad or empty.
+    pub fn config(url: &str) -> Result<SqlConfig> {
+        url_config(url)
+    }
+}
 
 /// A SQL store's factory, from [`SqlConnector`].
 #[derive(Debug)]
@@ -212,33 +232,47 @@ pub const URL_TABLE_OPTION: &str = "simba_table";
 /// The URL option that forbids DDL: `simba_ddl=false` (or `true`, the default).
 pub const URL_DDL_OPTION: &str = "simba_ddl";
 
+/// The URL option that makes MariaDB acquire with an `UPDATE` and a `SELECT`, as MySQL
+/// does: `simba_one_statement=false` (or `true`, the default;
+/// [`SqlConfig::with_one_statement_acquire`]).
+pub const URL_ONE_STATEMENT_OPTION: &str = "simba_one_statement";
+
 /// The config of a connector URL: [`SqlConfig::new`] of the URL without simba's own
-/// options ([`URL_TABLE_OPTION`], [`URL_DDL_OPTION`]), with those applied.
+/// options ([`URL_TABLE_OPTION`], [`URL_DDL_OPTION`], [`URL_ONE_STATEMENT_OPTION`]), with
+/// those applied.
 fn url_config(url: &str) -> Result<SqlConfig> {
     let mut table = None;
     let mut ddl = true;
+    let mut one_statement = true;
     let driver_url = crate::url_query::take_query_options(
         url,
-        &[URL_TABLE_OPTION, URL_DDL_OPTION],
+        &[URL_TABLE_OPTION, URL_DDL_OPTION, URL_ONE_STATEMENT_OPTION],
         |name, value| {
             if name == URL_TABLE_OPTION {
                 table = Some(value);
                 return Ok(());
             }
-            ddl = match value.as_str() {
+            let on = match value.as_str() {
                 "true" => true,
                 "false" => false,
                 other => {
                     return Err(Error::config(
-                        URL_DDL_OPTION,
-                        format!("{URL_DDL_OPTION}={other:?}: write true or false"),
+                        name,
+                        format!("{name}={other:?}: write true or false"),
                     ));
                 }
             };
+            if name == URL_DDL_OPTION {
+                ddl = on;
+            } else {
+                one_statement = on;
+            }
             Ok(())
         },
     )?;
-    let config = SqlConfig::new(&driver_url).with_ddl(ddl);
+    let config = SqlConfig::new(&driver_url)
+        .with_ddl(ddl)
+        .with_one_statement_acquire(one_statement);
     Ok(match table {
         Some(t) => config.with_table(&t),
         None => config,
@@ -429,6 +463,18 @@ mod tests {
         assert_eq!(c.url(), "mysql://u:p@h/db?ssl-mode=required");
         assert_eq!(c.table(), "jvm_locks");
         assert!(!c.ddl());
+        assert!(c.one_statement_acquire());
+        let c = url_config("mariadb://u:p@h/db?simba_one_statement=false&prefer_socket=false")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.url(), "mariadb://u:p@h/db?prefer_socket=false");
+        assert!(!c.one_statement_acquire() && c.ddl());
+        let e = url_config("mysql://h/db?simba_one_statement=1").err();
+        assert!(
+            e.as_ref().is_some_and(|e| e
+                .to_string()
+                .contains("simba_one_statement=\"1\": write true or false")),
+            "{e:?}"
+        );
         let c = url_config("sqlite:///tmp/x.db?simba_ddl=true").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             (c.url(), c.table(), c.ddl()),

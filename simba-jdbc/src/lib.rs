@@ -36,7 +36,10 @@ pub use config::{
     MAX_POOL_SIZE, MAX_TABLE_NAME_LEN, MUTEX_COLUMN_LEN, OWNER_COLUMN_LEN, SqlConfig, redact_url,
 };
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
-pub use connector::{CONNECTOR, OBSERVER_POLL, SqlConnector, URL_DDL_OPTION, URL_TABLE_OPTION};
+pub use connector::{
+    CONNECTOR, OBSERVER_POLL, SqlConnector, URL_DDL_OPTION, URL_ONE_STATEMENT_OPTION,
+    URL_TABLE_OPTION,
+};
 pub use native::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL};
 /// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
 pub use simba_core::tls::{TlsFailure, TlsProblem};

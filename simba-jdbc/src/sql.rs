@@ -119,10 +119,40 @@ pub(crate) struct Statements {
     pub(crate) insert_owned: String,
     /// Args: mutex. One row: now_ms, and the nullable columns of the mutex's row.
     pub(crate) select: String,
+    /// MariaDB ≥ 10.5 only (`None` for the other dialects): each acquisition as one
+    /// statement, see [`OneStatement`].
+    pub(crate) one_statement: Option<OneStatement>,
     /// Runs once per migration (may hold several statements).
     pub(crate) migrate: String,
     /// Fails unless the table has every column the store uses.
     pub(crate) check: String,
+}
+
+/// An acquisition in one statement on MariaDB (10.5 and later): `INSERT … ON DUPLICATE KEY
+/// UPDATE … RETURNING`, where MySQL (which has no `RETURNING`) runs the `UPDATE` of
+/// [`Statements::acquire_locked`] / [`Statements::acquire_unlocked`], then
+/// [`Statements::select`], and on a mutex's first use [`Statements::insert_owned`] between
+/// them: one round trip and one statement of the server's in place of two or four.
+///
+/// A new row is inserted already owned, as `insert_owned` writes it; an existing one gets
+/// the acquire `UPDATE`'s assignments, each guarded by that `UPDATE`'s `WHERE` (`take`):
+/// when it does not hold, every column is assigned its own value and the statement changes
+/// nothing. MariaDB runs the assignments left to right and each sees the ones before it, so
+/// `take` reads the old `owner_id` and `transition_at` in every assignment but the last:
+/// `owner_id` is assigned before `transition_at`, and once it is the contender's own (it
+/// is only where `take` held), `take` holds again for `transition_at` (the contender owns
+/// it with `transition_at > now`, or `transition_at <= now` is the locked take, or an
+/// owner that is not `''` the unlocked one; contender ids are never empty). `RETURNING`
+/// gives the row as the statement left it, and the database's time.
+#[derive(Debug, Clone)]
+pub(crate) struct OneStatement {
+    /// As `acquire_locked`. Args: those of `insert_owned`.
+    pub(crate) locked: String,
+    /// As `acquire_unlocked`. Args: those of `insert_owned`, then the grace
+    /// [`OneStatement::grace_args`] times.
+    pub(crate) unlocked: String,
+    /// How many times `unlocked` takes the grace.
+    pub(crate) grace_args: usize,
 }
 
 /// How a new ownership's fence is computed from the row's `version`.
@@ -259,18 +289,19 @@ impl Statements {
             FenceRule::Clock => format!("{greatest}(1, {now})"),
             FenceRule::Counter => "1".to_owned(),
         };
-        let insert_owned = if waiter_columns {
+        let insert_values = if waiter_columns {
             format!(
                 "INSERT INTO {t} (mutex, acquired_at, ttl_at, transition_at, owner_id, version, \
                  waiter_id, waiter_until) \
-                 VALUES (?, {now}, {now} + ?, {now} + ?, ?, {first_fence}, ?, ?) {if_new}"
+                 VALUES (?, {now}, {now} + ?, {now} + ?, ?, {first_fence}, ?, ?)"
             )
         } else {
             format!(
                 "INSERT INTO {t} {columns} \
-                 VALUES (?, {now}, {now} + ?, {now} + ?, ?, {first_fence}) {if_new}"
+                 VALUES (?, {now}, {now} + ?, {now} + ?, ?, {first_fence})"
             )
         };
+        let insert_owned = format!("{insert_values} {if_new}");
         // Without the column, no owner is marked as simba's (`waiter_id` NULL).
         let no_waiter = match backend {
             Backend::Mysql => "CAST(NULL AS CHAR)",
@@ -298,6 +329,45 @@ impl Statements {
             "SELECT mutex, acquired_at, ttl_at, transition_at, owner_id, version{waiter_check} \
              FROM {t} WHERE 1 = 0"
         );
+        let one_statement = (backend == Backend::Mysql).then(|| {
+            let own = format!("(owner_id = VALUES(owner_id) AND transition_at > {now})");
+            let one = |take: &str| {
+                let take = format!("({own} OR {take})");
+                let set = |col: &str| format!("{col} = IF({take}, VALUES({col}), {col})");
+                let unless_own = |col: &str, new: &str| {
+                    format!("{col} = IF({take}, IF({own}, {col}, {new}), {col})")
+                };
+                let mut sets = Vec::with_capacity(7);
+                if waiter_columns {
+                    sets.push(set("waiter_id"));
+                    sets.push(unless_own("waiter_until", "VALUES(waiter_until)"));
+                }
+                sets.push(unless_own("version", &next_fence));
+                sets.push(unless_own("acquired_at", now));
+                sets.push(set("ttl_at"));
+                // `owner_id` before `transition_at` (see `OneStatement`).
+                sets.push(set("owner_id"));
+                sets.push(set("transition_at"));
+                let waiter_out = if waiter_columns {
+                    "waiter_id".to_owned()
+                } else {
+                    format!("{no_waiter} AS waiter_id")
+                };
+                format!(
+                    "{insert_values} ON DUPLICATE KEY UPDATE {} \
+                     RETURNING {now} AS now_ms, owner_id, acquired_at, ttl_at, transition_at, \
+                     version, {waiter_out}",
+                    sets.join(", ")
+                )
+            };
+            let unlocked = one(&unlocked_take);
+            OneStatement {
+                locked: one(&locked_take),
+                // Every `?` past the VALUES' is a grace.
+                grace_args: unlocked.matches('?').count() - insert_values.matches('?').count(),
+                unlocked,
+            }
+        });
         match backend {
             Backend::Postgres => {
                 // One statement: the UPDATE, the row after it (the UPDATE's own row if it
@@ -337,6 +407,7 @@ impl Statements {
                     release_after: numbered(&release_after),
                     insert_owned: numbered(&insert_owned),
                     select: numbered(&select),
+                    one_statement,
                     // One implicit transaction: the advisory lock is held until the end.
                     migrate: format!("SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK}); {create}"),
                     check,
@@ -352,6 +423,7 @@ impl Statements {
                 release_after,
                 insert_owned,
                 select,
+                one_statement,
                 migrate: create,
                 check,
             },
@@ -453,6 +525,32 @@ mod tests {
             assert_eq!(s.release_after.matches('?').count(), 5);
             assert_eq!(s.insert_owned.matches('?').count(), 6);
             assert_eq!(s.select.matches('?').count(), 1);
+        }
+    }
+
+    #[test]
+    fn only_mysql_has_the_one_statement_acquire_and_its_arguments_add_up() {
+        for backend in [Backend::Postgres, Backend::Sqlite] {
+            let s = Statements::new(backend, "t", FenceRule::Clock, Columns::All);
+            assert!(s.one_statement.is_none());
+        }
+        for (columns, values, graces) in [(Columns::All, 6, 7), (Columns::Lease, 4, 5)] {
+            let s = Statements::new(Backend::Mysql, "t", FenceRule::Counter, columns);
+            let one = s.one_statement.expect("MySQL / MariaDB");
+            // The VALUES are `insert_owned`'s; the grace comes once per assignment.
+            assert_eq!(one.locked.matches('?').count(), values, "{}", one.locked);
+            assert_eq!(one.grace_args, graces, "{}", one.unlocked);
+            assert_eq!(one.unlocked.matches('?').count(), values + graces);
+            assert!(one.locked.contains("RETURNING"));
+            // `owner_id` is assigned before `transition_at`, the last (see `OneStatement`).
+            let owner = one.locked.find("owner_id = IF(").expect("owner_id");
+            let transition = one
+                .locked
+                .find("transition_at = IF(")
+                .expect("transition_at");
+            let rest = &one.locked[transition + "transition_at = IF(".len()..];
+            let assignments = rest.split("RETURNING").next().unwrap_or(rest);
+            assert!(owner < transition && !assignments.contains(" = IF("));
         }
     }
 

@@ -154,6 +154,9 @@ struct Inner {
     st_lease: [Statements; 2],
     /// Set by the migration when the table lacks the waiter columns and DDL is off.
     lease_only: AtomicBool,
+    /// Set by the migration when the server runs an acquisition in one statement
+    /// (MariaDB ≥ 10.5, [`SqlConfig::with_one_statement_acquire`]).
+    one_statement: AtomicBool,
     /// The largest value of the table's `version` column when it is narrower than 64 bits
     /// (then fences are `version + 1`), else `i64::MAX`; set by the migration.
     fence_max: AtomicI64,
@@ -299,9 +302,14 @@ impl Inner {
     }
 
     fn call<'a>(&'a self, mutex: &'a str) -> Call<'a> {
+        let st = self.st();
         Call {
-            st: self.st(),
+            st,
             mutex,
+            one: st
+                .one_statement
+                .as_ref()
+                .filter(|_| self.one_statement.load(Ordering::Relaxed)),
         }
     }
 
@@ -516,6 +524,7 @@ impl SqlStore {
                 st_counter,
                 st_lease,
                 lease_only: AtomicBool::new(false),
+                one_statement: AtomicBool::new(false),
                 fence_max: AtomicI64::new(i64::MAX),
                 max_contender: AtomicUsize::new(Shape::default().max_contender_len()),
                 max_name: AtomicUsize::new(usize::MAX),
@@ -648,6 +657,21 @@ impl SqlStore {
             );
         }
         inner.lease_only.store(lease_only, Ordering::Relaxed);
+        if inner.kind == Backend::Mysql && inner.config.one_statement_acquire() {
+            let version = inner
+                .bounded::<Vec<crate::conn::TextRow>>("migrate", limit, async {
+                    on_conn!(inner, |c| c.load_text("SELECT VERSION() AS value"))
+                })
+                .await?;
+            let version = version.first().map_or("", |r| r.value.as_str());
+            let one = returning_acquire(version);
+            debug!(
+                version,
+                one_statement = one,
+                "MySQL / MariaDB: an acquisition in one statement where the server is MariaDB ≥ 10.5"
+            );
+            inner.one_statement.store(one, Ordering::Relaxed);
+        }
         inner
             .fence_max
             .store(found.shape.fence_max.unwrap_or(i64::MAX), Ordering::Relaxed);
@@ -704,6 +728,14 @@ impl SqlStore {
         self.inner.renewals.counts()
     }
 
+    /// Whether this store's acquisitions are one statement (MariaDB ≥ 10.5, learnt by
+    /// [`SqlStore::migrate`]; see [`SqlConfig::with_one_statement_acquire`]). PostgreSQL's
+    /// always are (`UPDATE … RETURNING` joined with the row), SQLite's run on the
+    /// connection's thread in one hop; this tells only MariaDB from MySQL.
+    pub fn one_statement_acquire(&self) -> bool {
+        self.inner.one_statement.load(Ordering::Relaxed)
+    }
+
     /// The backend this store talks to.
     pub fn kind(&self) -> Backend {
         self.inner.kind
@@ -742,6 +774,20 @@ fn lock_scope(target: &Target, table: &str) -> String {
         Target::Sqlite { .. } => String::new(),
     };
     format!("{database}\n{table}")
+}
+
+/// Whether a MySQL-protocol server of this `VERSION()` runs `INSERT … RETURNING`: MariaDB
+/// 10.5 and later (`10.11.6-MariaDB-0+deb12u1`, `11.4.2-MariaDB`). MySQL has no
+/// `RETURNING`; an unknown form runs the two statements every server runs.
+fn returning_acquire(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let mut parts = version.split(['.', '-']).map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (10, 5),
+        _ => false,
+    }
 }
 
 /// The id of the row's owner if it took the row outside simba (its id is not the one simba
@@ -1051,5 +1097,27 @@ impl LeaseStore for SqlStore {
 
     async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
         Box::pin(self.permit_ops().leave(semaphore, contender_id)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::returning_acquire;
+
+    #[test]
+    fn only_mariadb_from_10_5_acquires_in_one_statement() {
+        for (version, one) in [
+            ("10.11.19-MariaDB-0+deb12u1", true),
+            ("10.5.0-MariaDB", true),
+            ("11.4.2-MariaDB-log", true),
+            ("10.4.32-MariaDB", false),
+            ("5.5.5-10.11.6-MariaDB", false),
+            ("8.0.36", false),
+            ("8.4.0-commercial", false),
+            ("MariaDB", false),
+            ("", false),
+        ] {
+            assert_eq!(returning_acquire(version), one, "{version}");
+        }
     }
 }

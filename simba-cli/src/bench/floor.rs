@@ -116,7 +116,9 @@ pub(crate) async fn sql_handoff(
     n: usize,
     run: &str,
 ) -> anyhow::Result<(&'static str, Samples)> {
-    let store = simba_jdbc::SqlStore::connect_lazy(simba_jdbc::SqlConfig::new(url))?;
+    // The connector's options (`simba_table`, …) are not the driver's.
+    let config = simba_jdbc::SqlConnector::config(url)?;
+    let store = simba_jdbc::SqlStore::connect_lazy(config)?;
     let mut probe = store.handoff_probe(run).await?;
     let mut samples = Samples::with_capacity(n);
     for i in 0..warm_up(n) + n {

@@ -405,6 +405,19 @@ impl SqlConn for Handle {
             })
         })
     }
+
+    /// Not prepared nor cached: run once.
+    fn load_text<'a>(
+        &'a mut self,
+        sql: &'a str,
+    ) -> impl Future<Output = QueryResult<Vec<crate::conn::TextRow>>> + Send + 'a {
+        self.unprepared(sql, &[], |r| {
+            Ok(crate::conn::TextRow {
+                value: get(r, "value")?,
+            })
+        })
+    }
+
     /// Not prepared nor cached (semaphores run on the pool, not here).
     fn load_permits<'a>(
         &'a mut self,

@@ -51,6 +51,8 @@ pub struct SqlHarness {
     pushes_release: bool,
     /// Appended to every URL made from the server's (TLS options).
     query: String,
+    /// [`SqlConfig::with_one_statement_acquire`] (MariaDB).
+    one_statement: bool,
     /// Kept alive as long as the harness (the certificate files of a TLS server).
     _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
@@ -143,6 +145,7 @@ impl SqlHarness {
             table: unique_name("simba_t"),
             pushes_release: false,
             query: String::new(),
+            one_statement: true,
             _keep: None,
         }
     }
@@ -155,6 +158,7 @@ impl SqlHarness {
             table: unique_name("simba_t"),
             pushes_release,
             query: String::new(),
+            one_statement: true,
             _keep: None,
         }
     }
@@ -171,6 +175,14 @@ impl SqlHarness {
             _ => self.url.push_str(query),
         }
         self.query = query.to_owned();
+        self
+    }
+
+    /// Every store of this harness acquires with the `UPDATE` and `SELECT` that MySQL runs,
+    /// not MariaDB's one statement ([`SqlConfig::with_one_statement_acquire`]).
+    #[allow(dead_code)]
+    pub fn with_two_statement_acquire(mut self) -> Self {
+        self.one_statement = false;
         self
     }
 
@@ -202,6 +214,7 @@ impl SqlHarness {
             .with_table(&self.table)
             .with_pool_size(4)
             .with_statement_timeout(STATEMENT_TIMEOUT)
+            .with_one_statement_acquire(self.one_statement)
     }
 
     /// A new store with its own pool; the table is created if needed.
