@@ -425,6 +425,7 @@ impl Call<'_> {
                 me: me.to_owned(),
                 args: OwnedArg::all(&args),
                 first,
+                unlocked_grace: (pass == Pass::Unlocked).then_some(total),
             };
             return c.on_thread(move |conn| statements.run(conn)).await;
         }
@@ -527,6 +528,8 @@ struct AcquireOnThread {
     me: String,
     args: Vec<OwnedArg>,
     first: OwnedRow,
+    /// Without the native lock ([`Pass::Unlocked`]): the grace of a released row.
+    unlocked_grace: Option<i64>,
 }
 
 #[cfg(feature = "sqlite")]
@@ -551,6 +554,21 @@ impl AcquireOnThread {
             .execute(conn)?;
             read(conn)
         };
+        if let Some(grace) = self.unlocked_grace {
+            // Without the native lock a contender mostly loses (it renews, or takes a row
+            // whose lease ran out): read first, and write only when the UPDATE could
+            // change the row. An UPDATE that changes nothing still takes SQLite's one
+            // write lock, and the contender that holds the native lock, writing at the
+            // same instant, would find it busy and sleep in SQLite's busy handler (1 ms
+            // first): the handoff's p99. The UPDATE decides as before when it runs.
+            let row = read(conn)?;
+            if let Some(r) = &row
+                && r.owner_id.is_some()
+                && !unlocked_may_change(r, &self.me, grace)
+            {
+                return Ok(row);
+            }
+        }
         let row = attempt(conn)?;
         if row.as_ref().is_some_and(|r| r.owner_id.is_some()) {
             return Ok(row);
@@ -567,6 +585,22 @@ impl AcquireOnThread {
         }
         attempt(conn)
     }
+}
+
+/// Whether the acquire `UPDATE` without the native lock ([`Pass::Unlocked`]) would change
+/// `row` as read at its `now_ms`: `me` owns it within its lease (a renewal), or its lease
+/// is over and it is not a row released less than `grace` ms ago (the `WHERE` of
+/// `Statements::acquire_unlocked`). `true` when a column is missing: the `UPDATE` decides.
+#[cfg(feature = "sqlite")]
+fn unlocked_may_change(row: &OwnerRow, me: &str, grace: i64) -> bool {
+    let (Some(owner), Some(transition_at)) = (row.owner_id.as_deref(), row.transition_at) else {
+        return true;
+    };
+    let now = row.now_ms;
+    let own = owner == me && transition_at > now;
+    let take =
+        transition_at <= now && (!owner.is_empty() || transition_at <= now.saturating_sub(grace));
+    own || take
 }
 
 /// A pooled connection that is closed, not returned to the pool, unless the call that
@@ -609,5 +643,43 @@ where
         {
             drop(Object::take(obj));
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::{OwnerRow, unlocked_may_change};
+
+    fn row(owner: &str, transition_at: i64) -> OwnerRow {
+        OwnerRow {
+            now_ms: 10_000,
+            owner_id: Some(owner.to_owned()),
+            acquired_at: Some(1),
+            ttl_at: Some(transition_at),
+            transition_at: Some(transition_at),
+            version: Some(1),
+            waiter_id: Some(owner.to_owned()),
+        }
+    }
+
+    #[test]
+    fn an_unlocked_acquire_writes_only_where_its_update_would_change_the_row() {
+        let grace = 3_000;
+        // Its own row within the lease: a renewal.
+        assert!(unlocked_may_change(&row("me", 10_001), "me", grace));
+        // Another's row within its lease: nothing to do.
+        assert!(!unlocked_may_change(&row("other", 10_001), "me", grace));
+        // Another's lease ran out (at now exactly, too): a takeover.
+        assert!(unlocked_may_change(&row("other", 10_000), "me", grace));
+        // Its own lease ran out: taken again like any other.
+        assert!(unlocked_may_change(&row("me", 9_000), "me", grace));
+        // Released less than the grace ago: the native lock's holder's.
+        assert!(!unlocked_may_change(&row("", 9_000), "me", grace));
+        // Released the grace ago or more: anyone's.
+        assert!(unlocked_may_change(&row("", 7_000), "me", grace));
+        // A column missing: the UPDATE decides.
+        let mut missing = row("other", 10_001);
+        missing.transition_at = None;
+        assert!(unlocked_may_change(&missing, "me", grace));
     }
 }

@@ -527,3 +527,42 @@ async fn sqlite_no_takeover_from_a_paused_owner() {
     owner.kill().await;
     assert!(store.release(m, "heir").await.expect("release"));
 }
+
+/// A SQLite contender without the mutex's native lock that cannot take the row does not
+/// write: while another connection holds SQLite's write lock, its acquisition answers
+/// "owned by the owner" at once. (An `UPDATE` that matches nothing still takes the write
+/// lock: when the contender holding the native lock wrote at the same instant, it slept in
+/// SQLite's busy handler, 1 ms first, the handoff's p99.) Without the read first, the
+/// acquisition waits for the write lock until the busy timeout and fails.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_losing_contender_does_not_wait_for_the_write_lock() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    let h = SqlHarness::sqlite();
+    let owner = h.store().await.expect("store");
+    let r = owner.acquire("m", "a", LEASE).await.expect("acquire");
+    assert!(r.owner.is_owned_by_at("a", r.now), "{r:?}");
+    // Another store (another process's): the native lock is the owner's.
+    let short = std::time::Duration::from_secs(2);
+    let other = SqlStore::connect(h.config(h.url()).with_statement_timeout(short))
+        .await
+        .expect("connect");
+    other.migrate().await.expect("migrate");
+    let path = h.url().strip_prefix("sqlite://").expect("a sqlite url");
+    let mut writer = diesel::SqliteConnection::establish(path).expect("open the file");
+    writer
+        .batch_execute("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let lost = other.acquire("m", "b", LEASE).await;
+    writer.batch_execute("ROLLBACK").expect("rollback");
+    let lost = lost.expect("no write, so no wait for the write lock");
+    assert_eq!(lost.owner.owner_id, "a", "{lost:?}");
+    // A contender that may write still does (and the write lock is free again).
+    let renewed = owner.acquire("m", "a", LEASE).await.expect("renew");
+    assert!(
+        renewed.owner.is_owned_by_at("a", renewed.now),
+        "{renewed:?}"
+    );
+    assert_eq!(renewed.owner.fence, r.owner.fence);
+}
