@@ -413,8 +413,8 @@ impl SqlConfig {
     /// asks the server for its version; a store that never migrates, and every server whose
     /// version does not name MariaDB 10.5 or later, runs the two statements. Both decide
     /// alike; the one statement saves a round trip and the server a statement (see the
-    /// crate README, *Statements*). Ignored by PostgreSQL (already one statement) and
-    /// SQLite.
+    /// crate README, *How a decision is made*). Ignored by PostgreSQL (already one
+    /// statement) and SQLite.
     pub fn with_one_statement_acquire(mut self, on: bool) -> Self {
         self.one_statement_acquire = on;
         self
