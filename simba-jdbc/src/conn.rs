@@ -560,7 +560,7 @@ impl AcquireOnThread {
             // change the row. An UPDATE that changes nothing still takes SQLite's one
             // write lock, and the contender that holds the native lock, writing at the
             // same instant, would find it busy and sleep in SQLite's busy handler (1 ms
-            // first): the handoff's p99. The UPDATE decides as before when it runs.
+            // first), which is most of a handoff's tail. When the UPDATE runs, it decides.
             let row = read(conn)?;
             if let Some(r) = &row
                 && r.owner_id.is_some()
