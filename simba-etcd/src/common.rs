@@ -79,8 +79,8 @@ pub(crate) fn call_limit(lease_ttl: Duration) -> Duration {
 ///
 /// Why not ask for a start revision: a watch whose start revision the store has already
 /// passed goes to etcd's *unsynced* watchers, which a background loop catches up every
-/// 100 ms, so one write anywhere between a read and the watch delayed the wake-up by up to
-/// 100 ms (seen as a handoff p99 near 90 ms in `simba bench`). A watch from now is served
+/// 100 ms, so one write anywhere between a read and the watch would delay the wake-up by
+/// up to 100 ms (a handoff p99 near 90 ms in `simba bench`). A watch from now is served
 /// as writes are applied, unless a write commits while etcd creates it (etcd reads its
 /// revision, then registers the watch), which still lands it with the unsynced ones now and
 /// then. What changed between an earlier read and the revision returned is the caller's to

@@ -363,8 +363,10 @@ impl Call<'_> {
 
     /// Acquire: one conditional UPDATE on the database clock, which may take a free row
     /// only with the native lock ([`Pass::Locked`]), then the owner and the database's
-    /// time (PostgreSQL: all in one statement). Inserts the row first when it does not
-    /// exist yet.
+    /// time (PostgreSQL and MariaDB: all in one statement, MariaDB's inserting the row of a
+    /// first use too). Inserts the row first when it does not exist yet. On SQLite a
+    /// contender without the native lock reads first and writes only when its UPDATE could
+    /// change the row.
     pub(crate) async fn acquire<C: SqlConn>(
         &self,
         c: &mut C,
