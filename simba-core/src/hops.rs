@@ -28,6 +28,11 @@ pub enum Hop {
     WaiterWoken,
     /// The waiter's acquisition is sent to the backend.
     AcquireSent,
+    /// The backend store sends the acquisition's statement (recorded by stores whose
+    /// acquisition does work of its own around it: the SQL stores).
+    StatementSent,
+    /// The acquisition's statement is answered, before the store makes its reply.
+    StatementAnswered,
     /// The backend answered the waiter's acquisition (whatever it said).
     AcquireAnswered,
     /// The waiter's `acquire()` returned its guard.
@@ -36,12 +41,14 @@ pub enum Hop {
 
 impl Hop {
     /// Every hop, in path order.
-    pub const ALL: [Hop; 7] = [
+    pub const ALL: [Hop; 9] = [
         Hop::ReleaseSent,
         Hop::ReleaseAnswered,
         Hop::PushReceived,
         Hop::WaiterWoken,
         Hop::AcquireSent,
+        Hop::StatementSent,
+        Hop::StatementAnswered,
         Hop::AcquireAnswered,
         Hop::GuardReturned,
     ];
@@ -54,6 +61,8 @@ impl Hop {
             Hop::PushReceived => "push received",
             Hop::WaiterWoken => "waiter woken",
             Hop::AcquireSent => "acquire sent",
+            Hop::StatementSent => "statement sent",
+            Hop::StatementAnswered => "statement answered",
             Hop::AcquireAnswered => "acquire answered",
             Hop::GuardReturned => "guard returned",
         }

@@ -134,6 +134,7 @@ macro_rules! run {
     }};
 }
 
+mod acquisition_floor;
 pub(crate) mod permits;
 mod renew;
 
@@ -897,11 +898,13 @@ impl LeaseStore for SqlStore {
             let inner = &*self.inner;
             let call = inner.start(mutex, Some(contender_id))?;
             let pass = inner.gates.enter(mutex, contender_id).await;
+            simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
             let row: Option<OwnerRow> = run_fast!(
                 inner,
                 format!("acquire mutex {mutex:?}"),
                 |c| call.acquire(c, contender_id, lease, pass)
             )?;
+            simba_core::hops::record(simba_core::hops::Hop::StatementAnswered, mutex);
             let grace = match pass {
                 Pass::Locked => None,
                 Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),

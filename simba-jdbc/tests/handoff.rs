@@ -164,3 +164,56 @@ async fn postgres_native_handoff_floor() {
 async fn mysql_native_handoff_floor() {
     native_floor(&SqlHarness::mysql().await).await;
 }
+
+/// `simba bench --explain`'s acquisition floor: each of its acquisitions must take the row
+/// from the other floor contender (it fails otherwise), and it leaves the row released, so
+/// a third contender owns it at once. And a store's acquisition records the statement's
+/// two hops, in order, between the engine's.
+async fn acquisition_floor(h: &SqlHarness) {
+    use simba_core::backend::LeaseStore;
+    use simba_core::hops::{self, Hop};
+
+    let store = h.store().await.expect("store");
+    let mutex = unique_name("acquisition-floor");
+    let took = store
+        .acquisition_floor(&mutex, common::LEASE, 2, 20)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", h.name()));
+    assert_eq!(took.len(), 20, "{}", h.name());
+
+    hops::watch(&mutex);
+    let reply = store.acquire(&mutex, "third", common::LEASE).await;
+    let marks: Vec<Hop> = hops::take().into_iter().map(|(hop, _)| hop).collect();
+    hops::stop();
+    let reply = reply.unwrap_or_else(|e| panic!("{}: {e}", h.name()));
+    assert!(
+        reply.owner.is_owned_by_at("third", reply.now),
+        "{}: the floor left the row held: {:?}",
+        h.name(),
+        reply.owner
+    );
+    assert_eq!(
+        marks,
+        [Hop::StatementSent, Hop::StatementAnswered],
+        "{}",
+        h.name()
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acquisition_floor() {
+    acquisition_floor(&SqlHarness::sqlite()).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_acquisition_floor() {
+    acquisition_floor(&SqlHarness::postgres().await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_acquisition_floor() {
+    acquisition_floor(&SqlHarness::mysql().await).await;
+}

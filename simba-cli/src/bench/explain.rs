@@ -143,6 +143,20 @@ pub(super) async fn run(ctx: &Ctx, floors: &Floors) -> anyhow::Result<Section> {
         ));
     }
     s.json.insert("hops".into(), Value::Array(json_hops));
+    if let Some(a) = &floors.acquisition {
+        s.json
+            .insert("acquisition_statement_p50_us".into(), num(a.p50()));
+        s.json
+            .insert("acquisition_statement_p99_us".into(), num(a.p99()));
+        s.rows.push(Row::new(
+            "  the acquisition statement alone",
+            format!("{} / {}", us(a.p50()), us(a.p99())),
+            format!(
+                "p50 / p99 of {}: the store's connection path, no engine, no gate (compare with statement sent → statement answered)",
+                a.len()
+            ),
+        ));
+    }
     s.json.insert("handoff_p50_us".into(), num(handoff.p50()));
     s.json.insert("handoff_p99_us".into(), num(handoff.p99()));
     s.rows.push(Row::new(

@@ -28,6 +28,9 @@ pub(crate) struct Floors {
     pub(crate) handoff: Option<Samples>,
     /// What [`handoff`](Floors::handoff) is.
     pub(crate) handoff_what: &'static str,
+    /// SQL, with `--explain`: the store's acquisition statement alone (no engine, no
+    /// gate), a change of owner committed each time.
+    pub(crate) acquisition: Option<Samples>,
     /// The engine alone (over `MemoryStore`): acquire + release p50, µs.
     pub(crate) engine_uncontended: Option<f64>,
     /// The engine alone (over `MemoryStore`): handoff p50 from `release()` called, µs.
@@ -129,4 +132,28 @@ pub(crate) async fn sql_handoff(
     }
     let what = probe.name();
     Ok((what, samples))
+}
+
+/// The SQL backends' acquisition statement alone: `n` acquisitions of a mutex of this run
+/// that two contenders take from one another, each after the other's release, on the
+/// store's own connection path and without the engine (see
+/// `simba_jdbc::SqlStore::acquisition_floor`), on a store of its own to `url`.
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub(crate) async fn sql_acquisition(url: &str, n: usize, mutex: &str) -> anyhow::Result<Samples> {
+    let config = simba_jdbc::SqlConnector::config(url)?;
+    let store = simba_jdbc::SqlStore::connect_lazy(config)?;
+    // The migration reads the table's shape and the server's version, which choose the
+    // statement (MariaDB's one statement, a narrow fence).
+    store.migrate().await?;
+    let d = simba_core::LeaseConfig::default();
+    let lease = simba_core::backend::Lease {
+        ttl: d.ttl,
+        transition: d.transition,
+    };
+    let took = store.acquisition_floor(mutex, lease, warm_up(n), n).await?;
+    let mut samples = Samples::with_capacity(n);
+    for d in took {
+        samples.push(d);
+    }
+    Ok(samples)
 }

@@ -201,6 +201,12 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
             Ok(None) => {}
             Err(e) => ctx.progress(format!("the native handoff floor failed: {e:#}")),
         }
+        if ctx.args.explain {
+            match sql_acquisition(&ctx).await {
+                Ok(samples) => f.acquisition = samples,
+                Err(e) => ctx.progress(format!("the acquisition statement floor failed: {e:#}")),
+            }
+        }
     }
     let timed = |s: &Scenario| matches!(s, Scenario::Uncontended | Scenario::Handoff);
     if scenarios.iter().any(timed) || ctx.args.explain {
@@ -448,5 +454,18 @@ async fn sql_handoff(ctx: &Ctx) -> anyhow::Result<Option<(&'static str, stats::S
 
 #[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
 async fn sql_handoff(_ctx: &Ctx) -> anyhow::Result<Option<(&'static str, stats::Samples)>> {
+    Ok(None)
+}
+
+/// The SQL backends' acquisition statement alone (see [`floor::sql_acquisition`]).
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+async fn sql_acquisition(ctx: &Ctx) -> anyhow::Result<Option<stats::Samples>> {
+    floor::sql_acquisition(&ctx.url, ctx.iterations(), &ctx.mutex("acquisition-floor"))
+        .await
+        .map(Some)
+}
+
+#[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
+async fn sql_acquisition(_ctx: &Ctx) -> anyhow::Result<Option<stats::Samples>> {
     Ok(None)
 }
