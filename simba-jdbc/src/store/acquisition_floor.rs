@@ -1,8 +1,9 @@
 //! The acquisition statement alone, for `simba bench --explain`: the statement a waiter
 //! runs once its native lock is granted, on the store's own connection path (the pool, or
 //! PostgreSQL's prepared-statement connections), without the engine, the gate or the
-//! reply's checks. Its time beside the hop *acquire sent → acquire answered* tells how
-//! much of that hop is the database and its driver, and how much the store around them.
+//! reply's checks. Its time beside the hop *statement sent → statement answered* of a
+//! handoff tells the statement's own cost from what the handoff adds to it, and the hops
+//! around that one tell the store's own work.
 
 use std::time::Duration;
 
@@ -56,7 +57,11 @@ impl SqlStore {
                 |c| call.acquire(c, me, lease, Pass::Locked)
             )?;
             let elapsed = t0.elapsed();
-            let got = row.as_ref().and_then(|r| r.owner_id.as_deref());
+            // A `CHAR(n)` owner column (a JVM Simba table) pads the id with spaces.
+            let got = row
+                .as_ref()
+                .and_then(|r| r.owner_id.as_deref())
+                .map(|id| id.trim_end_matches(' '));
             if got != Some(me) {
                 return Err(Error::InvalidState(format!(
                     "acquisition floor: {me} did not take the released row of {mutex:?} \
