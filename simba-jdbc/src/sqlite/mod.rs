@@ -114,6 +114,7 @@ impl Store {
         let (pool, renew) = pools(Backend::Sqlite, if memory { 1 } else { size }, |n| {
             DeadPool::builder(manager())
                 .max_size(n)
+                .pre_recycle(thread::settle_hook())
                 .build()
                 .map_err(|e| pool_error(Backend::Sqlite, e))
         })?;
@@ -142,4 +143,44 @@ fn open_lock_file(path: &std::path::Path) -> std::result::Result<std::fs::File, 
         .truncate(false)
         .open(path)
         .map_err(|e| format!("lock file {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A statement that runs for a while: SQLite counts to two million.
+    const SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                        WHERE x < 2000000) SELECT count(*) FROM c";
+
+    /// A call gives up on a statement, its connection goes back to the pool while the
+    /// statement still runs on the connection's thread, and the pool hands the connection
+    /// out again: the pool waits for the statement (without the hook, its recycling check
+    /// panics: "Cannot access shared transaction state").
+    async fn a_connection_given_up_on_is_handed_out_after_its_statement() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("given-up.db");
+        let path = path.to_str().expect("a UTF-8 path");
+        let config = SqlConfig::new(format!("sqlite://{path}")).with_pool_size(1);
+        let store = Store::new(path, false, &config).expect("a store");
+        let mut conn = store.pool.get().await.expect("a connection");
+        let cut = tokio::time::timeout(Duration::from_millis(5), conn.batch_execute(SLOW)).await;
+        assert!(cut.is_err(), "the slow statement ended within 5 ms");
+        drop(conn);
+        let mut conn = store.pool.get().await.expect("the connection, again");
+        conn.batch_execute("SELECT 1")
+            .await
+            .expect("a statement on it");
+        assert_eq!(store.pool.status().size, 1, "the connection was replaced");
+    }
+
+    #[tokio::test]
+    async fn given_up_on_current_thread_runtime() {
+        a_connection_given_up_on_is_handed_out_after_its_statement().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn given_up_on_multi_thread_runtime() {
+        a_connection_given_up_on_is_handed_out_after_its_statement().await;
+    }
 }
