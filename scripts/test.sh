@@ -254,7 +254,7 @@ step "tests"
 cargo nextest run --workspace --features "$test_features" --profile ci --test-threads 4 \
   -E 'not binary(containers) and not binary(soak)' --no-tests fail
 
-# The 3-minute soak (simba-chaos/tests/soak.rs: every backend at once, 15 worker processes)
+# The 3-minute soak (simba-chaos/tests/soak.rs: every backend at once, 18 worker processes)
 # in a step of its own: beside the other tests, its load would share the 2 cores with tests
 # whose subject is time (leases, failovers).
 step "soak (3 minutes, every backend)"

@@ -1,8 +1,8 @@
 //! The 3-minute soak of the test command: `simba-chaos soak` on every backend at once
-//! (SQLite, Redis, MariaDB, PostgreSQL, ZooKeeper; the servers of `SIMBA_TEST_*`, else
-//! private local ones), each with 3 worker processes × 100 mutexes (4 of them contended
-//! by every process). The full soak is 8 × 1,000 for 60 minutes (docs/testing.md); here the
-//! five backends share a 2-core machine with the rest of the test command, so each gets a
+//! (SQLite, Redis, MariaDB, PostgreSQL, ZooKeeper, etcd; the servers of `SIMBA_TEST_*`,
+//! else private local ones), each with 3 worker processes × 100 mutexes (4 of them
+//! contended by every process). The full soak is 8 × 1,000 for 60 minutes
+//! (docs/testing.md); here the six backends share a 2-core machine with the rest of the test command, so each gets a
 //! tenth of the mutexes and the run checks the same things at a smaller scale.
 //!
 //! Each run must pass its verdict: no overlap, no fence regression, no accepted stale
@@ -112,6 +112,7 @@ async fn soak_every_backend_three_minutes() {
         ("mysql", ServerKind::Mysql),
         ("postgres", ServerKind::Postgres),
         ("zookeeper", ServerKind::Zookeeper),
+        ("etcd", ServerKind::Etcd),
     ] {
         let server = servers::server(kind)
             .await
