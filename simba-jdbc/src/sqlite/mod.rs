@@ -114,7 +114,6 @@ impl Store {
         let (pool, renew) = pools(Backend::Sqlite, if memory { 1 } else { size }, |n| {
             DeadPool::builder(manager())
                 .max_size(n)
-                .pre_recycle(thread::settle_hook())
                 .build()
                 .map_err(|e| pool_error(Backend::Sqlite, e))
         })?;
@@ -155,8 +154,8 @@ mod tests {
 
     /// A call gives up on a statement, its connection goes back to the pool while the
     /// statement still runs on the connection's thread, and the pool hands the connection
-    /// out again: the pool waits for the statement (without the hook, its recycling check
-    /// panics: "Cannot access shared transaction state").
+    /// out again: the dropped answer waited for the statement (without that wait, the
+    /// pool's check of the connection panics: "Cannot access shared transaction state").
     async fn a_connection_given_up_on_is_handed_out_after_its_statement() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = dir.path().join("given-up.db");

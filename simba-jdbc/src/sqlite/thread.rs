@@ -14,30 +14,28 @@
 //! already queued. A job that panics ends only itself: its caller gets an error, the
 //! thread takes the next job.
 //!
-//! A caller that gives up on a statement (a timeout cut it off) drops its future at once
-//! and the job runs on to its end on the connection's thread. The connection may then be
-//! back in its pool while the job still holds it, and diesel-async's wrapper needs it to
-//! itself there: the pool's recycling check reads the transaction state, which panics
-//! while a job holds the connection. So the pools check a connection out only once its
-//! jobs have ended ([`settle_hook`]): at once when none is queued (the common case, no
-//! hop to the thread), else after them, without blocking any thread. An earlier version
-//! blocked the dropping task's worker instead (`block_in_place`), which moved that
-//! worker's share of the runtime to another thread each time; each thread allocates in a
-//! glibc malloc arena of its own, and the arenas so visited kept growing a SQLite
-//! process's resident memory (docs/testing.md, *Soak*).
+//! A statement's answer dropped before it came (a timeout cut the call off, its caller gave
+//! up) waits, on the thread that drops it, for the job to end. What the dropping call holds
+//! is let go only then: the pooled connection (diesel-async's wrapper needs it to itself
+//! there, and its pool's check panics otherwise) and, above all, the native lock of an
+//! acquisition, whose release lets another process's waiter take a gated owner's row at
+//! once (the `locked_take` rule of `crate::sql`): if the lock were let go while the
+//! statement still ran, the late statement could take a row the next holder of the lock
+//! had just taken, and give two owners. The wait blocks the dropping thread itself, on a
+//! multi-thread runtime too. It used to be tokio's `block_in_place`, which hands the
+//! worker's share of the runtime to another thread each time: each thread allocates in a
+//! glibc malloc arena of its own, and every arena the runtime passed through kept its size,
+//! the growth of a SQLite process's resident memory in docs/testing.md (*Soak*). The wait
+//! is as long as the rest of the statement: sub-millisecond to tens of milliseconds in the
+//! soaks, at most the busy timeout (the statement timeout) when another process holds the
+//! database's write lock.
 
-use std::any::TypeId;
 use std::error::Error;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
-use diesel_async::pooled_connection::deadpool::{Hook, HookError};
 use diesel_async::sync_connection_wrapper::SpawnBlocking;
-
-use super::SqliteConn;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -46,23 +44,28 @@ type Job = Box<dyn FnOnce() + Send>;
 pub(crate) struct ConnThread {
     /// `None` when the thread could not be started: every statement then fails.
     jobs: Option<mpsc::Sender<Job>>,
-    /// Jobs sent and not yet run to their end (their hold on the connection released).
-    queued: Arc<AtomicUsize>,
 }
 
-/// The answer of [`settle_hook`]'s job. A type of its own, so that [`ConnThread`] knows
-/// that job and runs it at once, on the caller's thread, when no other job is queued:
-/// then no job holds the connection, and the job (take the connection's lock, answer)
-/// does nothing that could block.
-struct Settled;
+/// The answer of a job not yet received. Dropped before it came, it waits for the job to
+/// end (see the module's doc).
+struct Pending<R> {
+    answer: Option<tokio::sync::oneshot::Receiver<R>>,
+    /// Disconnected when the job has ended (or was dropped without running).
+    ended: mpsc::Receiver<()>,
+}
 
-/// Counts a job out of [`ConnThread::queued`] when dropped: after the job ran, or when it
-/// panicked.
-struct Ran(Arc<AtomicUsize>);
-
-impl Drop for Ran {
+impl<R> Drop for Pending<R> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Release);
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        if matches!(
+            answer.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ) {
+            // Blocks this thread (not tokio's `block_in_place`: see the module's doc).
+            let _ = self.ended.recv();
+        }
     }
 }
 
@@ -74,33 +77,34 @@ impl SpawnBlocking for ConnThread {
     where
         R: Send + 'static,
     {
-        if TypeId::of::<R>() == TypeId::of::<diesel::QueryResult<Settled>>()
-            && self.queued.load(Ordering::Acquire) == 0
-        {
-            return Box::pin(std::future::ready(Ok(task())));
-        }
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let ran = Ran(self.queued.clone());
-        self.queued.fetch_add(1, Ordering::AcqRel);
+        let (end, ended) = mpsc::channel::<()>();
         let job: Job = Box::new(move || {
-            // `task` holds the connection until it returns; counted out before the
-            // answer goes, so that a caller that checks the connection in again finds it
-            // settled.
-            let answer = task();
-            drop(ran);
-            let _ = tx.send(answer);
+            // `task` holds the connection until it returns; `end` goes after the answer,
+            // so that a drop that found no answer waits for both.
+            let _ = tx.send(task());
+            drop(end);
         });
-        // A job that cannot be sent is dropped here, and `ran` with it.
         let sent = match &self.jobs {
             Some(jobs) => jobs
                 .send(job)
                 .map_err(|_| "the SQLite connection's thread has ended"),
             None => Err("the SQLite connection's thread could not be started"),
         };
+        // Made before the future is first polled: dropped unpolled, it waits too.
+        let mut pending = Pending {
+            answer: Some(rx),
+            ended,
+        };
         Box::pin(async move {
             sent?;
-            rx.await
-                .map_err(|_| "the SQLite statement panicked on the connection's thread".into())
+            let answer = match pending.answer.as_mut() {
+                Some(rx) => rx.await,
+                None => return Err("no answer channel".into()),
+            };
+            // Answered: nothing left to wait for when `pending` drops.
+            drop(pending.answer.take());
+            answer.map_err(|_| "the SQLite statement panicked on the connection's thread".into())
         })
     }
 
@@ -114,38 +118,20 @@ impl SpawnBlocking for ConnThread {
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 }
             });
-        let queued = Arc::new(AtomicUsize::new(0));
         match started {
-            Ok(_) => ConnThread {
-                jobs: Some(jobs),
-                queued,
-            },
+            Ok(_) => ConnThread { jobs: Some(jobs) },
             Err(e) => {
                 tracing::warn!("cannot start a SQLite connection's thread: {e}");
-                ConnThread { jobs: None, queued }
+                ConnThread { jobs: None }
             }
         }
     }
 }
 
-/// The pools' `pre_recycle` hook: a connection is handed out only once the jobs of calls
-/// that gave up on it have ended (see the module's doc). A connection whose thread has
-/// ended fails the hook, and the pool replaces it.
-pub(crate) fn settle_hook() -> Hook<SqliteConn> {
-    Hook::async_fn(|conn: &mut SqliteConn, _| {
-        Box::pin(async move {
-            conn.spawn_blocking(|_| Ok(Settled))
-                .await
-                .map(|Settled| ())
-                .map_err(|e| {
-                    HookError::Backend(diesel_async::pooled_connection::PoolError::QueryError(e))
-                })
-        })
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
     use super::*;
@@ -164,67 +150,39 @@ mod tests {
         assert_eq!(after.await.expect("after the panic"), a);
     }
 
-    /// Where and after what the settle job ran.
-    fn settle_job(
-        log: &Arc<std::sync::Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
-    ) -> impl FnOnce() -> diesel::QueryResult<Settled> + Send + 'static {
-        let log = log.clone();
-        move || {
-            log.lock()
-                .expect("the log")
-                .push(("settle", std::thread::current().id()));
-            Ok(Settled)
-        }
+    /// A statement's answer dropped before it came returns only once the job has ended,
+    /// on a multi-thread runtime as on a current-thread one, and on the dropping thread.
+    async fn a_dropped_answer_waits_for_its_job() {
+        let mut t = ConnThread::get_runtime();
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let ended = Arc::new(AtomicBool::new(false));
+        let job_ended = ended.clone();
+        let job = t.spawn_blocking(move || {
+            let _ = blocked.recv();
+            job_ended.store(true, Ordering::SeqCst);
+        });
+        let here = std::thread::current().id();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let _ = release.send(());
+        });
+        // Not polled: the job is queued, its answer not come.
+        drop(job);
+        assert!(
+            ended.load(Ordering::SeqCst),
+            "the drop returned before the job ended"
+        );
+        assert_eq!(std::thread::current().id(), here);
+        releaser.join().expect("the releasing thread");
     }
 
     #[tokio::test]
-    async fn the_settle_job_runs_at_once_when_idle_and_after_the_queued_jobs_otherwise() {
-        let mut t = ConnThread::get_runtime();
-        let here = std::thread::current().id();
-        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    async fn a_dropped_answer_waits_on_a_current_thread_runtime() {
+        a_dropped_answer_waits_for_its_job().await;
+    }
 
-        // Nothing queued: it runs here, at once.
-        let idle = t.spawn_blocking(settle_job(&log));
-        assert_eq!(*log.lock().expect("the log"), [("settle", here)]);
-        assert!(idle.await.expect("the settle job").is_ok());
-        log.lock().expect("the log").clear();
-
-        // A job holds the connection's thread: the settle job waits behind it.
-        let (release, blocked) = std::sync::mpsc::channel::<()>();
-        let job_log = log.clone();
-        let job = t.spawn_blocking(move || {
-            let _ = blocked.recv();
-            job_log
-                .lock()
-                .expect("the log")
-                .push(("job", std::thread::current().id()));
-        });
-        let mut settle = t.spawn_blocking(settle_job(&log));
-        assert!(
-            tokio::time::timeout(Duration::from_millis(50), &mut settle)
-                .await
-                .is_err(),
-            "the settle job answered while a job was queued"
-        );
-        assert!(log.lock().expect("the log").is_empty());
-        release.send(()).expect("the job waits");
-        assert!(settle.await.expect("the settle job").is_ok());
-        job.await.expect("the job");
-        let log_now = log.lock().expect("the log").clone();
-        assert_eq!(log_now.len(), 2);
-        assert_eq!((log_now[0].0, log_now[1].0), ("job", "settle"));
-        assert_eq!(
-            log_now[0].1, log_now[1].1,
-            "both on the connection's thread"
-        );
-        assert_ne!(log_now[0].1, here);
-
-        // A job that panicked is counted out: idle again.
-        let panicked = t.spawn_blocking(|| -> u8 { panic!("a statement panicked") });
-        assert!(panicked.await.is_err());
-        log.lock().expect("the log").clear();
-        let idle = t.spawn_blocking(settle_job(&log));
-        assert_eq!(*log.lock().expect("the log"), [("settle", here)]);
-        assert!(idle.await.expect("the settle job").is_ok());
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_answer_waits_on_a_multi_thread_runtime() {
+        a_dropped_answer_waits_for_its_job().await;
     }
 }
