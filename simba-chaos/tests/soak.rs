@@ -2,8 +2,9 @@
 //! (SQLite, Redis, MariaDB, PostgreSQL, ZooKeeper, etcd; the servers of `SIMBA_TEST_*`,
 //! else private local ones), each with 3 worker processes × 100 mutexes (4 of them
 //! contended by every process). The full soak is 8 × 1,000 for 60 minutes
-//! (docs/testing.md); here the six backends share a 2-core machine with the rest of the test command, so each gets a
-//! tenth of the mutexes and the run checks the same things at a smaller scale.
+//! (docs/testing.md); here the six backends share a 2-core machine with the rest of the
+//! test command, so each gets a tenth of the mutexes and the run checks the same things at
+//! a smaller scale.
 //!
 //! Each run must pass its verdict: no overlap, no fence regression, no accepted stale
 //! write, no error, no worker death, hand-overs between processes, and the summed peaks of

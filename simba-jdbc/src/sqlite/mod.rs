@@ -170,7 +170,11 @@ mod tests {
         conn.batch_execute("SELECT 1")
             .await
             .expect("a statement on it");
-        assert_eq!(store.pool.status().size, 1, "the connection was replaced");
+        assert_eq!(
+            deadpool::managed::Object::metrics(&conn).recycle_count,
+            1,
+            "the connection was replaced, not handed out again"
+        );
     }
 
     #[tokio::test]

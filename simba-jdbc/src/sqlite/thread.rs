@@ -151,7 +151,7 @@ mod tests {
     }
 
     /// A statement's answer dropped before it came returns only once the job has ended,
-    /// on a multi-thread runtime as on a current-thread one, and on the dropping thread.
+    /// on a multi-thread runtime as on a current-thread one.
     async fn a_dropped_answer_waits_for_its_job() {
         let mut t = ConnThread::get_runtime();
         let (release, blocked) = std::sync::mpsc::channel::<()>();
@@ -161,7 +161,6 @@ mod tests {
             let _ = blocked.recv();
             job_ended.store(true, Ordering::SeqCst);
         });
-        let here = std::thread::current().id();
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             let _ = release.send(());
@@ -172,7 +171,6 @@ mod tests {
             ended.load(Ordering::SeqCst),
             "the drop returned before the job ended"
         );
-        assert_eq!(std::thread::current().id(), here);
         releaser.join().expect("the releasing thread");
     }
 
