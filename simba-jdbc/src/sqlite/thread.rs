@@ -22,10 +22,10 @@
 //! once (the `locked_take` rule of `crate::sql`): if the lock were let go while the
 //! statement still ran, the late statement could take a row the next holder of the lock
 //! had just taken, and give two owners. The wait blocks the dropping thread itself, on a
-//! multi-thread runtime too. It used to be tokio's `block_in_place`, which hands the
-//! worker's share of the runtime to another thread each time: each thread allocates in a
-//! glibc malloc arena of its own, and every arena the runtime passed through kept its size,
-//! the growth of a SQLite process's resident memory in docs/testing.md (*Soak*). The wait
+//! multi-thread runtime too, and not with tokio's `block_in_place`: that hands the worker's
+//! share of the runtime to another thread each time, each thread allocates in a glibc
+//! malloc arena of its own, and every arena the runtime passes through keeps its size, so a
+//! SQLite process's resident memory would keep growing (docs/testing.md, *Soak*). The wait
 //! is as long as the rest of the statement: sub-millisecond to tens of milliseconds in the
 //! soaks, at most the busy timeout (the statement timeout) when another process holds the
 //! database's write lock.
@@ -161,6 +161,9 @@ mod tests {
             let _ = blocked.recv();
             job_ended.store(true, Ordering::SeqCst);
         });
+        // The pause only makes it likely that the drop below starts waiting before the job
+        // is released; on a slow machine the job may end first and the test checks less,
+        // but it cannot fail wrongly. Nothing tells when a drop has begun to wait.
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             let _ = release.send(());
