@@ -8,7 +8,7 @@ use simba_core::{ContendServiceFactory, LeaseConfig, LeaseServiceFactory, Memory
 
 use crate::store_cases::StoreSource;
 use crate::suite::{
-    Fault, FaultyFactory, Harness, SetupError, SuiteCapabilities, SuiteTiming,
+    Fault, FaultyFactory, Harness, Intrusion, SetupError, SuiteCapabilities, SuiteTiming,
     intrude_through_store,
 };
 
@@ -127,14 +127,17 @@ impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
     /// The harness's intruder ([`StoreHarness::with_intruder`]); without one, the owner's
     /// release, then [`INTRUDER`](crate::suite::INTRUDER)'s acquisition for a minute
     /// ([`intrude_through_store`]).
-    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<(), SetupError>> {
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
         let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
         Box::pin(async move {
             match self.intruder {
-                Some(intrude) if intrude(&self.store, &mutex, &owner_id) => Ok(()),
+                Some(intrude) if intrude(&self.store, &mutex, &owner_id) => {
+                    Ok(Intrusion::TakenOver)
+                }
                 Some(_) => Err(format!("intruding: {owner_id} does not own {mutex:?}").into()),
                 None => {
-                    intrude_through_store(&self.store, &mutex, &owner_id, INTRUDER_LEASE).await
+                    let take = Some(INTRUDER_LEASE);
+                    intrude_through_store(&self.store, &mutex, &owner_id, take).await
                 }
             }
         })

@@ -396,8 +396,11 @@ pub async fn release_of_a_permit_taken_away_is_lost<S: StoreSource>(src: &S) -> 
     let g = within("acquire", s.acquire()).await??;
     let (fence, status) = (g.fence(), g.status());
     let hand = src.store().await?;
-    let freed = within("release behind its back", hand.permit_release(&name, g.contender_id()))
-        .await??;
+    let freed = within(
+        "release behind its back",
+        hand.permit_release(&name, g.contender_id()),
+    )
+    .await??;
     check(freed, || {
         format!("permit_release under the holder's id did not free its permit of {name:?}")
     })?;

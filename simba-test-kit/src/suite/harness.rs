@@ -83,14 +83,16 @@ pub trait Harness: Send + Sync {
     /// renewal or its release. What it does per backend: SQL `UPDATE <table> SET owner_id
     /// = 'intruder'`, Redis `SET <owner key> intruder PX …`, ZooKeeper the owner's latch
     /// node rewritten to name `intruder`, etcd the owner's key rewritten to `intruder`
-    /// (keeping its lease), an in-process store the owner's release followed by
-    /// `intruder`'s acquisition. The case [`release_after_intrusion_is_lost`] needs it.
+    /// (keeping its lease), the memory store its record rewritten. Where a harness has no
+    /// plain access to the data (a TLS server), the owner's release by another process
+    /// ([`intrude_through_store`]) stands in for the hand. It says what it left:
+    /// [`Intrusion`]. The case [`release_after_intrusion_is_lost`] needs it.
     ///
     /// The default refuses (the case then fails, never skips): a backend's harness says
     /// how its owner is changed by hand.
     ///
     /// [`release_after_intrusion_is_lost`]: crate::suite::release_after_intrusion_is_lost
-    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<(), SetupError>> {
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
         let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
         let name = self.name();
         Box::pin(async move {
@@ -106,8 +108,21 @@ pub trait Harness: Send + Sync {
 /// The owner id that [`Harness::intrude`] writes.
 pub const INTRUDER: &str = "intruder";
 
-/// [`Harness::intrude`] through a lease store's own calls: `owner_id`'s release (which must
-/// find it the owner), then [`INTRUDER`]'s acquisition with `lease` (which must win).
+/// What [`Harness::intrude`] left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intrusion {
+    /// The backend names [`INTRUDER`] the owner, as a live owner within a lease longer
+    /// than the case: nobody else may take the mutex meanwhile.
+    TakenOver,
+    /// The owner's ownership was ended (deleted, released under its id), or handed to an
+    /// owner the backend may take the mutex from at once (SQLite, whose owners prove they
+    /// live by a lock file the intruder does not hold).
+    Freed,
+}
+
+/// [`Harness::intrude`] through a lease store's own calls: `owner_id`'s release from
+/// another process, which must find it the owner; then, with `take`, [`INTRUDER`]'s
+/// acquisition with `lease`, which must win.
 ///
 /// # Errors
 /// When the owner's release or the intruder's acquisition did not go as said, or the store
@@ -116,11 +131,14 @@ pub async fn intrude_through_store<S: simba_core::backend::LeaseStore>(
     store: &S,
     mutex: &str,
     owner_id: &str,
-    lease: simba_core::backend::Lease,
-) -> Result<(), SetupError> {
+    take: Option<simba_core::backend::Lease>,
+) -> Result<Intrusion, SetupError> {
     if !store.release(mutex, owner_id).await? {
         return Err(format!("intruding: {owner_id} does not own mutex {mutex:?}").into());
     }
+    let Some(lease) = take else {
+        return Ok(Intrusion::Freed);
+    };
     let reply = store.acquire(mutex, INTRUDER, lease).await?;
     if !reply.owner.is_owner(INTRUDER) {
         return Err(format!(
@@ -129,5 +147,5 @@ pub async fn intrude_through_store<S: simba_core::backend::LeaseStore>(
         )
         .into());
     }
-    Ok(())
+    Ok(Intrusion::TakenOver)
 }
