@@ -670,7 +670,7 @@ fn loss_reason(s: &ContenderStatus, fence: u64) -> LossReason {
 /// Dropping it releases in the background (best effort; the lease frees the mutex anyway);
 /// the next acquisition through the locker starts when that release is done. Prefer
 /// [`LockGuard::release`], which waits for the release and says whether the ownership had
-/// already ended.
+/// already ended (before the call, or as the release found it on the backend).
 pub struct LockGuard {
     slot: Arc<Slot>,
     /// The service of this ownership: a release signals its stop from the releasing task
