@@ -254,6 +254,8 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                     }
                     let code = child::exit_code(ended.status);
                     let held = guard.acquired_at().elapsed();
+                    // Still ours as far as simba knew: a loss now is one the release found.
+                    let held_until_release = guard.is_held();
                     return match release(guard, None, args.hold_at_least).await {
                         None => {
                             narrator.say(format_args!(
@@ -262,6 +264,18 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                             ));
                             Ok(code)
                         }
+                        // The release found the mutex no longer this contender's (taken
+                        // over, deleted or changed by hand on the backend): the command may
+                        // have run unprotected, which the exit status must say.
+                        Some(lost) if held_until_release => Err(Failure::new(
+                            Status::Lost,
+                            format!(
+                                "the release found {} no longer this contender's: {}; the \
+                                 command exited with status {code} and may have run without \
+                                 the mutex",
+                                lost.0, lost.1
+                            ),
+                        )),
                         // The loss was not seen before the command ended (both were ready
                         // together, or simba was paused): the command may have run
                         // unprotected, which the exit status must say.

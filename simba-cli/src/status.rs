@@ -20,7 +20,8 @@ pub(crate) enum Status {
     /// `--no-wait` was given.
     NotAcquired,
     /// 79: ownership was lost while the command ran (or `--hold-at-most` passed); the
-    /// command was stopped (or had ended, and the release found the ownership lost).
+    /// command was stopped (or had ended, and the release found the ownership lost: ended
+    /// before, or the mutex taken over, deleted or changed by hand on the backend).
     Lost,
     /// 126: the command was found but could not be started.
     CannotRun,
@@ -77,8 +78,8 @@ Exit status:
     79   ownership lost while the command ran, or --hold-at-most passed; the
          command's process group was stopped: SIGKILL at the lease's local
          deadline, else SIGTERM, then SIGKILL after --grace (or the command had
-         ended, and the release found the ownership lost: it may have run
-         unprotected)
+         ended, and the release found the ownership lost, or the mutex taken
+         over, deleted or changed by hand: it may have run unprotected)
     126  the command could not be started (e.g. not executable)
     127  the command was not found
     128+N  simba got signal N while waiting for the mutex";

@@ -661,6 +661,60 @@ fn a_loss_found_at_the_release_is_ownership_lost() {
     assert_eq!(status.code(), Some(LOST), "{stderr}");
 }
 
+/// The mutex's row changed by hand while `simba exec` holds it (issue #45): the command
+/// ends with 0, the release finds the row no longer simba's, and simba must exit with 79
+/// and say so in one line, not pass the command's 0 on as if it had run protected.
+#[test]
+fn a_row_changed_by_hand_is_found_by_the_release_and_is_ownership_lost() {
+    use diesel::{Connection, RunQueryDsl};
+    let dir = tempdir();
+    let db = dir.path().join("hand.db");
+    let url = sqlite_url(dir.path(), "hand.db");
+    let mutex = mutex_name("hand");
+    let (seen, go) = (file(dir.path(), "seen"), file(dir.path(), "go"));
+    let script = format!(
+        "echo \"$SIMBA_OWNER_ID\" > {seen}; while [ ! -e {go} ]; do sleep 0.05; done",
+        seen = seen.display(),
+        go = go.display()
+    );
+    // A 30 s lease: no renewal comes before the release to notice the change first.
+    let mut exec = simba(Some(&url))
+        .args(["exec", "--ttl", "30s", &mutex])
+        .args(sh(&script))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start simba exec");
+    let stderr = line_channel(exec.stderr.take().expect("stderr"));
+    eventually(Duration::from_secs(30), "the command starts", || {
+        lines(&seen).len() == 1
+    });
+    let owner = lines(&seen).remove(0);
+    let mut c = diesel::SqliteConnection::establish(&db.display().to_string()).expect("open");
+    diesel::connection::SimpleConnection::batch_execute(&mut c, "PRAGMA busy_timeout = 5000")
+        .expect("busy timeout");
+    let changed = diesel::sql_query(format!(
+        "UPDATE simba_mutex SET owner_id = 'intruder' WHERE mutex = '{mutex}' \
+         AND owner_id = '{owner}'"
+    ))
+    .execute(&mut c)
+    .expect("UPDATE by hand");
+    assert_eq!(changed, 1, "the row of {mutex} owned by {owner}");
+    std::fs::write(&go, b"").expect("write go");
+    let status = wait_for(&mut exec, Duration::from_secs(30), "simba exec");
+    let said: Vec<String> = stderr.iter().collect();
+    assert_eq!(status.code(), Some(LOST), "{said:#?}");
+    let simba_lines: Vec<&String> = said.iter().filter(|l| l.starts_with("simba: ")).collect();
+    assert_eq!(simba_lines.len(), 1, "one line from simba: {said:#?}");
+    let line = simba_lines[0];
+    assert!(
+        line.contains(&format!("mutex {mutex:?}"))
+            && line.contains("no longer this contender's")
+            && line.contains("taken over")
+            && line.contains("status 0"),
+        "{line}"
+    );
+}
+
 /// `simba -v exec` says when the ownership was lost, with the fence: simba is stopped
 /// past its lease while the command runs, and on waking it sees the lease expired.
 #[test]

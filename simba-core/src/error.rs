@@ -16,7 +16,9 @@ pub enum LossReason {
     /// No renewal succeeded before the local lease deadline: the backend may already have
     /// handed the mutex to someone else, so this process must stop acting as owner.
     LeaseExpired,
-    /// The backend answered that another contender owns the mutex now.
+    /// The backend answered that another contender owns the mutex now — or, at a release,
+    /// that this contender no longer owns it: its record was taken over, deleted or changed
+    /// by hand (a row's `owner_id`, a key's value, a node gone or rewritten).
     TakenOver,
     /// The backend session that carried the ownership ended (ZooKeeper session expiry).
     SessionLost,

@@ -612,7 +612,15 @@ async fn watch_hold(
         },
         None => {
             stop_fully(&service).await;
-            Ok(())
+            // A release that found the mutex no longer ours published the loss it found
+            // (`OwnershipTracker::lost_at_release`) before the service stopped.
+            match ended_with(&status.borrow(), fence) {
+                Some(reason) => Err(Error::Lost {
+                    mutex: slot.mutex().to_owned(),
+                    reason,
+                }),
+                None => Ok(()),
+            }
         }
     };
     if let Some(turn) = turn {
@@ -638,6 +646,14 @@ fn held_with(s: &ContenderStatus, fence: u64) -> bool {
         && s.last_loss.is_none_or(|l| l.fence != fence)
 }
 
+/// How the ownership with `fence` ended, when not by its release: the loss published for
+/// it ([`LossReason::Released`] is no loss).
+fn ended_with(s: &ContenderStatus, fence: u64) -> Option<LossReason> {
+    s.last_loss
+        .filter(|l| l.fence == fence && l.reason != LossReason::Released)
+        .map(|l| l.reason)
+}
+
 /// Why the ownership with `fence` is not held (given that it is not).
 fn loss_reason(s: &ContenderStatus, fence: u64) -> LossReason {
     match (s.last_loss, s.held) {
@@ -654,7 +670,7 @@ fn loss_reason(s: &ContenderStatus, fence: u64) -> LossReason {
 /// Dropping it releases in the background (best effort; the lease frees the mutex anyway);
 /// the next acquisition through the locker starts when that release is done. Prefer
 /// [`LockGuard::release`], which waits for the release and says whether the ownership had
-/// already ended.
+/// already ended (before the call, or as the release found it on the backend).
 pub struct LockGuard {
     slot: Arc<Slot>,
     /// The service of this ownership: a release signals its stop from the releasing task
@@ -800,9 +816,18 @@ impl LockGuard {
     /// the mutex).
     ///
     /// # Errors
-    /// [`Error::Lost`] with the reason when the ownership had already ended before this
-    /// call (lease expired, taken over, backend session lost): the work done under this
-    /// guard may have overlapped another owner's. The mutex is released all the same.
+    /// [`Error::Lost`] with the reason when the ownership had ended before it was released,
+    /// so that the work done under this guard may have overlapped another owner's:
+    /// - it had ended before this call (lease expired, taken over, backend session lost);
+    /// - or the release itself found the mutex no longer this contender's on the backend:
+    ///   taken over, deleted, or changed by hand (a row's `owner_id`, a key's value, a
+    ///   node gone or rewritten). The reason is then [`LossReason::TakenOver`]
+    ///   ([`LossReason::LeaseExpired`] if the local lease deadline had passed too), and
+    ///   the guard's [`status`](Self::status) shows that loss as its `last_loss`.
+    ///
+    /// Never `Ok` after either. A release that fails or gets no answer within the request
+    /// timeout proves neither: it is logged and this returns `Ok` (the lease frees the
+    /// mutex). The mutex is released all the same.
     ///
     /// # Cancel safety
     /// Dropping the future still releases, in the background.
@@ -812,12 +837,14 @@ impl LockGuard {
         // Dropping `self` signals the watcher, which stops the service (releasing remotely).
         let mutex = self.mutex().to_owned();
         drop(self);
-        if let Some(done) = done {
-            let _ = done.await;
-        }
-        match lost {
-            Some(reason) => Err(Error::Lost { mutex, reason }),
-            None => Ok(()),
+        let found = match done {
+            Some(done) => done.await.ok().and_then(Result::err),
+            None => None,
+        };
+        match (lost, found) {
+            (Some(reason), _) => Err(Error::Lost { mutex, reason }),
+            (None, Some(e @ Error::Lost { .. })) => Err(e),
+            (None, _) => Ok(()),
         }
     }
 

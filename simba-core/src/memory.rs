@@ -143,6 +143,21 @@ impl MemoryStore {
         self.base_ms + i64::try_from(elapsed).unwrap_or(i64::MAX / 2)
     }
 
+    /// Test support (feature `test-util`): rewrites the owner id of `mutex`'s record from
+    /// `owner_id` to `new_owner`, keeping its fence and lease, and tells nobody: what a hand
+    /// editing a backend's data does (SQL's `UPDATE … SET owner_id`). Returns whether
+    /// `owner_id` owned the mutex within its lease (otherwise nothing changes).
+    #[cfg(feature = "test-util")]
+    pub fn overwrite_owner(&self, mutex: &str, owner_id: &str, new_owner: &str) -> bool {
+        self.with(mutex, |e, now| {
+            if !e.owner.is_owned_by_at(owner_id, now) {
+                return false;
+            }
+            e.owner.owner_id = new_owner.to_owned();
+            true
+        })
+    }
+
     fn with<T>(&self, mutex: &str, f: impl FnOnce(&mut Entry, i64) -> T) -> T {
         let now = self.now();
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());

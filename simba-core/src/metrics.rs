@@ -23,7 +23,9 @@ use crate::error::{Error, LossReason};
 
 /// Counter: ownerships this process acquired.
 pub const ACQUISITIONS: &str = "simba_acquisitions_total";
-/// Counter: ownerships this process stopped holding, by `reason`.
+/// Counter: ownerships this process stopped holding, by `reason`. A release that finds the
+/// ownership had already ended (taken over, deleted or changed by hand on the backend) is
+/// counted once more, under the reason it found, beside its `released`.
 pub const LOSSES: &str = "simba_losses_total";
 /// Counter: suspect episodes (an owner whose backend stopped answering).
 pub const SUSPECT: &str = "simba_suspect_total";
@@ -170,6 +172,12 @@ impl Labels {
     pub(crate) fn lost(&self, reason: LossReason) {
         counter!(LOSSES, self.with(Some(("reason", reason_label(reason))))).increment(1);
         gauge!(HELD, self.with(None)).decrement(1.0);
+    }
+
+    /// A release found its ownership already ended (the ownership's end was counted as
+    /// `released` when the release began; the held gauge was decremented then).
+    pub(crate) fn lost_at_release(&self, reason: LossReason) {
+        counter!(LOSSES, self.with(Some(("reason", reason_label(reason))))).increment(1);
     }
 
     /// An ownership ended without a report (a driver that panicked).

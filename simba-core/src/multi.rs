@@ -445,8 +445,10 @@ impl MultiGuard {
     ///
     /// # Errors
     /// [`Error::Lost`] for the first part (in acquisition order) whose ownership had
-    /// ended before this call: the work done under this guard may have overlapped
-    /// another owner's. Every part is released all the same.
+    /// ended before this call, or whose release found the mutex no longer this
+    /// contender's (taken over, deleted or changed by hand: see [`LockGuard::release`]):
+    /// the work done under this guard may have overlapped another owner's. Never `Ok`
+    /// then. Every part is released all the same.
     ///
     /// # Cancel safety
     /// Dropping the future still releases every part, in the background.

@@ -543,7 +543,10 @@ impl PermitGuard {
     ///
     /// # Errors
     /// [`Error::Lost`] when the permit had already ended before this call (the lease
-    /// expired): the work done under it may have run beside N others.
+    /// expired), or when the release finds it no longer this holder's on the backend
+    /// (taken away, deleted or changed by hand: [`LossReason::TakenOver`], see
+    /// [`LockGuard::release`]): the work done under it may have run beside N others. Never
+    /// `Ok` then; a release that fails or gets no answer proves nothing and is `Ok`.
     ///
     /// # Cancel safety
     /// Dropping the future still releases, in the background.

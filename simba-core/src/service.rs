@@ -131,6 +131,14 @@ impl ContenderStatus {
 ///   the future completes, an ownership has been reported lost with
 ///   [`LossReason::Released`] (callback included) and the status says `running = false`,
 ///   `held = None`, `deadline = None`. Dropping the service stops it in the background.
+/// - A release (by `stop`) that the backend answers with "not this contender's" — the
+///   mutex taken over, deleted or changed by hand while this contender believed it owned
+///   it — replaces that ownership's `last_loss` reason with the loss it found
+///   ([`LossReason::TakenOver`]; [`OwnershipTracker::lost_at_release`](crate::backend::OwnershipTracker::lost_at_release))
+///   before `running = false` is published; `on_released` is not called again. A release
+///   that fails or is not answered changes nothing, nor does one of an acquisition whose
+///   answer never came. [`LockGuard::release`](crate::LockGuard::release) turns such a
+///   loss into [`Error::Lost`](crate::Error::Lost).
 /// - `running = false` is published last, only when the service's task is done: a
 ///   watcher waiting for it knows no callback will follow.
 ///
@@ -183,7 +191,9 @@ pub trait ContendService: Send + Sync + fmt::Debug {
     fn start(&self) -> Result<()>;
 
     /// Stops contending: releases the mutex on the backend if owned, reports
-    /// `on_released(.., Released)`, and waits for the background task to end.
+    /// `on_released(.., Released)`, and waits for the background task to end. A release
+    /// that finds the mutex no longer this contender's says so in the status's `last_loss`
+    /// (see the [contract](ContendService#contract)).
     ///
     /// # Errors
     /// Never fails today; the remote release is best effort and bounded in time (the lease

@@ -642,3 +642,66 @@ async fn try_acquire_paused_after_winning_blames_no_other_contender() {
         owner.owner_id
     );
 }
+
+/// A release that fails or never answers proves nothing about the ownership: it is not a
+/// loss (the lease frees the mutex), and `release()` says `Ok`.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_fails_or_hangs_is_not_a_loss() {
+    let s = setup();
+    let locker = Locker::new(s.factory.clone(), "m").expect("locker");
+    let control = s.store.control();
+    for behavior in [Behavior::Fail, Behavior::Hang] {
+        let guard = locker.acquire().await.expect("acquire");
+        let (fence, status) = (guard.fence(), guard.status());
+        control.set(Op::Release, behavior);
+        let r = guard.release().await;
+        assert!(r.is_ok(), "{behavior:?}: {r:?}");
+        let last = status.borrow().last_loss;
+        assert_eq!(
+            last.map(|l| (l.fence, l.reason)),
+            Some((fence, LossReason::Released)),
+            "{behavior:?}"
+        );
+        control.set(Op::Release, Behavior::Pass);
+        // The lease frees what the release did not.
+        tokio::time::sleep(TTL + TRANSITION).await;
+    }
+}
+
+/// A release with a hold that finds the mutex changed by hand is a loss, as a plain
+/// release's is, and the guard's status says so.
+#[tokio::test(start_paused = true)]
+async fn a_hold_that_finds_the_owner_changed_is_lost() {
+    let s = setup();
+    let guard = Locker::new(s.factory.clone(), "m")
+        .expect("locker")
+        .acquire()
+        .await
+        .expect("acquire");
+    let (fence, status) = (guard.fence(), guard.status());
+    assert!(
+        s.memory
+            .overwrite_owner("m", guard.contender_id(), "intruder")
+    );
+    let r = guard.release_at_least(Duration::from_secs(60)).await;
+    assert!(
+        matches!(
+            r,
+            Err(Error::Lost {
+                reason: LossReason::TakenOver,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let last = status.borrow().last_loss;
+    assert_eq!(
+        last.map(|l| (l.fence, l.reason)),
+        Some((fence, LossReason::TakenOver))
+    );
+    assert_eq!(
+        s.owner_id().await,
+        "intruder",
+        "the stale release freed nothing"
+    );
+}

@@ -702,15 +702,61 @@ impl Run {
         Step::Settled
     }
 
-    /// Stop: apply a requested hold, report the release, revoke the leases.
+    /// Stop: apply a requested hold, report the release, delete the owner's key, revoke
+    /// the leases.
+    ///
+    /// The key of an ownership held until now is deleted in a transaction on its create
+    /// revision and its value (this contender's id). A key gone, re-created or rewritten
+    /// (by hand: simba never rewrites it) means the ownership had ended before the
+    /// release: that is reported as the loss found at the release
+    /// ([`OwnershipTracker::lost_at_release`]). A call that fails proves nothing.
     async fn shutdown(mut self) {
+        let owned = self.tracker.held().map(|h| h.fence);
+        let mut release_key = owned.is_some();
+        let mut found = None;
         let hold = lock(&self.sh.hold).take();
         if let Some(request) = hold {
             let result = self.hold_until(request.until).await;
-            let _ = request.reply.send(result);
+            match &result {
+                // Held: the key lives on under the hold's lease.
+                Ok(true) => release_key = false,
+                Ok(false) => {}
+                Err(Error::Lost { reason, .. }) => {
+                    found = Some(*reason);
+                    release_key = false;
+                }
+                Err(_) => {}
+            }
+            let _ = request.reply.send(result.map(|_| ()));
         }
         self.tracker.lose(LossReason::Released, MutexOwner::NONE);
         let limit = self.limit();
+        if release_key && let Some(key) = self.key.take() {
+            hops::record(Hop::ReleaseSent, &self.sh.prefix);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.key.clone(), CompareOp::Equal, key.revision),
+                    Compare::value(
+                        key.key.clone(),
+                        CompareOp::Equal,
+                        self.sh.contender_id.as_bytes(),
+                    ),
+                ])
+                .and_then([TxnOp::delete(key.key.clone(), None)]);
+            let deleted = bounded("deleting the owner's key", limit, self.kv.txn(txn)).await;
+            hops::record(Hop::ReleaseAnswered, &self.sh.prefix);
+            match deleted {
+                Ok(r) if r.succeeded() => debug!("stop: owner's key deleted"),
+                Ok(_) => {
+                    warn!("stop: the owner's key was gone or rewritten");
+                    found = Some(LossReason::TakenOver);
+                }
+                Err(e) => debug!("stop: deleting the owner's key failed ({e}); revoking"),
+            }
+        }
+        if let (Some(fence), Some(reason)) = (owned, found) {
+            self.tracker.lost_at_release(fence, reason);
+        }
         for id in self
             .lease
             .take()
@@ -729,8 +775,9 @@ impl Run {
         self.tracker.finish();
     }
 
-    /// Moves the owner key to a lease of its own that ends no sooner than `until`.
-    async fn hold_until(&mut self, until: Instant) -> Result<()> {
+    /// Moves the owner key to a lease of its own that ends no sooner than `until`; whether
+    /// it did (false: `until` had passed, nothing to hold).
+    async fn hold_until(&mut self, until: Instant) -> Result<bool> {
         let lost = |reason| Error::Lost {
             mutex: self.sh.mutex.clone(),
             reason,
@@ -751,7 +798,7 @@ impl Run {
         let sent = Instant::now();
         let left = until.saturating_duration_since(sent);
         if left.is_zero() {
-            return Ok(());
+            return Ok(false);
         }
         // Whole seconds, rounded up: the leader starts the lease after `sent`.
         let secs =
@@ -765,11 +812,14 @@ impl Run {
         .await?;
         let hold_lease = grant.id();
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                key.key.clone(),
-                CompareOp::Equal,
-                key.revision,
-            )])
+            .when([
+                Compare::create_revision(key.key.clone(), CompareOp::Equal, key.revision),
+                Compare::value(
+                    key.key.clone(),
+                    CompareOp::Equal,
+                    self.sh.contender_id.as_bytes(),
+                ),
+            ])
             .and_then([TxnOp::put(
                 key.key.clone(),
                 held_owner_id(&self.sh.contender_id).as_bytes(),
@@ -784,7 +834,7 @@ impl Run {
         {
             Ok(r) if r.succeeded() => {
                 debug!(secs, "held until the hold's lease ends");
-                Ok(())
+                Ok(true)
             }
             Ok(_) => {
                 let _ = bounded("revoking", limit, self.leases.revoke(hold_lease)).await;

@@ -7,7 +7,10 @@ use simba_core::fault::{Behavior, FaultControl, FaultStore};
 use simba_core::{ContendServiceFactory, LeaseConfig, LeaseServiceFactory, MemoryStore};
 
 use crate::store_cases::StoreSource;
-use crate::suite::{Fault, FaultyFactory, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+use crate::suite::{
+    Fault, FaultyFactory, Harness, Intrusion, SetupError, SuiteCapabilities, SuiteTiming,
+    intrude_through_store,
+};
 
 /// Runs the suite on any in-process [`LeaseStore`] that clones as a shared handle;
 /// "separate processes" are separate factories over it. Faults hang every call of a
@@ -17,7 +20,14 @@ pub struct StoreHarness<S> {
     name: String,
     store: S,
     pushes_release: bool,
+    /// How [`Harness::intrude`] changes an owner by hand, when the store offers a way
+    /// that tells nobody (else the owner's release and the intruder's acquisition).
+    intruder: Option<Intruder<S>>,
 }
+
+/// Rewrites the owner of a mutex (`store`, `mutex`, `owner_id`) to
+/// [`INTRUDER`](crate::suite::INTRUDER) without telling anyone; whether `owner_id` owned it.
+pub type Intruder<S> = fn(&S, &str, &str) -> bool;
 
 impl<S: LeaseStore + Clone> StoreHarness<S> {
     /// A harness over `store`; `pushes_release` says whether its waiters are pushed.
@@ -26,7 +36,14 @@ impl<S: LeaseStore + Clone> StoreHarness<S> {
             name: name.into(),
             store,
             pushes_release,
+            intruder: None,
         }
+    }
+
+    /// The same harness, whose [`Harness::intrude`] is `intruder`.
+    pub fn with_intruder(mut self, intruder: Intruder<S>) -> Self {
+        self.intruder = Some(intruder);
+        self
     }
 }
 
@@ -36,7 +53,9 @@ pub type MemoryHarness = StoreHarness<MemoryStore>;
 impl MemoryHarness {
     /// A harness over a fresh in-memory store.
     pub fn memory() -> Self {
-        StoreHarness::new("memory", MemoryStore::new(), true)
+        StoreHarness::new("memory", MemoryStore::new(), true).with_intruder(|store, m, owner| {
+            store.overwrite_owner(m, owner, crate::suite::INTRUDER)
+        })
     }
 }
 
@@ -104,7 +123,32 @@ impl<S: LeaseStore + Clone> Harness for StoreHarness<S> {
             ))
         })
     }
+
+    /// The harness's intruder ([`StoreHarness::with_intruder`]); without one, the owner's
+    /// release, then [`INTRUDER`](crate::suite::INTRUDER)'s acquisition for a minute
+    /// ([`intrude_through_store`]).
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        Box::pin(async move {
+            match self.intruder {
+                Some(intrude) if intrude(&self.store, &mutex, &owner_id) => {
+                    Ok(Intrusion::TakenOver)
+                }
+                Some(_) => Err(format!("intruding: {owner_id} does not own {mutex:?}").into()),
+                None => {
+                    let take = Some(INTRUDER_LEASE);
+                    intrude_through_store(&self.store, &mutex, &owner_id, take).await
+                }
+            }
+        })
+    }
 }
+
+/// The lease an intruder takes a mutex for: longer than any case that intrudes.
+pub const INTRUDER_LEASE: simba_core::backend::Lease = simba_core::backend::Lease {
+    ttl: std::time::Duration::from_secs(60),
+    transition: std::time::Duration::from_secs(1),
+};
 
 impl<S: LeaseStore + Clone + 'static> StoreSource for StoreHarness<S> {
     type Store = S;

@@ -40,7 +40,8 @@ macro_rules! __semaphore_cases {
         $crate::__semaphore_cases! { @expand $($mode)*;
             never_more_than_n, dead_holder_permit_returns, fences_increase_across_permits,
             permits_mismatch_refused, try_acquire_full_fails_at_once,
-            timeout_gives_up_holding_nothing, release_wakes_a_waiter
+            timeout_gives_up_holding_nothing, release_wakes_a_waiter,
+            release_of_a_permit_taken_away_is_lost
         }
     };
     (@expand names; $($case:ident),+) => {
@@ -381,4 +382,51 @@ pub async fn release_wakes_a_waiter<S: StoreSource>(src: &S) -> CaseResult {
     })?;
     got.release().await?;
     Ok(())
+}
+
+/// A release that finds the permit no longer its holder's is a loss, never a success: the
+/// holder's permit is released behind its back by another process (`permit_release` under
+/// the holder's id, as an operator deleting its row, key or node would), and the holder's
+/// `release()` must return [`Error::Lost`] with [`LossReason::TakenOver`], its status
+/// showing that loss for its fence.
+pub async fn release_of_a_permit_taken_away_is_lost<S: StoreSource>(src: &S) -> CaseResult {
+    use simba_core::backend::LeaseStore;
+    let name = unique_name("sem_taken");
+    let s = semaphore(src, config(src.pushes_release()), &name, 2).await?;
+    let g = within("acquire", s.acquire()).await??;
+    let (fence, status) = (g.fence(), g.status());
+    let hand = src.store().await?;
+    let freed = within(
+        "release behind its back",
+        hand.permit_release(&name, g.contender_id()),
+    )
+    .await??;
+    check(freed, || {
+        format!("permit_release under the holder's id did not free its permit of {name:?}")
+    })?;
+    match within("release", g.release()).await? {
+        Err(Error::Lost { reason, .. }) => check(reason == LossReason::TakenOver, || {
+            format!("the release of a permit taken away says {reason:?}, not TakenOver")
+        })?,
+        Ok(()) => {
+            return Err(CaseError(
+                "release() returned Ok for a permit taken away while held: the work ran \
+                 unprotected and the caller was not told"
+                    .to_owned(),
+            ));
+        }
+        Err(e) => return Err(CaseError(format!("release() failed otherwise: {e}"))),
+    }
+    let last = status.borrow().last_loss;
+    check(
+        last.is_some_and(|l| l.fence == fence && l.reason == LossReason::TakenOver),
+        || format!("the permit's status does not show the loss of fence {fence}: {last:?}"),
+    )
+}
+
+/// `fut`, bounded by 15 s (a loaded machine's round trips, many times over).
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> Result<T, CaseError> {
+    timeout(Duration::from_secs(15), fut)
+        .await
+        .map_err(|_| CaseError(format!("{what}: not within 15 s")))
 }

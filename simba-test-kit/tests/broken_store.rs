@@ -372,3 +372,23 @@ async fn property_test_reports_each_sequential_flaw() {
     }
     assert!(missed.is_empty(), "{missed:#?}");
 }
+
+/// The case of a release after an intrusion fails on a store whose release frees the mutex
+/// whoever asks (and so says "released" to an owner changed by hand), and passes on the
+/// store without the flaw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_intrusion_reports_an_unchecked_release() {
+    // The owner rewritten in place, as a hand does: no push tells the owner before its
+    // release.
+    let harness = |flaw| {
+        Flawed::harness(flaw)
+            .with_intruder(|s, m, owner| s.inner.overwrite_owner(m, owner, suite::INTRUDER))
+    };
+    if let Err(e) = suite::release_after_intrusion_is_lost(&harness(Flaw::None)).await {
+        panic!("failed on the store without flaws: {e}");
+    }
+    let e = suite::release_after_intrusion_is_lost(&harness(Flaw::UncheckedRelease))
+        .await
+        .expect_err("a release that frees whoever's mutex must fail the case");
+    assert!(e.to_string().contains("returned Ok"), "{e}");
+}

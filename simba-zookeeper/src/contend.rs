@@ -175,6 +175,9 @@ struct Node {
     token: String,
     czxid: i64,
     ctime: i64,
+    /// The data version it was created with: a node whose data was rewritten since (by
+    /// hand: simba never writes it again) names another owner.
+    version: i32,
     /// The session epoch it was created in (it dies with that session).
     epoch: u64,
 }
@@ -187,6 +190,7 @@ impl Node {
             token,
             czxid: stat.czxid,
             ctime: stat.ctime,
+            version: stat.version,
             epoch,
         }
     }
@@ -668,31 +672,68 @@ impl Latch {
     }
 
     /// Stop: report the release first, then delete the node (or leave it to the session).
+    ///
+    /// The node of an ownership held until now is deleted only at the data version it was
+    /// created with. A node already gone (deleted by hand, or with an expired session) or
+    /// rewritten (its data names another owner) means the ownership had ended before the
+    /// release: that is reported as the loss found at the release
+    /// ([`OwnershipTracker::lost_at_release`]); a rewritten node is deleted all the same.
+    /// A delete that fails or is not sent (no connection) proves nothing.
     async fn close(mut self, ready: bool) {
+        let owned = self.tracker.held().map(|h| h.fence);
         self.tracker.lose(LossReason::Released, MutexOwner::NONE);
         let core = self.core.clone();
         let parent = self.shared.parent.clone();
         let epoch = core.epoch();
         let mut leftovers: Vec<String> = Vec::new();
-        let nodes: Vec<Node> = self
-            .node
-            .take()
-            .into_iter()
-            .chain(self.stale.drain(..))
-            .collect();
+        let mine = self.node.take();
+        if let (Some(fence), Some(node)) = (owned, &mine)
+            && node.epoch != epoch
+        {
+            // The session that carried the node expired unseen: the node went with it.
+            self.tracker.lost_at_release(fence, LossReason::SessionLost);
+        }
+        let owned_path = owned.and(mine.as_ref()).map(|n| n.path.clone());
+        let nodes: Vec<Node> = mine.into_iter().chain(self.stale.drain(..)).collect();
         for node in nodes.into_iter().filter(|n| n.epoch == epoch) {
             if !ready {
                 leftovers.push(node.token);
                 continue;
             }
+            let held = owned_path.as_deref() == Some(node.path.as_str());
+            let version = held.then_some(node.version);
             simba_core::hops::record(Hop::ReleaseSent, &node.path);
             let deleted = self
-                .traced("delete", &node.path, core.zk().delete(&node.path, None))
+                .traced("delete", &node.path, core.zk().delete(&node.path, version))
                 .await;
             simba_core::hops::record(Hop::ReleaseAnswered, &node.path);
+            let found_lost = |this: &mut Self| {
+                if let Some(fence) = owned {
+                    warn!(path = %node.path, "stop: the owner's node was gone or rewritten");
+                    this.tracker.lost_at_release(fence, LossReason::TakenOver);
+                }
+            };
             match deleted {
-                Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {
-                    debug!(path = %node.path, "stop: node deleted");
+                Ok(()) => debug!(path = %node.path, "stop: node deleted"),
+                Err(Fail::Zk(ZkError::NoNode)) => {
+                    debug!(path = %node.path, "stop: node already gone");
+                    if held {
+                        found_lost(&mut self);
+                    }
+                }
+                Err(Fail::Zk(ZkError::BadVersion)) if held => {
+                    found_lost(&mut self);
+                    // Still our session's node: delete it, so the next waiter goes on.
+                    match self
+                        .traced("delete", &node.path, core.zk().delete(&node.path, None))
+                        .await
+                    {
+                        Ok(()) | Err(Fail::Zk(ZkError::NoNode)) => {}
+                        Err(e) => {
+                            debug!(path = %node.path, "stop: delete failed ({e:?}); the session deletes it later");
+                            leftovers.push(node.token);
+                        }
+                    }
                 }
                 Err(e) => {
                     debug!(path = %node.path, "stop: delete failed ({e:?}); the session deletes it later");

@@ -499,6 +499,44 @@ impl OwnershipTracker {
         Some(loss)
     }
 
+    /// The release of the ownership with `fence`, reported [`LossReason::Released`] when
+    /// it began, found that the backend no longer had the mutex as this contender's: taken
+    /// over, deleted, or changed by hand. The ownership had ended before, unseen, and the
+    /// work done under it may have overlapped another owner's. Replaces that fence's
+    /// `last_loss` with `reason` (a [`LockGuard::release`](crate::LockGuard::release)
+    /// then returns [`Error::Lost`](crate::Error::Lost), and its `lost()` says `reason`),
+    /// logs it at WARN and counts it in [`LOSSES`](crate::metrics::LOSSES).
+    /// `on_released` is not called again: it ran, with `Released`, when the release began.
+    ///
+    /// Call it only on the backend's answer that the ownership is not this contender's —
+    /// never on an error or a timeout, which prove nothing — and only for an ownership this
+    /// run held until the release (not for an acquisition whose answer never came).
+    /// Returns whether it changed anything (false: the last loss is not that release's).
+    pub fn lost_at_release(&mut self, fence: u64, reason: LossReason) -> bool {
+        let released = Loss {
+            fence,
+            reason: LossReason::Released,
+        };
+        if self.last_loss() != Some(released) || reason == LossReason::Released {
+            return false;
+        }
+        let id = &self.out.identity;
+        warn!(
+            backend = id.backend,
+            mutex = %id.mutex,
+            contender = %id.contender,
+            fence,
+            reason = crate::metrics::reason_label(reason),
+            "the release found the mutex no longer this contender's: ownership lost before \
+             the release ({reason}); the work done under it may have run unprotected"
+        );
+        id.labels.lost_at_release(reason);
+        self.out
+            .status
+            .send_modify(|s| s.last_loss = Some(Loss { fence, reason }));
+        true
+    }
+
     /// Counts one completed backend call (an answer or an error) and records its error.
     /// Call it after the call's effects were published
     /// ([`ContenderStatus::attempts`]). A failed call is better counted with

@@ -462,13 +462,25 @@ impl<S: LeaseStore> Driver<S> {
             let earlier_loss = self.tracker.last_loss().map(|l| l.reason);
             // Stop acting as owner before the mutex is freed for others.
             self.tracker.lose(LossReason::Released, MutexOwner::NONE);
+            // What a release that finds the mutex no longer ours says: another contender
+            // (or a hand) changed it while we believed we owned it; past the local
+            // deadline, the lease may simply have run out.
+            let found = if standing {
+                LossReason::TakenOver
+            } else {
+                LossReason::LeaseExpired
+            };
             match hold {
                 Some(req) if standing => {
                     let outcome = self.hold_remotely(req.until, fence).await;
+                    if let (Err(Error::Lost { reason, .. }), Some(fence)) = (&outcome, fence) {
+                        self.tracker.lost_at_release(fence, *reason);
+                    }
                     let _ = req.reply.send(outcome);
                 }
                 Some(req) => {
-                    self.release_remotely(was_owner, fence).await;
+                    let released = self.release_remotely(was_owner, fence).await;
+                    self.report_release(released, was_owner, fence, found);
                     let reason = if was_owner {
                         LossReason::LeaseExpired
                     } else {
@@ -479,7 +491,10 @@ impl<S: LeaseStore> Driver<S> {
                         reason,
                     }));
                 }
-                None => self.release_remotely(was_owner, fence).await,
+                None => {
+                    let released = self.release_remotely(was_owner, fence).await;
+                    self.report_release(released, was_owner, fence, found);
+                }
             }
         } else if let Some(req) = hold {
             let _ = req.reply.send(Err(Error::InvalidState(
@@ -489,9 +504,25 @@ impl<S: LeaseStore> Driver<S> {
         self.tracker.finish();
     }
 
+    /// A release of an ownership this run held until then that the backend answered with
+    /// "not the owner" is a loss found at the release (`reason`); an acquisition whose
+    /// answer never came (not `was_owner`) was never an ownership, and an error or a
+    /// timeout proves nothing: both stay quiet.
+    fn report_release(
+        &mut self,
+        released: Released,
+        was_owner: bool,
+        fence: Option<u64>,
+        reason: LossReason,
+    ) {
+        if let (Released::NotOwner, true, Some(fence)) = (released, was_owner, fence) {
+            self.tracker.lost_at_release(fence, reason);
+        }
+    }
+
     /// Releases on the backend, bounded by the request timeout (best effort: the lease
-    /// frees the mutex anyway).
-    async fn release_remotely(&self, was_owner: bool, fence: Option<u64>) {
+    /// frees the mutex anyway); says what the backend answered.
+    async fn release_remotely(&self, was_owner: bool, fence: Option<u64>) -> Released {
         let shared = self.shared.clone();
         let (mutex, me) = (&shared.mutex, &shared.contender_id);
         let bound = shared.config.request_timeout;
@@ -501,25 +532,33 @@ impl<S: LeaseStore> Driver<S> {
         crate::hops::record(Hop::ReleaseSent, mutex);
         let released = timeout(bound, call).await;
         crate::hops::record(Hop::ReleaseAnswered, mutex);
-        match released {
+        let answer = match released {
             Ok(Ok(done)) => {
                 span.record("outcome", if done { "released" } else { "not_owner" });
                 debug!(released = done, "stop: release");
+                if done {
+                    Released::Done
+                } else {
+                    Released::NotOwner
+                }
             }
             Ok(Err(e)) => {
                 span.record("outcome", "error");
                 self.tracker.record_failure(FailureKind::of(&e));
                 warn!("stop: release failed, the lease will free the mutex: {e}");
+                Released::Unknown
             }
             Err(_) => {
                 span.record("outcome", "timeout");
                 self.tracker.record_failure(FailureKind::Timeout);
                 warn!("stop: release timed out, the lease will free the mutex");
+                Released::Unknown
             }
-        }
+        };
         if !was_owner {
             let _ = timeout(bound, Box::pin(shared.store.leave(mutex, me))).await;
         }
+        answer
     }
 
     /// Ends the ownership at `until` instead of now ([`LeaseStore::release_after`]).
@@ -527,9 +566,15 @@ impl<S: LeaseStore> Driver<S> {
         let shared = self.shared.clone();
         let (mutex, me) = (&shared.mutex, &shared.contender_id);
         let left = until.saturating_duration_since(Instant::now());
+        let not_owner = || Error::Lost {
+            mutex: mutex.clone(),
+            reason: LossReason::TakenOver,
+        };
         if left.is_zero() {
-            self.release_remotely(true, fence).await;
-            return Ok(());
+            return match self.release_remotely(true, fence).await {
+                Released::NotOwner => Err(not_owner()),
+                Released::Done | Released::Unknown => Ok(()),
+            };
         }
         let bound = shared.config.request_timeout;
         let span = call_span(&shared, "release_after", fence);
@@ -554,10 +599,7 @@ impl<S: LeaseStore> Driver<S> {
                 info!(?left, "released; the mutex stays held until the hold ends");
                 Ok(())
             }
-            Ok(Ok(false)) => Err(Error::Lost {
-                mutex: mutex.clone(),
-                reason: LossReason::TakenOver,
-            }),
+            Ok(Ok(false)) => Err(not_owner()),
             Ok(Err(e)) => {
                 self.tracker.record_failure(FailureKind::of(&e));
                 warn!("stop: hold failed, the lease ends the ownership: {e}");
@@ -575,6 +617,17 @@ impl<S: LeaseStore> Driver<S> {
             }
         }
     }
+}
+
+/// What the backend answered a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Released {
+    /// It freed the mutex: this contender owned it.
+    Done,
+    /// This contender did not own it (any more, or ever).
+    NotOwner,
+    /// No answer (an error, a timeout): nothing is known.
+    Unknown,
 }
 
 /// When a renewal sent at `sent` and still unanswered makes the ownership suspect: after

@@ -9,7 +9,9 @@ use simba_core::backend::BoxFuture;
 use simba_etcd::{EtcdConfig, EtcdFactory};
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
-use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+use simba_test_kit::suite::{
+    Fault, Harness, Intrusion, SetupError, SuiteCapabilities, SuiteTiming,
+};
 use simba_test_kit::support::{init_tracing, unique_name};
 
 /// The lease of the conformance harness: etcd's shortest (the suite's 1.5 s lease is
@@ -114,6 +116,36 @@ impl Harness for EtcdHarness {
                 Arc::new(f) as Arc<dyn ContendServiceFactory>,
                 Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
             ))
+        })
+    }
+
+    /// The owner's key rewritten to name the intruder, on its own lease (the owner's
+    /// renewals check the key's create revision, which a rewrite keeps).
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        Box::pin(async move {
+            use etcd_client::{GetOptions, PutOptions};
+            let f =
+                EtcdFactory::connect(test_config(self.server.url(), &self.prefix, LEASE)).await?;
+            let prefix = f.mutex_prefix(&mutex)?;
+            let mut kv = f.client().kv_client();
+            let keys = kv
+                .get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()))
+                .await?;
+            let key = keys
+                .kvs()
+                .iter()
+                .find(|k| k.value() == owner_id.as_bytes())
+                .map(|k| k.key().to_vec())
+                .ok_or_else(|| format!("no key of {owner_id} under {prefix}"))?;
+            kv.put(
+                key,
+                simba_test_kit::suite::INTRUDER,
+                Some(PutOptions::new().with_ignore_lease()),
+            )
+            .await?;
+            // The key stays the lowest and on the owner's lease until the owner releases.
+            Ok(Intrusion::Freed)
         })
     }
 }

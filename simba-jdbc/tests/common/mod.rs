@@ -12,7 +12,9 @@ use simba_test_kit::memory::{HangFault, lease_capabilities, lease_config};
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+use simba_test_kit::suite::{
+    Fault, Harness, Intrusion, SetupError, SuiteCapabilities, SuiteTiming, intrude_through_store,
+};
 use simba_test_kit::support::unique_name;
 
 /// The shared parts of the TLS test files.
@@ -326,6 +328,95 @@ impl Harness for SqlHarness {
                 }
             }
         })
+    }
+
+    /// `UPDATE <table> SET owner_id = 'intruder'` on a plain connection; on a TLS server
+    /// (no plain connection), the owner's release by a store of its own.
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        Box::pin(async move {
+            if !self.query.is_empty() {
+                let store = self.store().await?;
+                return intrude_through_store(&store, &mutex, &owner_id, None).await;
+            }
+            let changed = self
+                .set_owner_by_hand(&mutex, &owner_id, simba_test_kit::suite::INTRUDER)
+                .await?;
+            if changed != 1 {
+                return Err(
+                    format!("intruding: {changed} rows of {mutex:?} owned by {owner_id}").into(),
+                );
+            }
+            // On SQLite the owner's lock file is the proof that it lives: the intruder
+            // holds none, so the next holder of the lock takes its row at once.
+            Ok(if self.name == "sqlite" {
+                Intrusion::Freed
+            } else {
+                Intrusion::TakenOver
+            })
+        })
+    }
+}
+
+impl SqlHarness {
+    /// `UPDATE <table> SET owner_id = 'intruder' WHERE mutex = … AND owner_id = …` on a
+    /// plain connection of its own (not simba's): the number of rows it changed.
+    // Without some backend features, some arms are gone.
+    #[allow(unreachable_code, unused_variables)]
+    pub async fn set_owner_by_hand(
+        &self,
+        mutex: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<usize, SetupError> {
+        let quote = |v: &str| v.replace('\'', "''");
+        let (table, mutex, from, to) = (&self.table, quote(mutex), quote(from), quote(to));
+        let set = |t: String| {
+            format!(
+                "UPDATE {t} SET owner_id = '{to}' WHERE mutex = '{mutex}' AND owner_id = '{from}'"
+            )
+        };
+        match self.name {
+            #[cfg(feature = "mysql")]
+            "mysql" => {
+                use diesel_async::AsyncConnection;
+                let mut c = diesel_async::AsyncMysqlConnection::establish(&self.url).await?;
+                let sql = set(format!("`{table}`"));
+                Ok(diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut c).await?)
+            }
+            #[cfg(feature = "postgres")]
+            "postgres" => {
+                use diesel_async::AsyncConnection;
+                let mut c = diesel_async::AsyncPgConnection::establish(&self.url).await?;
+                let sql = set(format!("\"{table}\""));
+                Ok(diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut c).await?)
+            }
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                use diesel::Connection;
+                let path = self
+                    .url
+                    .strip_prefix("sqlite://")
+                    .ok_or("a SQLite harness URL without sqlite://")?
+                    .to_owned();
+                let sql = set(format!("\"{table}\""));
+                let changed = tokio::task::spawn_blocking(move || -> Result<usize, SetupError> {
+                    let mut c = diesel::SqliteConnection::establish(&path)?;
+                    // Wait for the write lock as simba's connections do, rather than fail.
+                    diesel::connection::SimpleConnection::batch_execute(
+                        &mut c,
+                        "PRAGMA busy_timeout = 5000",
+                    )?;
+                    Ok(diesel::RunQueryDsl::execute(
+                        diesel::sql_query(sql),
+                        &mut c,
+                    )?)
+                })
+                .await??;
+                Ok(changed)
+            }
+            other => Err(format!("no plain connection to {other} in this build").into()),
+        }
     }
 }
 

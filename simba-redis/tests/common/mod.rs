@@ -7,11 +7,15 @@ use std::time::Duration;
 use simba_core::backend::{BoxFuture, Lease, LeaseStore};
 use simba_core::{ContendServiceFactory, LeaseServiceFactory};
 use simba_redis::{RedisConfig, RedisStore};
+use simba_test_kit::memory::INTRUDER_LEASE;
 use simba_test_kit::memory::{lease_capabilities, lease_config};
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
 use simba_test_kit::store_cases::StoreSource;
-use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+use simba_test_kit::suite::{
+    Fault, Harness, INTRUDER, Intrusion, SetupError, SuiteCapabilities, SuiteTiming,
+    intrude_through_store,
+};
 use simba_test_kit::support::{init_tracing, unique_name};
 
 /// What the kit's connector check expects of Redis, plain or over TLS.
@@ -117,6 +121,29 @@ impl Harness for RedisHarness {
                 Arc::new(factory) as Arc<dyn ContendServiceFactory>,
                 Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
             ))
+        })
+    }
+
+    /// `SET <owner key> intruder XX PX 60000` on a plain client; over TLS (the plain
+    /// client has no certificates), the owner's release and the intruder's acquisition
+    /// by a store of its own.
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        Box::pin(async move {
+            let url = self.url(self.server.url());
+            let store = RedisStore::connect(test_config(&url, &self.prefix)).await?;
+            if !self.options.is_empty() {
+                let take = Some(INTRUDER_LEASE);
+                return intrude_through_store(&store, &mutex, &owner_id, take).await;
+            }
+            let key = store.owner_key(&mutex);
+            let r = raw(self.server.url()).await;
+            let was = cmd(&r, "GET", &[&key]).await;
+            if was.as_string().as_deref() != Some(owner_id.as_str()) {
+                return Err(format!("intruding: {key} holds {was:?}, not {owner_id}").into());
+            }
+            cmd(&r, "SET", &[&key, INTRUDER, "XX", "PX", "60000"]).await;
+            Ok(Intrusion::TakenOver)
         })
     }
 }
@@ -408,6 +435,15 @@ impl Harness for ClusterHarness {
                 Arc::new(factory) as Arc<dyn ContendServiceFactory>,
                 Box::new(proxies) as Box<dyn Fault>,
             ))
+        })
+    }
+
+    /// The owner's release and the intruder's acquisition by a store of its own.
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        Box::pin(async move {
+            let store = RedisStore::connect(test_config(&self.url, &self.prefix)).await?;
+            intrude_through_store(&store, &mutex, &owner_id, Some(INTRUDER_LEASE)).await
         })
     }
 }

@@ -75,4 +75,77 @@ pub trait Harness: Send + Sync {
         &self,
         timing: SuiteTiming,
     ) -> BoxFuture<'_, Result<FaultyFactory, SetupError>>;
+
+    /// Changes the owner of `mutex` by hand, behind the back of its owner `owner_id` (a
+    /// contender of a factory of this harness that holds it now), as an operator or a
+    /// program that does not speak simba's protocol would: afterwards the backend no
+    /// longer has the mutex as `owner_id`'s, and nothing tells the owner before its next
+    /// renewal or its release. What it does per backend: SQL `UPDATE <table> SET owner_id
+    /// = 'intruder'`, Redis `SET <owner key> intruder PX …`, ZooKeeper the owner's latch
+    /// node rewritten to name `intruder`, etcd the owner's key rewritten to `intruder`
+    /// (keeping its lease), the memory store its record rewritten. Where a harness has no
+    /// plain access to the data (a TLS server), the owner's release by another process
+    /// ([`intrude_through_store`]) stands in for the hand. It says what it left:
+    /// [`Intrusion`]. The case [`release_after_intrusion_is_lost`] needs it.
+    ///
+    /// The default refuses (the case then fails, never skips): a backend's harness says
+    /// how its owner is changed by hand.
+    ///
+    /// [`release_after_intrusion_is_lost`]: crate::suite::release_after_intrusion_is_lost
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        let name = self.name();
+        Box::pin(async move {
+            Err(format!(
+                "the {name} harness cannot change the owner of mutex {mutex:?} ({owner_id}) by \
+                 hand: implement Harness::intrude"
+            )
+            .into())
+        })
+    }
+}
+
+/// The owner id that [`Harness::intrude`] writes.
+pub const INTRUDER: &str = "intruder";
+
+/// What [`Harness::intrude`] left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intrusion {
+    /// The backend names [`INTRUDER`] the owner, as a live owner within a lease longer
+    /// than the case: nobody else may take the mutex meanwhile.
+    TakenOver,
+    /// The owner's ownership was ended (deleted, released under its id), or handed to an
+    /// owner the backend may take the mutex from at once (SQLite, whose owners prove they
+    /// live by a lock file the intruder does not hold).
+    Freed,
+}
+
+/// [`Harness::intrude`] through a lease store's own calls: `owner_id`'s release from
+/// another process, which must find it the owner; then, with `take`, [`INTRUDER`]'s
+/// acquisition with `lease`, which must win.
+///
+/// # Errors
+/// When the owner's release or the intruder's acquisition did not go as said, or the store
+/// failed.
+pub async fn intrude_through_store<S: simba_core::backend::LeaseStore>(
+    store: &S,
+    mutex: &str,
+    owner_id: &str,
+    take: Option<simba_core::backend::Lease>,
+) -> Result<Intrusion, SetupError> {
+    if !store.release(mutex, owner_id).await? {
+        return Err(format!("intruding: {owner_id} does not own mutex {mutex:?}").into());
+    }
+    let Some(lease) = take else {
+        return Ok(Intrusion::Freed);
+    };
+    let reply = store.acquire(mutex, INTRUDER, lease).await?;
+    if !reply.owner.is_owner(INTRUDER) {
+        return Err(format!(
+            "intruding: {INTRUDER} did not get the released mutex {mutex:?}: {:?}",
+            reply.owner
+        )
+        .into());
+    }
+    Ok(Intrusion::TakenOver)
 }

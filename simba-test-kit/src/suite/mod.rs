@@ -10,7 +10,10 @@
 
 mod harness;
 
-pub use harness::{Fault, FaultyFactory, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+pub use harness::{
+    Fault, FaultyFactory, Harness, INTRUDER, Intrusion, SetupError, SuiteCapabilities, SuiteTiming,
+    intrude_through_store,
+};
 
 use std::fmt;
 use std::future::Future;
@@ -86,7 +89,8 @@ macro_rules! __suite_cases {
             try_acquire, guard_drop_releases, lost_signal_on_outage, failover_after_crash,
             fences_increase, handoff_without_poll, in_process_exclusion, reacquire_after_drop,
             retriever_sees_changes, retriever_sees_release, hold_at_least, bad_input,
-            safety_under_partitions,
+            safety_under_partitions, release_after_intrusion_is_lost,
+            multi_lock_release_after_intrusion_is_lost,
             // Multi-locks (suite/multi.rs).
             multi_lock_no_deadlock, multi_lock_no_partial_hold, multi_lock_lost_part,
             multi_lock_release_frees_all, multi_lock_with_singles
@@ -994,6 +998,121 @@ pub async fn safety_under_partitions(h: &dyn Harness) -> CaseResult {
     let v = history.violations();
     ensure!(v.is_empty(), "violations under partitions: {}", join(&v));
     ensure!(!history.is_empty(), "nobody owned during the run");
+    Ok(())
+}
+
+/// A release that finds the mutex no longer its owner's is a loss, never a success: the
+/// owner holds a guard, the mutex is changed by hand behind its back
+/// ([`Harness::intrude`]), and `release()` must return [`Error::Lost`] with
+/// [`LossReason::TakenOver`], the guard's status must show that loss for its fence, and
+/// an intruder that took the mutex must still own it afterwards (a stale release frees
+/// nothing).
+pub async fn release_after_intrusion_is_lost(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(LONG);
+    let f = h.factory(LONG).await?;
+    let m = unique_name("intruded");
+    let guard = within(
+        "acquire a free mutex",
+        acquire_bound(&caps),
+        Locker::new(f.clone(), &m)?.acquire(),
+    )
+    .await??;
+    let (fence, status) = (guard.fence(), guard.status());
+    let intrusion = within(
+        "change the owner by hand",
+        Duration::from_secs(15),
+        h.intrude(&m, guard.contender_id()),
+    )
+    .await??;
+    let released = within("release", Duration::from_secs(15), guard.release()).await?;
+    match released {
+        Err(Error::Lost { mutex, reason }) => {
+            ensure!(mutex == m, "the loss names mutex {mutex:?}, not {m:?}");
+            ensure!(
+                reason == LossReason::TakenOver,
+                "the release of a mutex changed by hand says {reason:?}, not TakenOver"
+            );
+        }
+        Ok(()) => {
+            return Err(CaseError(
+                "release() returned Ok for a mutex changed by hand while held: the work ran \
+                 unprotected and the caller was not told"
+                    .to_owned(),
+            ));
+        }
+        Err(e) => return Err(CaseError(format!("release() failed otherwise: {e}"))),
+    }
+    let last = status.borrow().last_loss;
+    ensure!(
+        last.is_some_and(|l| l.fence == fence && l.reason == LossReason::TakenOver),
+        "the guard's status does not show the loss of fence {fence}: last_loss {last:?}"
+    );
+    if intrusion == Intrusion::Freed {
+        return Ok(());
+    }
+    // The intruder keeps what it took: nobody else gets the mutex now.
+    let other = Locker::new(h.factory(LONG).await?, &m)?;
+    match within("try_acquire", Duration::from_secs(15), other.try_acquire()).await? {
+        Err(Error::WouldBlock { .. }) => Ok(()),
+        Ok(g) => {
+            let _ = g.release().await;
+            Err(CaseError(
+                "the stale release freed the mutex its intruder held".to_owned(),
+            ))
+        }
+        Err(e) => Err(CaseError(format!("try_acquire after the release: {e}"))),
+    }
+}
+
+/// A multi-lock whose part was changed by hand behind its back ([`Harness::intrude`]):
+/// its release is [`Error::Lost`] naming that part, and every other part is released all
+/// the same.
+pub async fn multi_lock_release_after_intrusion_is_lost(h: &dyn Harness) -> CaseResult {
+    let caps = h.capabilities(LONG);
+    let f = h.factory(LONG).await?;
+    let (a, b) = (unique_name("intruded-a"), unique_name("intruded-b"));
+    let guard = within(
+        "acquire both",
+        acquire_bound(&caps) * 2,
+        simba_core::MultiLocker::new(f, [a.as_str(), b.as_str()])?.acquire(),
+    )
+    .await??;
+    let owner = guard
+        .part(&a)
+        .map(|p| p.contender_id().to_owned())
+        .ok_or_else(|| CaseError(format!("no part {a:?} in the guard")))?;
+    within(
+        "change the owner by hand",
+        Duration::from_secs(15),
+        h.intrude(&a, &owner),
+    )
+    .await??;
+    match within("release", Duration::from_secs(15), guard.release()).await? {
+        Err(Error::Lost { mutex, reason }) => {
+            ensure!(mutex == a, "the loss names {mutex:?}, not the part {a:?}");
+            ensure!(
+                reason == LossReason::TakenOver,
+                "the loss says {reason:?}, not TakenOver"
+            );
+        }
+        Ok(()) => {
+            return Err(CaseError(
+                "MultiGuard::release() returned Ok though a part was changed by hand while held"
+                    .to_owned(),
+            ));
+        }
+        Err(e) => return Err(CaseError(format!("release() failed otherwise: {e}"))),
+    }
+    // The other part was released: another contender takes it at once.
+    let other = Locker::new(h.factory(LONG).await?, &b)?;
+    let g = within(
+        "acquire the other part",
+        acquire_bound(&caps),
+        other.try_acquire(),
+    )
+    .await?
+    .map_err(|e| CaseError(format!("the other part was not released: {e}")))?;
+    g.release().await?;
     Ok(())
 }
 

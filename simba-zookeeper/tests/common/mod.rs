@@ -8,7 +8,9 @@ use simba_core::ContendServiceFactory;
 use simba_core::backend::BoxFuture;
 use simba_test_kit::proxy::{FaultProxy, ProxyFault};
 use simba_test_kit::servers::TestServer;
-use simba_test_kit::suite::{Fault, Harness, SetupError, SuiteCapabilities, SuiteTiming};
+use simba_test_kit::suite::{
+    Fault, Harness, Intrusion, SetupError, SuiteCapabilities, SuiteTiming,
+};
 use simba_test_kit::support::{init_tracing, unique_name};
 use simba_zookeeper::{ZkConfig, ZkFactory};
 
@@ -116,6 +118,55 @@ impl Harness for ZkHarness {
                 Box::new(ProxyFault(proxy)) as Box<dyn Fault>,
             ))
         })
+    }
+
+    /// The owner's latch node rewritten to name the intruder (a node deleted by hand is
+    /// seen by the owner's watch on it, often before the release).
+    fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
+        let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
+        Box::pin(async move {
+            self.rewrite_owner_node(&mutex, &owner_id, simba_test_kit::suite::INTRUDER)
+                .await?;
+            // The node stays the lowest and ours until the owner deletes it at the release.
+            Ok(Intrusion::Freed)
+        })
+    }
+}
+
+impl ZkHarness {
+    /// Rewrites the data of `owner_id`'s latch node under `mutex` to `to` on a plain client
+    /// of its own: the node then names another owner.
+    pub async fn rewrite_owner_node(
+        &self,
+        mutex: &str,
+        owner_id: &str,
+        to: &str,
+    ) -> Result<(), SetupError> {
+        let f = ZkFactory::connect(test_config(self.server.url(), &self.root, SESSION)).await?;
+        let parent = f.mutex_path(mutex)?;
+        let zk = tokio::time::timeout(
+            Duration::from_secs(10),
+            zookeeper_async::ZooKeeper::connect(
+                self.server.url(),
+                Duration::from_secs(10),
+                |_e| {},
+            ),
+        )
+        .await??;
+        let mut found = None;
+        for child in zk.get_children(&parent, false).await? {
+            let path = format!("{parent}/{child}");
+            let (data, _) = zk.get_data(&path, false).await?;
+            if data == owner_id.as_bytes() {
+                found = Some(path);
+                break;
+            }
+        }
+        let path = found.ok_or_else(|| format!("no node of {owner_id} under {parent}"))?;
+        zk.set_data(&path, to.as_bytes().to_vec(), None).await?;
+        let _ = zk.close().await;
+        let _ = f.close().await;
+        Ok(())
     }
 }
 
