@@ -51,18 +51,56 @@ pub(crate) fn now_millis() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// The owner a waiter key names: its value is the contender id, its create revision the
-/// fence. etcd keeps no times on keys, so `acquired_at` is `seen_at` (when this process
-/// first saw that ownership, on its own clock) and `ttl_at` = `transition_at` =
-/// `seen_at + lease_ttl` (the lease TTL, or the time left on it where it was read).
+/// Microseconds since the Unix epoch on this machine's clock (the floor of a new fence).
+pub(crate) fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The key holding a mutex's last fence: its waiter prefix `{prefix}/{m}/` without the
+/// final `/`, so no mutex's waiter range holds it.
+pub(crate) fn fence_key(mutex_prefix: &str) -> Vec<u8> {
+    mutex_prefix
+        .strip_suffix('/')
+        .unwrap_or(mutex_prefix)
+        .as_bytes()
+        .to_vec()
+}
+
+/// The value of a waiter key: the fence in decimal, a line break, the contender id.
+pub(crate) fn waiter_value(fence: u64, contender_id: &str) -> String {
+    format!("{fence}\n{contender_id}")
+}
+
+/// The fence and the owner id a waiter key holds. A value without a fence line (a key put
+/// by a simba-etcd before fences were floored by time) has its create revision as fence.
+pub(crate) fn parse_waiter(kv: &KeyValue) -> (u64, String) {
+    let value = String::from_utf8_lossy(kv.value());
+    if let Some((fence, id)) = value.split_once('\n') {
+        if let Ok(fence) = fence.parse::<u64>() {
+            return (fence, id.to_owned());
+        }
+    }
+    (
+        u64::try_from(kv.create_revision()).unwrap_or(0),
+        value.into_owned(),
+    )
+}
+
+/// The owner a waiter key names ([`parse_waiter`]: its fence and contender id). etcd
+/// keeps no times on keys, so `acquired_at` is `seen_at` (when this process first saw
+/// that ownership, on its own clock) and `ttl_at` = `transition_at` = `seen_at +
+/// lease_ttl` (the lease TTL, or the time left on it where it was read).
 pub(crate) fn owner_of(kv: &KeyValue, seen_at: i64, lease_ttl: Duration) -> MutexOwner {
     let ttl = i64::try_from(lease_ttl.as_millis()).unwrap_or(i64::MAX);
+    let (fence, owner_id) = parse_waiter(kv);
     MutexOwner {
-        owner_id: String::from_utf8_lossy(kv.value()).into_owned(),
+        owner_id,
         acquired_at: seen_at,
         ttl_at: seen_at.saturating_add(ttl),
         transition_at: seen_at.saturating_add(ttl),
-        fence: u64::try_from(kv.create_revision()).unwrap_or(0),
+        fence,
     }
 }
 
