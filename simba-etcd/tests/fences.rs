@@ -65,3 +65,49 @@ async fn fences_increase_across_a_wiped_data_directory() {
     );
     assert!(after[0] < after[1], "{after:?}");
 }
+
+/// A cluster restored from an older snapshot holds an older fence key (and a lower
+/// revision): the next fence must still be greater than every fence given before. The
+/// restore is stood in for by writing an old value to the fence key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_when_the_fence_key_goes_back() {
+    let etcd = common::server().await;
+    let prefix = random_prefix();
+    let m = unique_name("m");
+    let f = EtcdFactory::connect(test_config(etcd.url(), &prefix, LEASE))
+        .await
+        .expect("connect");
+    let fence_key = f
+        .mutex_prefix(&m)
+        .expect("mutex prefix")
+        .trim_end_matches('/')
+        .to_owned();
+    let f: Arc<dyn ContendServiceFactory> = Arc::new(f);
+    let before = fences(f.clone(), &m, 3).await;
+    let endpoint = format!("http://{}", etcd.socket_addr().expect("address"));
+    let mut raw = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("connect a raw client");
+    let old = raw
+        .get(fence_key.as_str(), None)
+        .await
+        .expect("read the fence key");
+    let kept = old
+        .kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+    assert_eq!(
+        kept,
+        before.last().map(u64::to_string),
+        "the fence key holds the last fence"
+    );
+    raw.put(fence_key.as_str(), "5", None)
+        .await
+        .expect("put an old fence");
+    let after = fences(f, &m, 2).await;
+    let last = before.last().copied().unwrap_or(0);
+    assert!(
+        after.iter().all(|&a| a > last),
+        "fences went back after the fence key did: before {before:?}, after {after:?}"
+    );
+}
