@@ -76,14 +76,18 @@ pub(crate) fn waiter_value(fence: u64, contender_id: &str) -> String {
 /// The fence and the owner id a waiter key holds. A value without a fence line (a key put
 /// by a simba-etcd before fences were floored by time) has its create revision as fence.
 pub(crate) fn parse_waiter(kv: &KeyValue) -> (u64, String) {
-    let value = String::from_utf8_lossy(kv.value());
-    if let Some((fence, id)) = value.split_once('\n') {
-        if let Ok(fence) = fence.parse::<u64>() {
-            return (fence, id.to_owned());
-        }
+    parse_value(kv.value(), kv.create_revision())
+}
+
+fn parse_value(value: &[u8], create_revision: i64) -> (u64, String) {
+    let value = String::from_utf8_lossy(value);
+    if let Some((fence, id)) = value.split_once('\n')
+        && let Ok(fence) = fence.parse::<u64>()
+    {
+        return (fence, id.to_owned());
     }
     (
-        u64::try_from(kv.create_revision()).unwrap_or(0),
+        u64::try_from(create_revision).unwrap_or(0),
         value.into_owned(),
     )
 }
@@ -151,5 +155,35 @@ pub(crate) async fn watch_from_now(
             BACKEND,
             format!("{what}: the watch stream ended before etcd created the watch"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fence_key, parse_value, waiter_value};
+
+    #[test]
+    fn waiter_values_round_trip() {
+        let v = waiter_value(1_764_000_000_000_123, "3:41@web-1:abc");
+        assert_eq!(
+            parse_value(v.as_bytes(), 7),
+            (1_764_000_000_000_123, "3:41@web-1:abc".to_owned())
+        );
+        // An id may hold a line break: only the first one ends the fence.
+        let v = waiter_value(9, "held@@a\nb");
+        assert_eq!(parse_value(v.as_bytes(), 7), (9, "held@@a\nb".to_owned()));
+        // A key without a fence line is fenced by its create revision.
+        assert_eq!(
+            parse_value(b"3:41@web-1:abc", 7),
+            (7, "3:41@web-1:abc".to_owned())
+        );
+        assert_eq!(parse_value(b"x\ny", 7), (7, "x\ny".to_owned()));
+        assert_eq!(parse_value(b"", -1), (0, String::new()));
+    }
+
+    #[test]
+    fn the_fence_key_is_outside_the_waiter_range() {
+        assert_eq!(fence_key("/simba/m/"), b"/simba/m".to_vec());
+        assert!(!fence_key("/simba/m/").starts_with(b"/simba/m/"));
     }
 }
