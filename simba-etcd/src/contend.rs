@@ -53,6 +53,9 @@ struct Shared {
     prefix: String,
     /// `{prefix}/{mutex}`: the last fence given ([`fence_key`]).
     fence_key: Vec<u8>,
+    /// The fence key's value and mod revision last seen (`(0, 0)`: absent), kept across
+    /// runs so that a restarted service's put usually needs no second try.
+    last_fence: StdMutex<(u64, i64)>,
     hold: StdMutex<Option<HoldRequest>>,
 }
 
@@ -114,6 +117,7 @@ impl EtcdContendService {
             mutex,
             contender_id,
             fence_key: fence_key(&prefix),
+            last_fence: StdMutex::new((0, 0)),
             prefix,
             hold: StdMutex::new(None),
         });
@@ -214,8 +218,6 @@ struct Run {
     /// The key is the lowest but the lease's last answer is too old: own once a
     /// keep-alive is answered.
     confirm_before_owning: bool,
-    /// The fence key's value and mod revision last seen (`(0, 0)`: absent).
-    last_fence: (u64, i64),
 }
 
 impl Run {
@@ -239,7 +241,6 @@ impl Run {
             failures: 0,
             predecessor_owns: false,
             confirm_before_owning: false,
-            last_fence: (0, 0),
         }
     }
 
@@ -662,7 +663,7 @@ impl Run {
         let key = format!("{}{:016x}", self.sh.prefix, lease).into_bytes();
         let fence_key = self.sh.fence_key.clone();
         for _ in 0..MAX_PUTS {
-            let (last, at) = self.last_fence;
+            let (last, at) = *lock(&self.sh.last_fence);
             let fence = last
                 .checked_add(1)
                 .ok_or_else(|| {
@@ -706,7 +707,7 @@ impl Run {
                 if revision <= 0 {
                     return Ok(None);
                 }
-                self.last_fence = (fence, revision);
+                *lock(&self.sh.last_fence) = (fence, revision);
                 return Ok(Some(self.keep_key(key, revision, fence)));
             }
             let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
@@ -725,7 +726,7 @@ impl Run {
                 return Ok(Some(self.keep_key(key, kv.create_revision(), fence)));
             }
             // Another contender's put moved the fence key: try again from its value.
-            self.last_fence = match fences.kvs().first() {
+            let seen = match fences.kvs().first() {
                 None => (0, 0),
                 Some(kv) => {
                     let text = String::from_utf8_lossy(kv.value());
@@ -742,6 +743,7 @@ impl Run {
                     (value, kv.mod_revision())
                 }
             };
+            *lock(&self.sh.last_fence) = seen;
         }
         Ok(None)
     }
