@@ -676,11 +676,21 @@ impl Run {
                     )
                 })?
                 .max(now_micros());
+            // The fence key as last seen: absent, or that value at that mod revision (the
+            // value too, as a cluster rebuilt empty counts its revisions again).
+            let mut seen = vec![
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(fence_key.clone(), CompareOp::Equal, at),
+            ];
+            if at != 0 {
+                seen.push(Compare::value(
+                    fence_key.clone(),
+                    CompareOp::Equal,
+                    last.to_string(),
+                ));
+            }
             let txn = Txn::new()
-                .when([
-                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                    Compare::mod_revision(fence_key.clone(), CompareOp::Equal, at),
-                ])
+                .when(seen)
                 .and_then([
                     TxnOp::put(
                         key.clone(),
@@ -730,13 +740,15 @@ impl Run {
                 None => (0, 0),
                 Some(kv) => {
                     let text = String::from_utf8_lossy(kv.value());
-                    let value = text.trim().parse::<u64>().map_err(|_| Error::Backend {
+                    let canonical = text.parse::<u64>().ok().filter(|v| v.to_string() == text);
+                    let value = canonical.ok_or_else(|| Error::Backend {
                         backend: BACKEND,
                         retryable: false,
                         source: None,
                         message: format!(
                             "the fence key {} holds `{text}`, not a fence: simba-etcd \
-                                 writes only decimal numbers there",
+                                 writes only decimal numbers there; put back a number at \
+                                 least the last fence given",
                             String::from_utf8_lossy(&fence_key)
                         ),
                     })?;
