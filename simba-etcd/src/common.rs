@@ -51,18 +51,60 @@ pub(crate) fn now_millis() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// The owner a waiter key names: its value is the contender id, its create revision the
-/// fence. etcd keeps no times on keys, so `acquired_at` is `seen_at` (when this process
-/// first saw that ownership, on its own clock) and `ttl_at` = `transition_at` =
-/// `seen_at + lease_ttl` (the lease TTL, or the time left on it where it was read).
+/// Microseconds since the Unix epoch on this machine's clock (the floor of a new fence).
+pub(crate) fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The key holding a mutex's last fence: its waiter prefix `{prefix}/{m}/` without the
+/// final `/`, so no mutex's waiter range holds it.
+pub(crate) fn fence_key(mutex_prefix: &str) -> Vec<u8> {
+    mutex_prefix
+        .strip_suffix('/')
+        .unwrap_or(mutex_prefix)
+        .as_bytes()
+        .to_vec()
+}
+
+/// The value of a waiter key: the fence in decimal, a line break, the contender id.
+pub(crate) fn waiter_value(fence: u64, contender_id: &str) -> String {
+    format!("{fence}\n{contender_id}")
+}
+
+/// The fence and the owner id a waiter key holds. A value without a fence line (a key put
+/// by a simba-etcd before fences were floored by time) has its create revision as fence.
+pub(crate) fn parse_waiter(kv: &KeyValue) -> (u64, String) {
+    parse_value(kv.value(), kv.create_revision())
+}
+
+fn parse_value(value: &[u8], create_revision: i64) -> (u64, String) {
+    let value = String::from_utf8_lossy(value);
+    if let Some((fence, id)) = value.split_once('\n')
+        && let Ok(fence) = fence.parse::<u64>()
+    {
+        return (fence, id.to_owned());
+    }
+    (
+        u64::try_from(create_revision).unwrap_or(0),
+        value.into_owned(),
+    )
+}
+
+/// The owner a waiter key names ([`parse_waiter`]: its fence and contender id). etcd
+/// keeps no times on keys, so `acquired_at` is `seen_at` (when this process first saw
+/// that ownership, on its own clock) and `ttl_at` = `transition_at` = `seen_at +
+/// lease_ttl` (the lease TTL, or the time left on it where it was read).
 pub(crate) fn owner_of(kv: &KeyValue, seen_at: i64, lease_ttl: Duration) -> MutexOwner {
     let ttl = i64::try_from(lease_ttl.as_millis()).unwrap_or(i64::MAX);
+    let (fence, owner_id) = parse_waiter(kv);
     MutexOwner {
-        owner_id: String::from_utf8_lossy(kv.value()).into_owned(),
+        owner_id,
         acquired_at: seen_at,
         ttl_at: seen_at.saturating_add(ttl),
         transition_at: seen_at.saturating_add(ttl),
-        fence: u64::try_from(kv.create_revision()).unwrap_or(0),
+        fence,
     }
 }
 
@@ -113,5 +155,35 @@ pub(crate) async fn watch_from_now(
             BACKEND,
             format!("{what}: the watch stream ended before etcd created the watch"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fence_key, parse_value, waiter_value};
+
+    #[test]
+    fn waiter_values_round_trip() {
+        let v = waiter_value(1_764_000_000_000_123, "3:41@web-1:abc");
+        assert_eq!(
+            parse_value(v.as_bytes(), 7),
+            (1_764_000_000_000_123, "3:41@web-1:abc".to_owned())
+        );
+        // An id may hold a line break: only the first one ends the fence.
+        let v = waiter_value(9, "held@@a\nb");
+        assert_eq!(parse_value(v.as_bytes(), 7), (9, "held@@a\nb".to_owned()));
+        // A key without a fence line is fenced by its create revision.
+        assert_eq!(
+            parse_value(b"3:41@web-1:abc", 7),
+            (7, "3:41@web-1:abc".to_owned())
+        );
+        assert_eq!(parse_value(b"x\ny", 7), (7, "x\ny".to_owned()));
+        assert_eq!(parse_value(b"", -1), (0, String::new()));
+    }
+
+    #[test]
+    fn the_fence_key_is_outside_the_waiter_range() {
+        assert_eq!(fence_key("/simba/m/"), b"/simba/m".to_vec());
+        assert!(!fence_key("/simba/m/").starts_with(b"/simba/m/"));
     }
 }

@@ -23,12 +23,19 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::common::{BACKEND, bounded, call_limit, first_key, watch_from_now};
+use crate::common::{
+    BACKEND, bounded, call_limit, fence_key, first_key, now_micros, parse_waiter, waiter_value,
+    watch_from_now,
+};
 use crate::config::EtcdConfig;
 use crate::retrieve::{next_change, seen_owner};
 
 /// After this many immediate re-checks in a row, wait a retry interval before the next.
 const MAX_RECHECKS: u32 = 10;
+
+/// Puts of the waiter key tried in one check while other contenders' puts move the fence
+/// key under them.
+const MAX_PUTS: u32 = 16;
 
 /// A release with a hold, asked by [`ContendHandle::stop_holding_until`] and applied by the
 /// driver's shutdown.
@@ -44,6 +51,11 @@ struct Shared {
     contender_id: String,
     /// `{prefix}/{mutex}/`: the waiter keys live below it.
     prefix: String,
+    /// `{prefix}/{mutex}`: the last fence given ([`fence_key`]).
+    fence_key: Vec<u8>,
+    /// The fence key's value and mod revision last seen (`(0, 0)`: absent), kept across
+    /// runs so that a restarted service's put usually needs no second try.
+    last_fence: StdMutex<(u64, i64)>,
     hold: StdMutex<Option<HoldRequest>>,
 }
 
@@ -51,9 +63,14 @@ struct Shared {
 ///
 /// - While it runs, the contender has **one lease** of [`EtcdConfig::lease_ttl`], kept
 ///   alive every third of it, and **one waiter key** `{prefix}/{mutex}/{lease id}` put
-///   with that lease, holding the contender id. The key with the **lowest create
-///   revision** owns; each waiter watches only its predecessor's key (no herd). The
-///   **fence** is the owner key's create revision.
+///   with that lease, holding its fence and the contender id. The key with the **lowest
+///   create revision** owns; each waiter watches only its predecessor's key (no herd).
+/// - The **fence** is given when the waiter key is put, in the same transaction: the
+///   greater of the mutex's last fence (kept in the key `{prefix}/{mutex}`, whose mod
+///   revision the transaction compares) plus one and this machine's clock in
+///   microseconds. Fences so follow the keys' create revisions (the queue order), and a
+///   cluster rebuilt empty or restored from an older snapshot still gives greater ones
+///   (the crate README states the clock assumption).
 /// - Every renewal (each answered keep-alive) is followed by a transaction that compares
 ///   the key's create revision, so an owner whose key was deleted learns it within a third
 ///   of the lease.
@@ -99,6 +116,8 @@ impl EtcdContendService {
             config,
             mutex,
             contender_id,
+            fence_key: fence_key(&prefix),
+            last_fence: StdMutex::new((0, 0)),
             prefix,
             hold: StdMutex::new(None),
         });
@@ -165,6 +184,8 @@ struct Lease {
 struct MyKey {
     key: Vec<u8>,
     revision: i64,
+    /// The fence it holds.
+    fence: u64,
 }
 
 /// The outcome of a check that did not fail.
@@ -627,47 +648,127 @@ impl Run {
         }
     }
 
-    /// Puts the waiter key with the lease, or finds it when an earlier put's answer was
-    /// lost. `None`: the lease is gone, start over.
+    /// Puts the waiter key with the lease and its fence, or finds it when an earlier put's
+    /// answer was lost. `None`: the lease is gone, or other puts kept moving the fence
+    /// key: start over.
+    ///
+    /// The fence is `max(last fence + 1, now in µs)`, written to the fence key in the same
+    /// transaction, which compares the fence key's mod revision with the one the last
+    /// fence was read at: two puts never give the same fence, and a later put (a greater
+    /// create revision) always gives a greater one.
     async fn create_key(&mut self) -> Result<Option<MyKey>> {
-        let Some(lease) = self.lease.as_ref() else {
+        let Some(lease) = self.lease.as_ref().map(|l| l.id) else {
             return Ok(None);
         };
-        let key = format!("{}{:016x}", self.sh.prefix, lease.id).into_bytes();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                self.sh.contender_id.as_bytes(),
-                Some(PutOptions::new().with_lease(lease.id)),
-            )])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = match bounded("putting the waiter key", self.limit(), self.kv.txn(txn)).await {
-            Ok(r) => r,
-            Err(e) if is_lease_not_found(&e) => {
-                self.lease_gone();
-                return Ok(None);
+        let key = format!("{}{:016x}", self.sh.prefix, lease).into_bytes();
+        let fence_key = self.sh.fence_key.clone();
+        for _ in 0..MAX_PUTS {
+            let (last, at) = *lock(&self.sh.last_fence);
+            let fence = last
+                .checked_add(1)
+                .ok_or_else(|| {
+                    Error::backend(
+                        BACKEND,
+                        format!(
+                            "the fence key {} holds the largest fence there is",
+                            String::from_utf8_lossy(&fence_key)
+                        ),
+                    )
+                })?
+                .max(now_micros());
+            // The fence key as last seen: absent, or that value at that mod revision (the
+            // value too, as a cluster rebuilt empty counts its revisions again).
+            let mut seen = vec![
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(fence_key.clone(), CompareOp::Equal, at),
+            ];
+            if at != 0 {
+                seen.push(Compare::value(
+                    fence_key.clone(),
+                    CompareOp::Equal,
+                    last.to_string(),
+                ));
             }
-            Err(e) => return Err(e),
-        };
-        let revision = if resp.succeeded() {
-            resp.header().map_or(0, |h| h.revision())
-        } else {
-            resp.op_responses()
-                .into_iter()
-                .find_map(|r| match r {
-                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
-                    _ => None,
-                })
-                .unwrap_or(0)
-        };
-        if revision <= 0 {
-            return Ok(None);
+            let txn = Txn::new()
+                .when(seen)
+                .and_then([
+                    TxnOp::put(
+                        key.clone(),
+                        waiter_value(fence, &self.sh.contender_id),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    TxnOp::put(fence_key.clone(), fence.to_string(), None),
+                ])
+                .or_else([
+                    TxnOp::get(key.clone(), None),
+                    TxnOp::get(fence_key.clone(), None),
+                ]);
+            let resp = match bounded("putting the waiter key", self.limit(), self.kv.txn(txn)).await
+            {
+                Ok(r) => r,
+                Err(e) if is_lease_not_found(&e) => {
+                    self.lease_gone();
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            if resp.succeeded() {
+                let revision = resp.header().map_or(0, |h| h.revision());
+                if revision <= 0 {
+                    return Ok(None);
+                }
+                *lock(&self.sh.last_fence) = (fence, revision);
+                return Ok(Some(self.keep_key(key, revision, fence)));
+            }
+            let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (Some(mine), Some(fences)) = (gets.next(), gets.next()) else {
+                return Err(Error::backend(
+                    BACKEND,
+                    "a transaction answer without its two reads",
+                ));
+            };
+            if let Some(kv) = mine.kvs().first() {
+                // An earlier put whose answer was lost.
+                let (fence, _) = parse_waiter(kv);
+                return Ok(Some(self.keep_key(key, kv.create_revision(), fence)));
+            }
+            // Another contender's put moved the fence key: try again from its value.
+            let seen = match fences.kvs().first() {
+                None => (0, 0),
+                Some(kv) => {
+                    let text = String::from_utf8_lossy(kv.value());
+                    let canonical = text.parse::<u64>().ok().filter(|v| v.to_string() == text);
+                    let value = canonical.ok_or_else(|| Error::Backend {
+                        backend: BACKEND,
+                        retryable: false,
+                        source: None,
+                        message: format!(
+                            "the fence key {} holds `{text}`, not a fence: simba-etcd \
+                                 writes only decimal numbers there; put back a number at \
+                                 least the last fence given",
+                            String::from_utf8_lossy(&fence_key)
+                        ),
+                    })?;
+                    (value, kv.mod_revision())
+                }
+            };
+            *lock(&self.sh.last_fence) = seen;
         }
-        debug!(key = %String::from_utf8_lossy(&key), revision, "waiter key in place");
-        let k = MyKey { key, revision };
+        Ok(None)
+    }
+
+    fn keep_key(&mut self, key: Vec<u8>, revision: i64, fence: u64) -> MyKey {
+        debug!(key = %String::from_utf8_lossy(&key), revision, fence, "waiter key in place");
+        let k = MyKey {
+            key,
+            revision,
+            fence,
+        };
         self.key = Some(k.clone());
-        Ok(Some(k))
+        k
     }
 
     /// Our key is not there any more (deleted, or its lease ended).
@@ -696,8 +797,9 @@ impl Run {
         }
         self.confirm_before_owning = false;
         let owner = seen_owner(&self.tracker, Some(kv), self.config().lease_ttl);
+        let fence = owner.fence;
         if self.tracker.hold(owner, Some(deadline)) {
-            debug!(fence = kv.create_revision(), "our waiter key is the lowest");
+            debug!(fence, "our waiter key is the lowest");
         }
         Step::Settled
     }
@@ -822,7 +924,7 @@ impl Run {
             ])
             .and_then([TxnOp::put(
                 key.key.clone(),
-                held_owner_id(&self.sh.contender_id).as_bytes(),
+                waiter_value(key.fence, &held_owner_id(&self.sh.contender_id)),
                 Some(PutOptions::new().with_lease(hold_lease)),
             )]);
         match bounded(

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::common::{
-    BACKEND, bounded, call_limit, first_key, now_millis, owner_of, watch_from_now,
+    BACKEND, bounded, call_limit, first_key, now_millis, owner_of, parse_waiter, watch_from_now,
 };
 use crate::config::EtcdConfig;
 
@@ -84,7 +84,7 @@ pub(crate) fn seen_owner(
         None => MutexOwner::NONE,
         Some(kv) => {
             let known = tracker.known();
-            let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
+            let (fence, _) = parse_waiter(kv);
             let seen = if known.fence == fence && known.has_owner() {
                 known.acquired_at
             } else {

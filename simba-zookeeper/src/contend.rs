@@ -671,7 +671,8 @@ impl Latch {
             .set(deadline.is_some() || self.predecessor_owns);
     }
 
-    /// Stop: report the release first, then delete the node (or leave it to the session).
+    /// Stop: report the release first, then delete the node, and the node of a create cut
+    /// off by the stop (left to the session when not connected, or when a delete fails).
     ///
     /// The node of an ownership held until now is deleted only at the data version it was
     /// created with. A node already gone (deleted by hand, or with an expired session) or
@@ -741,12 +742,30 @@ impl Latch {
                 }
             }
         }
-        leftovers.extend(self.pending.take());
-        for token in leftovers {
-            core.add_orphan(Orphan {
+        let mut orphans: Vec<Orphan> = leftovers
+            .into_iter()
+            .map(|token| Orphan {
                 parent: parent.clone(),
                 token,
-            });
+            })
+            .collect();
+        if let Some(token) = self.pending.take() {
+            let orphan = Orphan {
+                parent: parent.clone(),
+                token,
+            };
+            if ready {
+                // A create cut off by the stop may have made a node (its name is known only
+                // from its answer). The session sends requests in order, so a listing sent
+                // now sees that node if the create was sent: delete it before returning, so
+                // that a give-up leaves nothing owned.
+                orphans.extend(core.clean(vec![orphan]).await);
+            } else {
+                orphans.push(orphan);
+            }
+        }
+        for orphan in orphans {
+            core.add_orphan(orphan);
         }
         self.tracker.finish();
     }

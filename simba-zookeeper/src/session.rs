@@ -424,7 +424,7 @@ impl Core {
     }
 
     /// Deletes what orphans name; returns those that could not be handled yet.
-    async fn clean(&self, orphans: Vec<Orphan>) -> Vec<Orphan> {
+    pub(crate) async fn clean(&self, orphans: Vec<Orphan>) -> Vec<Orphan> {
         let mut left = Vec::new();
         for o in orphans {
             let children = match self.call(self.zk.get_children(&o.parent, false)).await {
