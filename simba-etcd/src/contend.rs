@@ -841,7 +841,7 @@ impl Run {
                     Compare::value(
                         key.key.clone(),
                         CompareOp::Equal,
-                        self.sh.contender_id.as_bytes(),
+                        waiter_value(key.fence, &self.sh.contender_id),
                     ),
                 ])
                 .and_then([TxnOp::delete(key.key.clone(), None)]);
@@ -919,7 +919,7 @@ impl Run {
                 Compare::value(
                     key.key.clone(),
                     CompareOp::Equal,
-                    self.sh.contender_id.as_bytes(),
+                    waiter_value(key.fence, &self.sh.contender_id),
                 ),
             ])
             .and_then([TxnOp::put(

@@ -135,7 +135,11 @@ impl Harness for EtcdHarness {
             let key = keys
                 .kvs()
                 .iter()
-                .find(|k| k.value() == owner_id.as_bytes())
+                // The value is `{fence}\n{id}` (an older build's: `{id}`).
+                .find(|k| {
+                    k.value() == owner_id.as_bytes()
+                        || k.value().ends_with(format!("\n{owner_id}").as_bytes())
+                })
                 .map(|k| k.key().to_vec())
                 .ok_or_else(|| format!("no key of {owner_id} under {prefix}"))?;
             kv.put(
