@@ -293,6 +293,26 @@ impl Inner {
         )
     }
 
+    /// SQLite: refuses a database file that is missing or has more than one name (see
+    /// `crate::sqlite::Refused`), with a configuration error that says why and how to fix
+    /// it. Any other failure to open it is left to the native lock, whose failure makes
+    /// the acquisition lease-bound.
+    #[cfg(feature = "sqlite")]
+    fn check_db_file(&self) -> Result<()> {
+        use crate::sqlite::Refused;
+        match self.gates.check_db_file() {
+            Ok(()) => Ok(()),
+            Err(Refused::HardLinked(reason) | Refused::Missing(reason)) => {
+                Err(Error::config("url", reason))
+            }
+            Err(e @ (Refused::Io(_) | Refused::Deleted)) => {
+                let e = e.text();
+                debug!("cannot check the SQLite database file: {e}");
+                Ok(())
+            }
+        }
+    }
+
     /// Checks the inputs of a call on `mutex` (by `contender`, if any) before any SQL runs.
     fn start<'a>(&'a self, mutex: &'a str, contender: Option<&str>) -> Result<Call<'a>> {
         self.check_name(mutex)?;
@@ -580,6 +600,9 @@ impl SqlStore {
                 })
                 .await?;
         }
+        // SQLite: the database file exists now; one with several names is refused.
+        #[cfg(feature = "sqlite")]
+        inner.check_db_file()?;
         let mut found = schema::inspect(inner.kind, &columns().await?);
         if ddl && found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
             let quoted = crate::sql::quote_table(inner.kind, inner.config.table());
@@ -712,14 +735,14 @@ impl SqlStore {
         &self.inner.dialect
     }
 
-    /// A duplicate of the lock file `contender_id` holds for `mutex` (SQLite), see
-    /// `simba_core::connect::Connection::owner_anchor`.
+    /// The native lock `contender_id` holds for `mutex` (SQLite), to share with another
+    /// process, see `simba_core::connect::Connection::owner_anchor`.
     #[cfg(all(unix, feature = "sqlite"))]
     pub(crate) fn anchor(
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    ) -> Option<simba_core::connect::Anchor> {
         self.inner.gates.anchor(mutex, contender_id)
     }
 
@@ -897,6 +920,8 @@ impl LeaseStore for SqlStore {
         Box::pin(async move {
             let inner = &*self.inner;
             let call = inner.start(mutex, Some(contender_id))?;
+            #[cfg(feature = "sqlite")]
+            inner.check_db_file()?;
             let pass = inner.gates.enter(mutex, contender_id).await;
             simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
             let row: Option<OwnerRow> = run_fast!(
@@ -906,7 +931,7 @@ impl LeaseStore for SqlStore {
             )?;
             simba_core::hops::record(simba_core::hops::Hop::StatementAnswered, mutex);
             let grace = match pass {
-                Pass::Locked => None,
+                Pass::Locked(_) => None,
                 Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
             };
             let foreign = row.as_ref().and_then(foreign_owner);
