@@ -228,11 +228,7 @@ pub trait Connection: Send + Sync + fmt::Debug {
     /// # Errors
     /// The descriptor could not be duplicated (the process is out of descriptors).
     #[cfg(unix)]
-    fn owner_anchor(
-        &self,
-        mutex: &str,
-        contender_id: &str,
-    ) -> std::io::Result<Option<Anchor>> {
+    fn owner_anchor(&self, mutex: &str, contender_id: &str) -> std::io::Result<Option<Anchor>> {
         let _ = (mutex, contender_id);
         Ok(None)
     }

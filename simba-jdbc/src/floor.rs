@@ -181,8 +181,7 @@ impl SqlStore {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 // A file of its own stands in for the database file.
-                let file =
-                    std::env::temp_dir().join(format!("simba-bench-floor-{hash:016x}.db"));
+                let file = std::env::temp_dir().join(format!("simba-bench-floor-{hash:016x}.db"));
                 std::fs::OpenOptions::new()
                     .write(true)
                     .create(true)

@@ -727,7 +727,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("t.db").display().to_string();
         std::fs::write(&db, b"").expect("db file");
-        for kind in [Kind::Files { db: DbFile::new(&db) }, Kind::Local] {
+        for kind in [
+            Kind::Files {
+                db: DbFile::new(&db),
+            },
+            Kind::Local,
+        ] {
             let locks = Locks::new(kind, Duration::from_secs(5));
             let key = locks.kind.key("simba_mutex", "m");
             let (tx, rx) = oneshot::channel::<()>();

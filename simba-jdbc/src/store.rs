@@ -293,15 +293,16 @@ impl Inner {
         )
     }
 
-    /// SQLite: refuses a database file that is missing or has more than one name (see
-    /// `crate::sqlite::Refused`), with a configuration error that says why and how to fix
-    /// it. Any other failure to open it is left to the native lock, whose failure makes
-    /// the acquisition lease-bound.
+    /// SQLite: refuses a database file that has more than one name, or is missing unless
+    /// `missing_ok` (see `crate::sqlite::Refused`), with a configuration error that says
+    /// why and how to fix it. Any other failure to open it is left to the native lock,
+    /// whose failure makes the acquisition lease-bound.
     #[cfg(feature = "sqlite")]
-    fn check_db_file(&self) -> Result<()> {
+    fn check_db_file(&self, missing_ok: bool) -> Result<()> {
         use crate::sqlite::Refused;
         match self.gates.check_db_file() {
             Ok(()) => Ok(()),
+            Err(Refused::Missing(_)) if missing_ok => Ok(()),
             Err(Refused::HardLinked(reason) | Refused::Missing(reason)) => {
                 Err(Error::config("url", reason))
             }
@@ -491,7 +492,8 @@ impl SqlStore {
     /// [`SqlStore::migrate`].
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad config (see [`SqlConfig::validate`]);
+    /// [`Error::InvalidConfig`] for a bad config (see [`SqlConfig::validate`]), and for a
+    /// SQLite database file with more than one name (hard links);
     /// [`Error::Backend`] if the database cannot be reached within the statement timeout
     /// or refuses the connection.
     ///
@@ -500,6 +502,9 @@ impl SqlStore {
     pub async fn connect(config: SqlConfig) -> Result<SqlStore> {
         let store = SqlStore::connect_lazy(config)?;
         let inner = &*store.inner;
+        // SQLite: a hard-linked database is refused before SQLite opens it.
+        #[cfg(feature = "sqlite")]
+        inner.check_db_file(true)?;
         run!(inner, "connect", |c| c.batch("SELECT 1"))?;
         Ok(store)
     }
@@ -568,7 +573,8 @@ impl SqlStore {
     /// fences `version + 1`; one whose `owner_id` is narrower than 200 characters lowers
     /// the longest contender id accepted to its width less 6 (the `held@@` prefix).
     ///
-    /// # Errors
+    /// [`Error::InvalidConfig`] for a SQLite database file with more than one name (hard
+    /// links). [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
     /// [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
     /// column (and may not or cannot get it). Bounded by the statement timeout, but at
     /// least 30 s.
@@ -580,6 +586,10 @@ impl SqlStore {
         let inner = &*self.inner;
         let limit = inner.config.statement_timeout().max(MIGRATE_TIMEOUT_MIN);
         let ddl = inner.config.ddl();
+        // SQLite: a hard-linked database is refused before SQLite opens it (a database
+        // not made yet is made by the DDL, and checked after it).
+        #[cfg(feature = "sqlite")]
+        inner.check_db_file(true)?;
         let (describe, describe_args) = schema::describe(inner.kind, inner.config.table());
         let columns = || async {
             inner
@@ -602,7 +612,7 @@ impl SqlStore {
         }
         // SQLite: the database file exists now; one with several names is refused.
         #[cfg(feature = "sqlite")]
-        inner.check_db_file()?;
+        inner.check_db_file(false)?;
         let mut found = schema::inspect(inner.kind, &columns().await?);
         if ddl && found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
             let quoted = crate::sql::quote_table(inner.kind, inner.config.table());
@@ -921,7 +931,7 @@ impl LeaseStore for SqlStore {
             let inner = &*self.inner;
             let call = inner.start(mutex, Some(contender_id))?;
             #[cfg(feature = "sqlite")]
-            inner.check_db_file()?;
+            inner.check_db_file(false)?;
             let pass = inner.gates.enter(mutex, contender_id).await;
             simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
             let row: Option<OwnerRow> = run_fast!(

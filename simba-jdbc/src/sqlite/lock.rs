@@ -326,11 +326,7 @@ fn failed(key: &FileKey, what: &str, e: Errno) -> String {
     format!(
         "database file {} ({what} byte {}): {e}",
         key.db.path.display(),
-        if what == "entry" {
-            key.entry
-        } else {
-            key.lock
-        }
+        if what == "entry" { key.entry } else { key.lock }
     )
 }
 

@@ -234,10 +234,7 @@ impl SqlHarness {
 /// file per mutex, which this does not allow).
 #[allow(dead_code)]
 pub fn sqlite_dir_files_allowed(name: &str) -> bool {
-    matches!(
-        name,
-        "simba.db" | "simba.db-wal" | "simba.db-shm"
-    )
+    matches!(name, "simba.db" | "simba.db-wal" | "simba.db-shm")
 }
 
 /// The files of `dir` that a SQLite harness's directory must not hold (see
