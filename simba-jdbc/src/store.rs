@@ -573,9 +573,9 @@ impl SqlStore {
     /// fences `version + 1`; one whose `owner_id` is narrower than 200 characters lowers
     /// the longest contender id accepted to its width less 6 (the `held@@` prefix).
     ///
+    /// # Errors
     /// [`Error::InvalidConfig`] for a SQLite database file with more than one name (hard
     /// links). [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
-    /// [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
     /// column (and may not or cannot get it). Bounded by the statement timeout, but at
     /// least 30 s.
     ///
