@@ -74,10 +74,12 @@ struct Inode {
     free: StdMutex<Vec<Desc>>,
 }
 
-/// Every database file this process has locked in, by (device, inode). Never emptied:
-/// its descriptions may not be closed.
-static INODES: LazyLock<StdMutex<HashMap<(u64, u64), Arc<Inode>>>> =
-    LazyLock::new(|| StdMutex::new(HashMap::new()));
+/// The database files of this process, by (device, inode).
+type Inodes = StdMutex<HashMap<(u64, u64), Arc<Inode>>>;
+
+/// Every database file this process has locked in. Never emptied: its descriptions may
+/// not be closed.
+static INODES: LazyLock<Inodes> = LazyLock::new(|| StdMutex::new(HashMap::new()));
 
 /// The value a gated row of the database file (`dev`, `ino`) carries in `waiter_until`:
 /// a hash of the file's identity in `2..=i64::MAX` (0 and 1 mean "not gated" and "gated
@@ -527,7 +529,7 @@ mod tests {
             assert!(key.entry >= BASE && (key.entry - BASE) % 2 == 0, "{key:?}");
             assert_eq!(key.lock, key.entry + 1, "{key:?}");
         }
-        assert!(BASE > 0x4000_0000 + 512);
+        const { assert!(BASE > 0x4000_0000 + 512) };
         // The last slot ends at off_t's last byte (no wrap, no fallback to slot 0).
         assert_eq!(FileKey::new(&d, SLOTS - 1).lock, libc::off_t::MAX);
         assert_ne!(FileKey::new(&d, 7).entry, FileKey::new(&d, 8).entry);
