@@ -464,6 +464,7 @@ mod one_file_by_other_names {
 
     /// A bind mount of the database's directory (we are root in CI; a machine where the
     /// mount is not permitted fails here, it does not skip).
+    #[cfg(target_os = "linux")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bind_mount_of_the_directory_shares_the_lock() {
         if std::env::var_os(CHILD_ENV).is_some() {
