@@ -41,8 +41,10 @@ pub(crate) struct Guarding {
     pub(crate) grace: Duration,
     /// The local lease deadline at the start.
     pub(crate) deadline: Option<Instant>,
-    /// SQLite's lock files (one per mutex), held by the guardian until the group is gone.
-    pub(crate) anchors: Vec<OwnedFd>,
+    /// SQLite's native locks (a description per mutex), held by the guardian until the
+    /// group is gone. Sent as borrowed descriptors: simba itself never closes them (see
+    /// `Connection::owner_anchor`).
+    pub(crate) anchors: Vec<simba_core::connect::Anchor>,
 }
 
 /// How the command's group ended.

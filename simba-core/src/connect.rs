@@ -211,12 +211,15 @@ pub trait Connection: Send + Sync + fmt::Debug {
         Box::pin(async { None })
     }
 
-    /// A new descriptor of what proves to other processes that `contender_id` of this
-    /// process still owns `mutex`, where the backend has such a proof on this machine:
-    /// SQLite's lock file, whose `flock` the kernel frees only when the last descriptor of
-    /// its open file is closed. A process given a copy (the `simba exec` guardian) keeps
-    /// the owner alive in other contenders' eyes for as long as it lives, so a takeover
-    /// "at once, the owner is dead" waits for it too. The descriptor is close-on-exec.
+    /// What proves to other processes that `contender_id` of this process still owns
+    /// `mutex`, where the backend has such a proof on this machine: SQLite's native lock,
+    /// which the kernel frees only when the last descriptor of its open file description
+    /// is closed. A process given a copy (the `simba exec` guardian, by `SCM_RIGHTS` of
+    /// [`Anchor::as_fd`](std::os::fd::AsFd::as_fd)) keeps the owner alive in other
+    /// contenders' eyes for as long as it lives, so a takeover "at once, the owner is dead"
+    /// waits for it too. The descriptor is close-on-exec. Dropping the [`Anchor`] closes
+    /// nothing (on Linux it is a descriptor of the database file, whose close would drop
+    /// this process's SQLite locks); the lock it anchors is kept until the process ends.
     ///
     /// `Ok(None)` when the backend proves liveness by a lease or a session instead (every
     /// backend but SQLite), or when this process does not hold that proof for the
@@ -225,13 +228,40 @@ pub trait Connection: Send + Sync + fmt::Debug {
     /// # Errors
     /// The descriptor could not be duplicated (the process is out of descriptors).
     #[cfg(unix)]
-    fn owner_anchor(
-        &self,
-        mutex: &str,
-        contender_id: &str,
-    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    fn owner_anchor(&self, mutex: &str, contender_id: &str) -> std::io::Result<Option<Anchor>> {
         let _ = (mutex, contender_id);
         Ok(None)
+    }
+}
+
+/// A descriptor shared with the backend that gave it ([`Connection::owner_anchor`]):
+/// dropping an anchor never closes the descriptor while the backend uses it.
+#[cfg(unix)]
+#[derive(Clone)]
+pub struct Anchor(std::sync::Arc<dyn std::os::fd::AsFd + Send + Sync>);
+
+#[cfg(unix)]
+impl Anchor {
+    /// An anchor of the descriptor `fd` holds.
+    pub fn new(fd: std::sync::Arc<dyn std::os::fd::AsFd + Send + Sync>) -> Self {
+        Anchor(fd)
+    }
+}
+
+#[cfg(unix)]
+impl std::os::fd::AsFd for Anchor {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+#[cfg(unix)]
+impl std::fmt::Debug for Anchor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::os::fd::AsRawFd;
+        f.debug_tuple("Anchor")
+            .field(&self.0.as_fd().as_raw_fd())
+            .finish()
     }
 }
 

@@ -377,7 +377,7 @@ impl Call<'_> {
         let ttl = lease.ttl_ms();
         let total = ttl.saturating_add(lease.transition_ms());
         let (sql, gated) = match pass {
-            Pass::Locked => (&self.st.acquire_locked, 1),
+            Pass::Locked(mark) => (&self.st.acquire_locked, mark),
             Pass::Unlocked => (&self.st.acquire_unlocked, 0),
         };
         let mut args = Vec::with_capacity(12);
@@ -393,8 +393,11 @@ impl Call<'_> {
             Arg::Text(self.mutex),
             Arg::Text(me),
         ]);
-        if pass == Pass::Unlocked {
-            args.push(Arg::Int(total));
+        match pass {
+            Pass::Unlocked => args.push(Arg::Int(total)),
+            // SQLite: the gated rows this lock may take over at once.
+            Pass::Locked(mark) if self.st.locked_takes_mark => args.push(Arg::Int(mark)),
+            Pass::Locked(_) => {}
         }
         if self.st.returns_row {
             args.push(Arg::Text(self.mutex));
@@ -408,7 +411,7 @@ impl Call<'_> {
         if let Some(one) = self.one {
             // MariaDB: the insert of a first use, the UPDATE and the read, in one statement.
             let (sql, graces) = match pass {
-                Pass::Locked => (&one.locked, 0),
+                Pass::Locked(_) => (&one.locked, 0),
                 Pass::Unlocked => (&one.unlocked, one.grace_args),
             };
             let mut args = first.args(self.mutex, me);

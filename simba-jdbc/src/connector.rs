@@ -188,8 +188,8 @@ impl Connection for SqlConnection {
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-        self.factory.store().anchor(mutex, contender_id)
+    ) -> std::io::Result<Option<simba_core::connect::Anchor>> {
+        Ok(self.factory.store().anchor(mutex, contender_id))
     }
 }
 

@@ -74,7 +74,7 @@ impl Dialect {
             Dialect::Postgres(d) => GateKind::Postgres { pg: d.pg.clone() },
             #[cfg(feature = "sqlite")]
             Dialect::Sqlite(d) if !d.memory => GateKind::Files {
-                prefix: d.path.clone(),
+                db: crate::sqlite::DbFile::new(&d.path),
             },
             #[allow(unreachable_patterns)]
             _ => GateKind::Local,

@@ -180,10 +180,18 @@ impl SqlStore {
             Backend::Mysql => NativeLock::Named(format!("simba-bench-floor-{hash:016x}")),
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
-                let prefix = std::env::temp_dir().join(format!("simba-bench-floor-{hash:016x}"));
-                let prefix = prefix.to_string_lossy().into_owned();
-                let file = std::path::PathBuf::from(format!("{prefix}-simba.locks"));
-                NativeLock::File(crate::sqlite::FileKey::new(&prefix, hash), file)
+                // A file of its own stands in for the database file.
+                let file = std::env::temp_dir().join(format!("simba-bench-floor-{hash:016x}.db"));
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&file)
+                    .map_err(|e| {
+                        Error::backend_source(kind.name(), "handoff floor: lock file", true, e)
+                    })?;
+                let db = crate::sqlite::DbFile::new(&file.to_string_lossy());
+                NativeLock::File(crate::sqlite::FileKey::new(&db, hash), file)
             }
             #[cfg(not(feature = "sqlite"))]
             Backend::Sqlite => {

@@ -57,8 +57,10 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
     /// This process holds the native lock for the contender: it may take a free row (and
-    /// on SQLite the row of an owner whose process is gone).
-    Locked,
+    /// on SQLite the row of an owner whose process is gone, if that owner's gated flag is
+    /// this value: the identity of the database file this lock is on, see
+    /// `crate::native::Held::mark`). The contender writes the value to its row's gated flag.
+    Locked(i64),
     /// It does not: it may renew its own row, and take a row only when its owner's lease
     /// has run out (never a released one: that belongs to whoever holds the native lock).
     Unlocked,
@@ -266,25 +268,27 @@ impl Gates {
         gates.get(mutex).cloned()
     }
 
-    /// A close-on-exec duplicate of the lock file `id` holds for `mutex` (see
+    /// The description of the database file (the lock file outside Linux) that `id`
+    /// holds its native lock of `mutex` by, to be shared with another process (see
     /// `Connection::owner_anchor`): `None` unless this process's gate has `id` as the
-    /// owner and holds the lock file for it.
+    /// owner and holds the lock for it. An anchored lock is never unlocked by this
+    /// process nor its description reused (`crate::sqlite::FileLock::anchor`).
     #[cfg(all(unix, feature = "sqlite"))]
-    pub(crate) fn anchor(
-        &self,
-        mutex: &str,
-        id: &str,
-    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-        let Some(gate) = self.existing(mutex) else {
-            return Ok(None);
-        };
-        let s = gate.lock();
-        match &s.held {
-            Some(Held::File(file)) if s.is(&s.owner, id) => file
-                .try_clone()
-                .map(|f| Some(std::os::fd::OwnedFd::from(f))),
-            _ => Ok(None),
+    pub(crate) fn anchor(&self, mutex: &str, id: &str) -> Option<simba_core::connect::Anchor> {
+        let gate = self.existing(mutex)?;
+        let mut s = gate.lock();
+        let owner = s.is(&s.owner, id);
+        match &mut s.held {
+            Some(Held::File(file)) if owner => file.anchor(),
+            _ => None,
         }
+    }
+
+    /// SQLite: that the database file exists and has one name (see
+    /// `crate::native::Locks::check_db_file`).
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn check_db_file(&self) -> Result<(), crate::sqlite::Refused> {
+        self.locks.check_db_file()
     }
 
     /// A push says `mutex` was released by another process: a wait of its gate beyond the
@@ -327,11 +331,10 @@ impl Gates {
                 if s.is(&s.owner, id) {
                     s.calling = Some(id.to_owned());
                 }
-                return if s.held.is_some() {
-                    Pass::Locked
-                } else {
-                    Pass::Unlocked
-                };
+                return s
+                    .held
+                    .as_ref()
+                    .map_or(Pass::Unlocked, |h| Pass::Locked(h.mark()));
             }
             if s.owner.is_some() || s.granted.is_some() || s.busy {
                 s.enqueue(id);
@@ -341,9 +344,11 @@ impl Gates {
                 // Held for nobody (a moment between a loss and the next grant): the first
                 // waiter here gets it, or this contender if none waits.
                 s.unqueue(id);
-                if s.queue.is_empty() {
+                if s.queue.is_empty()
+                    && let Some(mark) = s.held.as_ref().map(Held::mark)
+                {
                     s.granted = Some(id.to_owned());
-                    return Pass::Locked;
+                    return Pass::Locked(mark);
                 }
                 s.enqueue(id);
                 self.assign(&gate, &mut s);
@@ -372,10 +377,9 @@ impl Gates {
         if let Some(lingered) = lingered {
             let _ = timeout(LINGER, lingered).await;
             let s = gate.lock();
-            return if s.is(&s.granted, id) && s.held.is_some() {
-                Pass::Locked
-            } else {
-                Pass::Unlocked
+            return match &s.held {
+                Some(h) if s.is(&s.granted, id) => Pass::Locked(h.mark()),
+                _ => Pass::Unlocked,
             };
         }
         let this = self.clone();
@@ -409,10 +413,13 @@ impl Gates {
                     debug!(mutex = %task_gate.mutex, "native lock try failed: {e}");
                 }
             }
-            s.is(&s.granted, &me) && s.held.is_some()
+            match &s.held {
+                Some(h) if s.is(&s.granted, &me) => Some(h.mark()),
+                _ => None,
+            }
         });
         match task.await {
-            Ok(true) => Pass::Locked,
+            Ok(Some(mark)) => Pass::Locked(mark),
             _ => Pass::Unlocked,
         }
     }

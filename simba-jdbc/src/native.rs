@@ -38,7 +38,7 @@ use tracing::debug;
 use crate::gate::stable_hash;
 
 #[cfg(feature = "sqlite")]
-pub(crate) use crate::sqlite::{FileKey, FileLock};
+pub(crate) use crate::sqlite::{DbFile, FileKey, FileLock};
 #[cfg(not(feature = "sqlite"))]
 pub(crate) use no_files::{FileKey, FileLock};
 
@@ -119,6 +119,27 @@ pub(crate) enum Held {
     Local,
 }
 
+/// The gated flag of an owner whose native lock proves nothing about its process (a
+/// server session's lock): written, never taken over by.
+pub(crate) const NO_IDENTITY: i64 = 1;
+
+/// The gated flag of an owner of `sqlite::memory:` (one store, one process: its local
+/// queue is the whole lock).
+pub(crate) const LOCAL_IDENTITY: i64 = 2;
+
+impl Held {
+    /// What an owner holding this lock writes to its row's gated flag, and the value of a
+    /// gated row that it may take over at once (SQLite): the database file's identity
+    /// where the lock is provably that file's, else a value that is never taken over.
+    pub(crate) fn mark(&self) -> i64 {
+        match self {
+            Held::File(f) => f.mark(),
+            Held::Local => LOCAL_IDENTITY,
+            Held::Shared | Held::Own(_) => NO_IDENTITY,
+        }
+    }
+}
+
 /// The native locks of one store: where they live, and the sessions that hold them
 /// (PostgreSQL, MySQL).
 pub(crate) struct Locks {
@@ -161,16 +182,26 @@ impl Locks {
     /// a blocking thread that nobody waits for.
     fn sweep_once(&self) {
         #[cfg(feature = "sqlite")]
-        if let Kind::Files { prefix } = &self.kind {
+        if let Kind::Files { db } = &self.kind {
             self.swept.call_once(|| {
-                let prefix = prefix.clone();
+                let db = db.clone();
                 drop(tokio::task::spawn_blocking(move || {
-                    let removed = crate::sqlite::sweep_earlier(&prefix);
+                    let removed = crate::sqlite::sweep_earlier(db.path());
                     if removed > 0 {
-                        debug!(removed, database = %prefix, "removed lock files of earlier builds");
+                        debug!(removed, database = %db.path().display(), "removed lock files of earlier builds");
                     }
                 }));
             });
+        }
+    }
+
+    /// SQLite: that the database file exists and has one name (an `fstat` of a free
+    /// description of it, on Linux); nothing elsewhere.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn check_db_file(&self) -> Result<(), crate::sqlite::Refused> {
+        match &self.kind {
+            Kind::Files { db } => db.check().map(|_| ()),
+            _ => Ok(()),
         }
     }
 
@@ -474,12 +505,12 @@ pub(crate) enum Kind {
         /// The connection URL.
         url: String,
     },
-    /// Lock files; `prefix` is the database file's path.
+    /// SQLite: on Linux byte-range locks on the database file itself; elsewhere lock
+    /// files beside it (`{db}-simba-{hash}.lock` / `.entry`).
     #[cfg(feature = "sqlite")]
     Files {
-        /// The database file: the lock file is `{prefix}-simba.locks` (on Linux; elsewhere
-        /// `{prefix}-simba-{hash}.lock` / `.entry`).
-        prefix: String,
+        /// The database file.
+        db: std::sync::Arc<DbFile>,
     },
     /// No other process can reach the database (`sqlite::memory:`): the local queue is all.
     Local,
@@ -512,7 +543,7 @@ impl Kind {
             #[cfg(feature = "mysql")]
             Kind::Mysql { .. } => Key::Session(SessionKey::My(format!("simba:{h:016x}"))),
             #[cfg(feature = "sqlite")]
-            Kind::Files { prefix } => Key::File(FileKey::new(prefix, h)),
+            Kind::Files { db } => Key::File(FileKey::new(db, h)),
             Kind::Local => {
                 let _ = h;
                 Key::Local
@@ -666,6 +697,12 @@ mod no_files {
         }
     }
 
+    impl FileLock {
+        pub(crate) fn mark(&self) -> i64 {
+            match *self {}
+        }
+    }
+
     impl FileKey {
         pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, String> {
             match *self {}
@@ -689,7 +726,13 @@ mod tests {
     async fn a_wait_whose_canceller_is_gone_gives_up() {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("t.db").display().to_string();
-        for kind in [Kind::Files { prefix: db }, Kind::Local] {
+        std::fs::write(&db, b"").expect("db file");
+        for kind in [
+            Kind::Files {
+                db: DbFile::new(&db),
+            },
+            Kind::Local,
+        ] {
             let locks = Locks::new(kind, Duration::from_secs(5));
             let key = locks.kind.key("simba_mutex", "m");
             let (tx, rx) = oneshot::channel::<()>();

@@ -97,9 +97,13 @@ pub(crate) struct Statements {
     /// Simba table left as it is ([`Columns::Lease`]).
     pub(crate) waiter_columns: bool,
     /// Acquire while this process holds the mutex's native lock: takes a free row (SQLite:
-    /// also the row of an owner whose process is gone). Args: me, me, 1, me, me, ttl,
-    /// ttl+transition, me, mutex, me [, mutex when `returns_row`].
+    /// also the row of an owner whose process is gone). Args: me, me, the gated flag, me,
+    /// me, ttl, ttl+transition, me, mutex, me [, the gated flag when `locked_takes_mark`]
+    /// [, mutex when `returns_row`].
     pub(crate) acquire_locked: String,
+    /// SQLite with the waiter columns: `acquire_locked` takes over at once a gated row
+    /// whose flag is the taker's own (its database file's identity), bound last.
+    pub(crate) locked_takes_mark: bool,
     /// Acquire without the native lock: renews its own row, takes a row only when its
     /// lease ran out (never a released one before `grace` ms). Args: me, me, 0, me, me, ttl,
     /// ttl+transition, me, mutex, me, grace [, mutex when `returns_row`].
@@ -191,8 +195,11 @@ impl Statements {
         // everything that reads the old owner_id / transition_at is assigned before those
         // columns are.
         //
-        // `waiter_until` is the *gated* flag: 1 while the owner took the row holding the native lock, so
-        // that on SQLite a waiter that gets the lock file may take the row over at once.
+        // `waiter_until` is the *gated* flag: not 0 while the owner took the row holding the
+        // native lock. On SQLite it is the identity of the database file whose lock the owner
+        // holds (`crate::native::Held::mark`, at least 2), so that a waiter that gets that
+        // same lock may take the row over at once; elsewhere 1 (and 1 on SQLite rows of
+        // builds before that, never taken over at once).
         // PostgreSQL's driver reads BIGINT only; a JVM table's `version` is an INTEGER.
         let version_out = match backend {
             Backend::Postgres => "CAST(m.version AS BIGINT)",
@@ -226,14 +233,18 @@ impl Statements {
             )
         };
         // With the native lock: any row whose lease is over (released or run out). On
-        // SQLite the lock file also proves that the process of a gated owner is gone
-        // (the kernel frees a lock only with its process, or when it unlocks after its
-        // release): such a row is taken over at once, unless it is a hold (`held@@…`),
-        // which must be waited out whoever made it.
+        // SQLite the lock also proves that the process of a gated owner is gone (the
+        // kernel frees a lock only with its process, or when it unlocks after its
+        // release), but only if it is the lock the owner held: the owner's flag is the
+        // identity of the database file it locked, the taker's (bound) the identity of the
+        // file it holds the lock of. Such a row is taken over at once, unless it is a hold
+        // (`held@@…`), which must be waited out whoever made it. A row gated by another
+        // file (a database moved or copied over this one), by an earlier build (1) or
+        // outside Linux (0) is left to its lease.
         let locked_take = match backend {
             Backend::Sqlite if waiter_columns => format!(
                 "transition_at <= {now} \
-                 OR (waiter_until = 1 AND waiter_id = owner_id \
+                 OR (waiter_until = ? AND waiter_until > 1 AND waiter_id = owner_id \
                      AND substr(owner_id, 1, 6) <> 'held@@')"
             ),
             Backend::Mysql | Backend::Postgres | Backend::Sqlite => {
@@ -400,6 +411,7 @@ impl Statements {
                 Statements {
                     returns_row: true,
                     waiter_columns,
+                    locked_takes_mark: false,
                     acquire_locked: returning(&acquire_locked),
                     acquire_unlocked: returning(&acquire_unlocked),
                     batch,
@@ -416,6 +428,7 @@ impl Statements {
             Backend::Mysql | Backend::Sqlite => Statements {
                 returns_row: false,
                 waiter_columns,
+                locked_takes_mark: backend == Backend::Sqlite && waiter_columns,
                 acquire_locked,
                 acquire_unlocked,
                 batch,
@@ -519,7 +532,10 @@ mod tests {
     fn placeholder_counts_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite] {
             let s = Statements::new(backend, "simba_mutex", FenceRule::Clock, Columns::All);
-            assert_eq!(s.acquire_locked.matches('?').count(), 10);
+            // SQLite binds the taker's identity too (`locked_takes_mark`).
+            let mark = usize::from(s.locked_takes_mark);
+            assert_eq!(s.locked_takes_mark, backend == Backend::Sqlite);
+            assert_eq!(s.acquire_locked.matches('?').count(), 10 + mark);
             assert_eq!(s.acquire_unlocked.matches('?').count(), 11);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);
@@ -588,9 +604,21 @@ mod tests {
                 }
             }
         }
-        // SQLite's takeover of a dead owner's row needs the gated flag.
+        // SQLite's takeover of a dead owner's row needs the gated flag, and only a flag
+        // that names a file (2 or more) and is the taker's own.
         let all = Statements::new(Backend::Sqlite, "t", FenceRule::Clock, Columns::All);
-        assert!(all.acquire_locked.contains("waiter_until = 1"));
+        assert!(
+            all.acquire_locked
+                .contains("waiter_until = ? AND waiter_until > 1")
+        );
+        assert!(!all.acquire_locked.contains("waiter_until = 1"));
+        for backend in [Backend::Mysql, Backend::Postgres] {
+            let s = Statements::new(backend, "t", FenceRule::Clock, Columns::All);
+            assert!(!s.locked_takes_mark);
+            // Their WHERE never reads the gated flag (it is written only).
+            let take = s.acquire_locked.split(" WHERE ").nth(1).unwrap_or_default();
+            assert!(!take.contains("waiter_until"), "{backend:?}: {take}");
+        }
     }
 
     #[test]

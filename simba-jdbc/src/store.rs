@@ -293,6 +293,27 @@ impl Inner {
         )
     }
 
+    /// SQLite: refuses a database file that has more than one name, or is missing unless
+    /// `missing_ok` (see `crate::sqlite::Refused`), with a configuration error that says
+    /// why and how to fix it. Any other failure to open it is left to the native lock,
+    /// whose failure makes the acquisition lease-bound.
+    #[cfg(feature = "sqlite")]
+    fn check_db_file(&self, missing_ok: bool) -> Result<()> {
+        use crate::sqlite::Refused;
+        match self.gates.check_db_file() {
+            Ok(()) => Ok(()),
+            Err(Refused::Missing(_)) if missing_ok => Ok(()),
+            Err(Refused::HardLinked(reason) | Refused::Missing(reason)) => {
+                Err(Error::config("url", reason))
+            }
+            Err(e @ (Refused::Io(_) | Refused::Deleted)) => {
+                let e = e.text();
+                debug!("cannot check the SQLite database file: {e}");
+                Ok(())
+            }
+        }
+    }
+
     /// Checks the inputs of a call on `mutex` (by `contender`, if any) before any SQL runs.
     fn start<'a>(&'a self, mutex: &'a str, contender: Option<&str>) -> Result<Call<'a>> {
         self.check_name(mutex)?;
@@ -471,7 +492,8 @@ impl SqlStore {
     /// [`SqlStore::migrate`].
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad config (see [`SqlConfig::validate`]);
+    /// [`Error::InvalidConfig`] for a bad config (see [`SqlConfig::validate`]), and for a
+    /// SQLite database file with more than one name (hard links);
     /// [`Error::Backend`] if the database cannot be reached within the statement timeout
     /// or refuses the connection.
     ///
@@ -480,6 +502,9 @@ impl SqlStore {
     pub async fn connect(config: SqlConfig) -> Result<SqlStore> {
         let store = SqlStore::connect_lazy(config)?;
         let inner = &*store.inner;
+        // SQLite: a hard-linked database is refused before SQLite opens it.
+        #[cfg(feature = "sqlite")]
+        inner.check_db_file(true)?;
         run!(inner, "connect", |c| c.batch("SELECT 1"))?;
         Ok(store)
     }
@@ -549,7 +574,8 @@ impl SqlStore {
     /// the longest contender id accepted to its width less 6 (the `held@@` prefix).
     ///
     /// # Errors
-    /// [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
+    /// [`Error::InvalidConfig`] for a SQLite database file with more than one name (hard
+    /// links). [`Error::Backend`] if the database fails, denies the DDL, or the table lacks a
     /// column (and may not or cannot get it). Bounded by the statement timeout, but at
     /// least 30 s.
     ///
@@ -560,6 +586,10 @@ impl SqlStore {
         let inner = &*self.inner;
         let limit = inner.config.statement_timeout().max(MIGRATE_TIMEOUT_MIN);
         let ddl = inner.config.ddl();
+        // SQLite: a hard-linked database is refused before SQLite opens it (a database
+        // not made yet is made by the DDL, and checked after it).
+        #[cfg(feature = "sqlite")]
+        inner.check_db_file(true)?;
         let (describe, describe_args) = schema::describe(inner.kind, inner.config.table());
         let columns = || async {
             inner
@@ -580,6 +610,9 @@ impl SqlStore {
                 })
                 .await?;
         }
+        // SQLite: the database file exists now; one with several names is refused.
+        #[cfg(feature = "sqlite")]
+        inner.check_db_file(false)?;
         let mut found = schema::inspect(inner.kind, &columns().await?);
         if ddl && found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
             let quoted = crate::sql::quote_table(inner.kind, inner.config.table());
@@ -712,14 +745,14 @@ impl SqlStore {
         &self.inner.dialect
     }
 
-    /// A duplicate of the lock file `contender_id` holds for `mutex` (SQLite), see
-    /// `simba_core::connect::Connection::owner_anchor`.
+    /// The native lock `contender_id` holds for `mutex` (SQLite), to share with another
+    /// process, see `simba_core::connect::Connection::owner_anchor`.
     #[cfg(all(unix, feature = "sqlite"))]
     pub(crate) fn anchor(
         &self,
         mutex: &str,
         contender_id: &str,
-    ) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    ) -> Option<simba_core::connect::Anchor> {
         self.inner.gates.anchor(mutex, contender_id)
     }
 
@@ -897,6 +930,8 @@ impl LeaseStore for SqlStore {
         Box::pin(async move {
             let inner = &*self.inner;
             let call = inner.start(mutex, Some(contender_id))?;
+            #[cfg(feature = "sqlite")]
+            inner.check_db_file(false)?;
             let pass = inner.gates.enter(mutex, contender_id).await;
             simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
             let row: Option<OwnerRow> = run_fast!(
@@ -906,7 +941,7 @@ impl LeaseStore for SqlStore {
             )?;
             simba_core::hops::record(simba_core::hops::Hop::StatementAnswered, mutex);
             let grace = match pass {
-                Pass::Locked => None,
+                Pass::Locked(_) => None,
                 Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),
             };
             let foreign = row.as_ref().and_then(foreign_owner);

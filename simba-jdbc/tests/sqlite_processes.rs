@@ -355,20 +355,238 @@ async fn many_mutex_names_leave_one_lock_file() {
         .collect();
     let extra: Vec<&String> = files
         .iter()
-        .filter(|n| {
-            !matches!(
-                n.as_str(),
-                "names.db" | "names.db-wal" | "names.db-shm" | "names.db-simba.locks"
-            )
-        })
+        .filter(|n| !matches!(n.as_str(), "names.db" | "names.db-wal" | "names.db-shm"))
         .collect();
     assert!(
         extra.is_empty(),
         "{NAMES} mutex names left files beside the database: {extra:?} (all: {} files)",
         files.len()
     );
-    assert!(
-        files.contains(&"names.db-simba.locks".to_owned()),
-        "{files:?}"
-    );
+}
+
+/// The native lock is the database file's (its inode), not its path's: two stores that
+/// name one database file differently, or a store whose neighbours' lock files an operator
+/// deleted, still exclude each other. The first owns with a long lease; the second must
+/// not own while it holds (earlier builds took the "gated" row over at once: their lock
+/// file, named by the path, was free), and owns soon after the first releases.
+mod one_file_by_other_names {
+    use super::*;
+    use simba_core::Error;
+    use simba_core::backend::{Lease, LeaseStore};
+
+    /// Outlasts the test on a loaded machine.
+    const LONG: Lease = Lease {
+        ttl: Duration::from_secs(60),
+        transition: Duration::from_secs(30),
+    };
+
+    async fn store(url: &str) -> SqlStore {
+        let store = SqlStore::connect(SqlConfig::new(url))
+            .await
+            .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        store
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("migrate {url}: {e}"));
+        store
+    }
+
+    /// `first` owns; then `meanwhile` runs (an operator's deed); `second` never owns
+    /// while `first` holds, and owns once `first` has released.
+    async fn second_waits_for_first(
+        label: &str,
+        first: &str,
+        second: &str,
+        meanwhile: impl FnOnce(),
+    ) {
+        let m = "one-file";
+        let a = store(first).await;
+        let r = a.acquire(m, "a", LONG).await.expect("acquire a");
+        assert!(r.owner.is_owned_by_at("a", r.now), "{label}: {r:?}");
+        meanwhile();
+        let b = store(second).await;
+        // Several tries: each one with B's native lock tried or waited for.
+        for _ in 0..3 {
+            let r = b.acquire(m, "b", LONG).await.expect("acquire b");
+            assert!(
+                r.owner.is_owner("a") && !r.owner.is_owner("b"),
+                "{label}: the second store took the mutex while the first held it: {r:?}"
+            );
+        }
+        assert!(a.release(m, "a").await.expect("release a"), "{label}");
+        // The release frees the native lock; B's wait gets it and B takes the free row.
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = b.acquire(m, "b", LONG).await.expect("acquire b");
+            if r.owner.is_owned_by_at("b", r.now) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "{label}: the second never owned after the release: {r:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(b.release(m, "b").await.expect("release b"), "{label}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_symlink_to_the_database_shares_its_lock() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("t.db");
+        let link = dir.path().join("link.db");
+        // The file exists before the link is made to it (the first store creates it).
+        let first = format!("sqlite://{}", db.display());
+        drop(store(&first).await);
+        std::os::unix::fs::symlink(&db, &link).expect("symlink");
+        let second = format!("sqlite://{}", link.display());
+        second_waits_for_first("symlink", &first, &second, || {}).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_path_through_a_directory_symlink_and_dotdot_shares_the_lock() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let real = dir.path().join("real");
+        std::fs::create_dir_all(real.join("sub")).expect("dirs");
+        let alias = dir.path().join("alias");
+        std::os::unix::fs::symlink(real.join("sub"), &alias).expect("symlink");
+        let first = format!("sqlite://{}", real.join("t.db").display());
+        // `alias/..` is `real` (the kernel follows the symlink first).
+        let second = format!("sqlite://{}/../t.db", alias.display());
+        second_waits_for_first("alias/../t.db", &first, &second, || {}).await;
+    }
+
+    /// A bind mount of the database's directory (we are root in CI; a machine where the
+    /// mount is not permitted fails here, it does not skip).
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bind_mount_of_the_directory_shares_the_lock() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            return;
+        }
+        struct Mounted(std::path::PathBuf);
+        impl Drop for Mounted {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let real = dir.path().join("real");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir_all(&real).expect("dir");
+        std::fs::create_dir_all(&mnt).expect("dir");
+        let out = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(&real)
+            .arg(&mnt)
+            .output()
+            .expect("run mount(8)");
+        assert!(
+            out.status.success(),
+            "`mount --bind` failed (this test needs root, or CAP_SYS_ADMIN): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _mounted = Mounted(mnt.clone());
+        let first = format!("sqlite://{}", real.join("t.db").display());
+        let second = format!("sqlite://{}", mnt.join("t.db").display());
+        second_waits_for_first("bind mount", &first, &second, || {}).await;
+    }
+
+    /// An operator deletes every lock file beside the database while the first holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deleting_lock_files_beside_the_database_splits_nothing() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let path = dir.path().to_owned();
+        second_waits_for_first("deleted lock files", &url, &url, move || {
+            for e in std::fs::read_dir(&path).expect("read dir").flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.contains("-simba")
+                    && (name.ends_with(".locks")
+                        || name.ends_with(".lock")
+                        || name.ends_with(".entry"))
+                {
+                    std::fs::remove_file(e.path()).expect("remove a lock file");
+                }
+            }
+        })
+        .await;
+    }
+
+    /// A hard-linked database is refused, by every name, with a configuration error that
+    /// says why: SQLite's WAL and journal are named by the path, so two names split them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hard_linked_database_is_refused() {
+        if std::env::var_os(CHILD_ENV).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("t.db");
+        let url = format!("sqlite://{}", db.display());
+        let a = store(&url).await;
+        let r = a
+            .acquire("m", "a", LONG)
+            .await
+            .expect("acquire before the link");
+        assert!(r.owner.is_owned_by_at("a", r.now), "{r:?}");
+        assert!(a.release("m", "a").await.expect("release"));
+        let linked = dir.path().join("hard.db");
+        std::fs::hard_link(&db, &linked).expect("hard link");
+        let check = |e: Error, what: &str| match e {
+            Error::InvalidConfig { field, reason } => {
+                assert_eq!(field, "url", "{what}");
+                assert!(
+                    reason.contains("2 hard links")
+                        && reason.contains("WAL")
+                        && reason.contains("remove the other links"),
+                    "{what}: {reason}"
+                );
+            }
+            other => panic!("{what}: not a configuration error: {other:?}"),
+        };
+        let by_link = SqlConfig::new(format!("sqlite://{}", linked.display()));
+        check(
+            SqlStore::connect(by_link.clone())
+                .await
+                .expect_err("connect through a hard link"),
+            "connect",
+        );
+        let other = SqlStore::connect_lazy(by_link).expect("a lazy store does no I/O");
+        check(
+            other
+                .migrate()
+                .await
+                .expect_err("migrate through a hard link"),
+            "migrate",
+        );
+        check(
+            other
+                .acquire("m", "b", LONG)
+                .await
+                .expect_err("acquire through a hard link"),
+            "acquire by the link",
+        );
+        check(
+            a.acquire("m", "a", LONG)
+                .await
+                .expect_err("acquire by the first name"),
+            "acquire by the first name",
+        );
+        // One name again: usable again.
+        std::fs::remove_file(&linked).expect("remove the link");
+        let r = a
+            .acquire("m", "a", LONG)
+            .await
+            .expect("acquire after the unlink");
+        assert!(r.owner.is_owned_by_at("a", r.now), "{r:?}");
+    }
 }

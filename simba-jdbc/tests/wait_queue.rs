@@ -452,7 +452,9 @@ async fn sqlite_observers_are_not_subscribed() {
     assert!(store.release("watched", "c").await.expect("release"));
 }
 
-#[cfg(feature = "sqlite")]
+// Linux only: elsewhere the lock files are named by the path and prove nothing about an
+// owner, so the lease decides (simba-jdbc's README, *SQLite: the lock*).
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_takes_over_from_a_killed_owner() {
     let h = SqlHarness::sqlite();
@@ -474,6 +476,71 @@ async fn sqlite_takes_over_from_a_killed_owner() {
     assert!(
         took < Duration::from_secs(5),
         "took over {took:?} after the kill (the lease had 30 s left)"
+    );
+    assert!(store.release(m, "heir").await.expect("release"));
+}
+
+/// SQLite: a gated row is taken over at once only by a holder of the lock of the file
+/// the owner locked: the owner's gated flag (`waiter_until`) is its database file's
+/// identity. A row whose flag is another file's (a database copied or moved over this
+/// one) or 1 (an earlier build's, whose lock was a file named by the path) is left to its
+/// lease, though the killed owner's lock is free; with its own file's identity back, the
+/// same row is taken over at once.
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_takes_over_at_once_only_a_row_gated_by_its_own_file() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    #[derive(diesel::QueryableByName)]
+    struct Flag {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        waiter_until: i64,
+    }
+    let h = SqlHarness::sqlite();
+    let m = "gated-by-identity";
+    let mut owner = Child::start(&h, "own", m, "doomed", LONG).await;
+    owner.said("owned").await;
+    owner.kill().await;
+    let path = h.url().strip_prefix("sqlite://").expect("a sqlite url");
+    let mut raw = diesel::SqliteConnection::establish(path).expect("open the file");
+    let flag: Vec<Flag> = diesel::RunQueryDsl::load(
+        diesel::sql_query(format!(
+            "SELECT waiter_until FROM {} WHERE mutex = '{m}'",
+            h.table()
+        )),
+        &mut raw,
+    )
+    .expect("read the flag");
+    let own = flag.first().expect("the row").waiter_until;
+    assert!(
+        own >= 2,
+        "the owner's gated flag is its file's identity, not {own}"
+    );
+    let store = h.store().await.expect("store");
+    let set = |raw: &mut diesel::SqliteConnection, v: i64| {
+        raw.batch_execute(&format!(
+            "UPDATE {} SET waiter_until = {v} WHERE mutex = '{m}'",
+            h.table()
+        ))
+        .expect("set the flag");
+    };
+    let other_file = if own == i64::MAX { own - 1 } else { own + 1 };
+    for flag in [other_file, 1] {
+        set(&mut raw, flag);
+        for _ in 0..2 {
+            let r = store.acquire(m, "heir", LONG).await.expect("acquire");
+            assert!(
+                r.owner.is_owner("doomed"),
+                "a row gated with {flag} (this file's identity is {own}) was taken over at \
+                 once: {r:?}"
+            );
+        }
+    }
+    set(&mut raw, own);
+    let r = store.acquire(m, "heir", LONG).await.expect("acquire");
+    assert!(
+        r.owner.is_owned_by_at("heir", r.now),
+        "a row gated by this file's lock, free, was not taken over: {r:?}"
     );
     assert!(store.release(m, "heir").await.expect("release"));
 }

@@ -1,70 +1,340 @@
-//! SQLite's native lock on Linux: open file description (OFD) byte-range locks in one
-//! lock file per database, `{db}-simba.locks`, two bytes per mutex: the lock byte and,
-//! before it, an "entry" byte that keeps the order (see the crate README), for the wait
-//! queue (`crate::gate`).
+//! SQLite's native lock on Linux: open file description (OFD) byte-range locks on the
+//! database file itself, two bytes per mutex far above SQLite's own lock bytes: the lock
+//! byte and, before it, an "entry" byte that keeps the order (see the crate README), for
+//! the wait queue (`crate::gate`).
 //!
-//! An OFD lock belongs to the open file description: every acquisition opens the file
-//! anew, so the locks of two acquisitions conflict even within one process, a duplicated
-//! descriptor (`simba exec`'s guardian) shares the lock, and the lock ends when the last
-//! descriptor of its description is closed — by the holder, or by the kernel when the
-//! process is gone.
+//! The lock belongs to the file (its inode), not to a name: every path that opens the
+//! database (a symlink, a bind mount, `a/../t.db`) reaches the same bytes, and there is no
+//! file beside it that an operator could delete.
+//!
+//! An OFD lock belongs to the open file description: each held or waited lock uses a
+//! description of its own, so the locks of two acquisitions conflict even within one
+//! process, a duplicated descriptor (`simba exec`'s guardian) shares the lock, and the
+//! kernel frees the lock when the process is gone.
+//!
+//! **No descriptor of the database file is ever closed here.** Closing any descriptor of a
+//! file drops every POSIX (`fcntl`) lock the process holds on it, so SQLite's own locks
+//! of this process's connections (SQLite's "How To Corrupt An SQLite Database File",
+//! §2.2). A lock is let go with `F_UNLCK` and its description goes back to a free list of
+//! its database file ([`Inode`]), process-wide, for the next lock; a description that was
+//! shared with another process ([`FileLock::anchor`]) is retired: kept open, never used
+//! again, its lock kept until the process ends.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex as StdMutex, OnceLock};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 use tokio::task::JoinHandle;
 
-use super::open_lock_file as open;
+/// The first byte simba locks in the database file: 2⁴⁰, far above SQLite's lock bytes
+/// (`0x40000000` to `0x400001ff`), which stay below every slot whatever SQLite's page
+/// size.
+const BASE: libc::off_t = 1 << 40;
 
-/// How many mutex slots the lock file has: slot `s` is the bytes `2s` (entry) and
-/// `2s + 1` (lock), so the highest byte, `2 × (SLOTS − 1) + 1`, stays within `off_t`.
-const SLOTS: u64 = (libc::off_t::MAX as u64).div_ceil(2);
+/// How many mutex slots there are: slot `s` is the bytes `BASE + 2s` (entry) and
+/// `BASE + 2s + 1` (lock); the last lock byte is `off_t::MAX`.
+const SLOTS: u64 = ((libc::off_t::MAX - BASE) as u64).div_ceil(2);
 
-/// The lock file of the database file `prefix`.
-fn lock_path(prefix: &str) -> PathBuf {
-    format!("{prefix}-simba.locks").into()
-}
-
-/// The byte at `offset`, to lock (`F_WRLCK`) or unlock (`F_UNLCK`).
-fn byte(kind: libc::c_int, offset: libc::off_t) -> libc::flock {
+/// The byte range `[offset, offset + len)`, to lock (`F_WRLCK`) or unlock (`F_UNLCK`).
+fn range(kind: libc::c_int, offset: libc::off_t, len: libc::off_t) -> libc::flock {
     libc::flock {
         // F_WRLCK / F_UNLCK and SEEK_SET are small constants (1, 2, 0).
         l_type: kind as libc::c_short,
         l_whence: libc::SEEK_SET as libc::c_short,
         l_start: offset,
-        l_len: 1,
+        l_len: len,
         // Must be 0 for OFD locks.
         l_pid: 0,
     }
 }
 
-/// One place in the lock file: its path and the two bytes of one mutex.
+/// An open file description of a database file. It is never closed (see the module
+/// docs): dropping it leaves the descriptor open.
+#[derive(Debug)]
+pub(crate) struct Desc(ManuallyDrop<File>);
+
+impl AsFd for Desc {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// One database file (an inode) in this process: the value that marks rows gated by its
+/// locks, and its descriptions that hold nothing.
+#[derive(Debug)]
+struct Inode {
+    mark: i64,
+    free: StdMutex<Vec<Desc>>,
+}
+
+/// The database files of this process, by (device, inode).
+type Inodes = StdMutex<HashMap<(u64, u64), Arc<Inode>>>;
+
+/// Every database file this process has locked in. Never emptied: its descriptions may
+/// not be closed.
+static INODES: LazyLock<Inodes> = LazyLock::new(|| StdMutex::new(HashMap::new()));
+
+/// The value a gated row of the database file (`dev`, `ino`) carries in `waiter_until`:
+/// a hash of the file's identity in `2..=i64::MAX` (0 and 1 mean "not gated" and "gated
+/// by an earlier build").
+pub(crate) fn identity_mark(dev: u64, ino: u64) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dev.to_le_bytes().into_iter().chain(ino.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let span = i64::MAX as u64 - 1;
+    // h % span <= i64::MAX - 2: the sum fits.
+    2 + i64::try_from(h % span).unwrap_or(0)
+}
+
+/// Why the database file cannot be locked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The file has more than one name: a configuration error.
+    HardLinked(String),
+    /// The file does not exist: a configuration error (or not migrated yet).
+    Missing(String),
+    /// Anything else (out of descriptors, permissions): reported as it is.
+    Io(String),
+    /// A description of a file that has no name any more.
+    Deleted,
+}
+
+impl Refused {
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            Refused::HardLinked(t) | Refused::Missing(t) | Refused::Io(t) => t,
+            Refused::Deleted => "the database file was deleted",
+        }
+    }
+}
+
+/// The database file of a store: its path as configured, and the file it named when the
+/// store first locked.
+#[derive(Debug)]
+pub(crate) struct DbFile {
+    path: PathBuf,
+    inode: OnceLock<Arc<Inode>>,
+}
+
+impl DbFile {
+    /// No I/O: the file is opened at the first lock.
+    pub(crate) fn new(path: &str) -> Arc<DbFile> {
+        Arc::new(DbFile {
+            path: path.into(),
+            inode: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A description of the database file that holds no lock, with its file: one off the
+    /// free list, or a new one. Refused when the file has more than one name (checked on
+    /// the description itself, each time).
+    fn take(&self) -> Result<(Arc<Inode>, Desc), Refused> {
+        if let Some(inode) = self.inode.get() {
+            loop {
+                let reused = inode.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                let Some(desc) = reused else {
+                    break;
+                };
+                match self.check_links(&desc) {
+                    Ok(_) => return Ok((inode.clone(), desc)),
+                    // A description of a file deleted since (its inode number may come
+                    // back with another file): dropped, not closed, not used again.
+                    Err(Refused::Deleted) => continue,
+                    Err(e) => {
+                        give_back(inode, desc);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        self.open()
+    }
+
+    /// Opens the database file anew (read-write, close-on-exec, never created) and finds
+    /// its inode's entry.
+    fn open(&self) -> Result<(Arc<Inode>, Desc), Refused> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&self.path)
+            .map_err(|e| {
+                let text = format!("SQLite database file {}: {e}", self.path.display());
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Refused::Missing(format!(
+                        "{text}; simba locks in the database file, which must exist (run \
+                         `migrate` first, and check the path)"
+                    ))
+                } else {
+                    Refused::Io(text)
+                }
+            })?;
+        // From here on the descriptor is never closed.
+        let desc = Desc(ManuallyDrop::new(file));
+        let meta = self.check_links(&desc)?;
+        let inode = {
+            let mut all = INODES.lock().unwrap_or_else(|p| p.into_inner());
+            all.entry((meta.dev(), meta.ino()))
+                .or_insert_with(|| {
+                    Arc::new(Inode {
+                        mark: identity_mark(meta.dev(), meta.ino()),
+                        free: StdMutex::new(Vec::new()),
+                    })
+                })
+                .clone()
+        };
+        let _ = self.inode.set(inode.clone());
+        Ok((inode, desc))
+    }
+
+    /// `fstat` of the description: refused if the file has other names.
+    fn check_links(&self, desc: &Desc) -> Result<std::fs::Metadata, Refused> {
+        let meta = desc
+            .0
+            .metadata()
+            .map_err(|e| Refused::Io(format!("fstat of {}: {e}", self.path.display())))?;
+        if meta.nlink() == 0 {
+            return Err(Refused::Deleted);
+        }
+        if meta.nlink() > 1 {
+            return Err(Refused::HardLinked(super::hard_link_text(
+                &self.path,
+                meta.nlink(),
+            )));
+        }
+        Ok(meta)
+    }
+
+    /// Checks that the database file exists and has one name, and returns the mark of its
+    /// gated rows (store start, migrate and every acquisition: an `fstat` of a free
+    /// description).
+    pub(crate) fn check(&self) -> Result<i64, Refused> {
+        let (inode, desc) = self.take()?;
+        let mark = inode.mark;
+        give_back(&inode, desc);
+        Ok(mark)
+    }
+}
+
+/// A description that holds nothing goes back to the free list of its file.
+fn give_back(inode: &Inode, desc: Desc) {
+    inode
+        .free
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(desc);
+}
+
+/// The two bytes of one mutex in a database file.
 #[derive(Debug, Clone)]
 pub(crate) struct FileKey {
-    path: PathBuf,
+    db: Arc<DbFile>,
     entry: libc::off_t,
     lock: libc::off_t,
 }
 
-/// The lock file, open (a description of its own) and holding the lock byte of one
-/// mutex; closing it (and every duplicate) unlocks.
-pub(crate) type FileLock = File;
+/// How a held lock holds its description.
+#[derive(Debug)]
+enum Slot {
+    Own(Desc),
+    /// Shared with another process ([`FileLock::anchor`]): retired.
+    Anchored(Arc<Desc>),
+    /// Moved out (during drop).
+    Gone,
+}
+
+/// A description of the database file locked for one mutex (or, while a wait or try is
+/// under way, about to be). Dropping it unlocks the mutex's bytes and gives the
+/// description back; an anchored one keeps its lock, open, until the process ends.
+#[derive(Debug)]
+pub(crate) struct FileLock {
+    inode: Arc<Inode>,
+    desc: Slot,
+    entry: libc::off_t,
+    path: PathBuf,
+}
+
+impl FileLock {
+    fn file(&self) -> Option<&File> {
+        match &self.desc {
+            Slot::Own(d) => Some(&d.0),
+            Slot::Anchored(d) => Some(&d.0),
+            Slot::Gone => None,
+        }
+    }
+
+    /// The value this lock's owner writes to its row's gated flag (`waiter_until`), and
+    /// that a holder takes a gated row over at once by: the identity of the database file.
+    pub(crate) fn mark(&self) -> i64 {
+        self.inode.mark
+    }
+
+    /// The description, to be shared with another process (`simba exec`'s guardian):
+    /// from now on this lock is never unlocked by this process, nor its description used
+    /// again (the other process's copy would hold the next lock too).
+    pub(crate) fn anchor(&mut self) -> Option<simba_core::connect::Anchor> {
+        let desc = match std::mem::replace(&mut self.desc, Slot::Gone) {
+            Slot::Own(d) => Arc::new(d),
+            Slot::Anchored(d) => d,
+            // Only a drop moves it out.
+            Slot::Gone => return None,
+        };
+        self.desc = Slot::Anchored(desc.clone());
+        Some(simba_core::connect::Anchor::new(desc))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let Slot::Own(desc) = std::mem::replace(&mut self.desc, Slot::Gone) else {
+            // Anchored: locked and open until the process ends.
+            return;
+        };
+        let unlock = range(libc::F_UNLCK, self.entry, 2);
+        loop {
+            match fcntl(&*desc.0, FcntlArg::F_OFD_SETLK(&unlock)) {
+                Ok(_) => return give_back(&self.inode, desc),
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    // Not reused (it may still hold a byte), and not closed.
+                    tracing::warn!(
+                        "cannot unlock bytes {}..{} of {}: {e}; its description is retired",
+                        self.entry,
+                        self.entry + 1,
+                        self.path.display()
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
 
 /// Error text of a lock call on `what` of `key`.
 fn failed(key: &FileKey, what: &str, e: Errno) -> String {
     format!(
-        "lock file {} ({what} byte {}): {e}",
-        key.path.display(),
+        "database file {} ({what} byte {}): {e}",
+        key.db.path.display(),
         if what == "entry" { key.entry } else { key.lock }
     )
 }
 
 /// One non-blocking attempt at a byte: `Ok(false)` if another description holds it.
 fn try_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Result<bool, String> {
-    let lock = byte(libc::F_WRLCK, offset);
+    let lock = range(libc::F_WRLCK, offset, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLK(&lock)) {
             Ok(_) => return Ok(true),
@@ -75,10 +345,9 @@ fn try_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Resu
     }
 }
 
-/// A blocking wait for a byte (the kernel frees it when its holder closes its last
-/// descriptor, or dies).
+/// A blocking wait for a byte (the kernel frees it when its holder unlocks it, or dies).
 fn wait_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Result<(), String> {
-    let lock = byte(libc::F_WRLCK, offset);
+    let lock = range(libc::F_WRLCK, offset, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLKW(&lock)) {
             Ok(_) => return Ok(()),
@@ -90,7 +359,7 @@ fn wait_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Res
 
 /// Lets the entry byte go, keeping the lock byte (the same description holds both).
 fn leave_entry(file: &File, key: &FileKey) -> Result<(), String> {
-    let unlock = byte(libc::F_UNLCK, key.entry);
+    let unlock = range(libc::F_UNLCK, key.entry, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLK(&unlock)) {
             Ok(_) => return Ok(()),
@@ -108,7 +377,7 @@ fn held_elsewhere(
     what: &str,
     offset: libc::off_t,
 ) -> Result<bool, String> {
-    let mut probe = byte(libc::F_WRLCK, offset);
+    let mut probe = range(libc::F_WRLCK, offset, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_GETLK(&mut probe)) {
             // The kernel writes F_UNLCK back when nothing conflicts.
@@ -119,6 +388,17 @@ fn held_elsewhere(
     }
 }
 
+/// A description for `key`, wrapped so that any way out unlocks and gives it back.
+fn start(key: &FileKey) -> Result<FileLock, String> {
+    let (inode, desc) = key.db.take().map_err(|r| r.text().to_owned())?;
+    Ok(FileLock {
+        inode,
+        desc: Slot::Own(desc),
+        entry: key.entry,
+        path: key.db.path.clone(),
+    })
+}
+
 /// The lock without waiting, unless someone waits for it (holds the entry byte).
 ///
 /// The entry byte is only looked at, never taken: a try that took it, even for a moment,
@@ -126,54 +406,59 @@ fn held_elsewhere(
 /// the kernel then queues that waiter again and wakes every request queued behind it,
 /// which race for the byte, so a later waiter could go first (seen under load as the third
 /// waiter served before the second).
-pub(crate) fn try_lock(key: &FileKey) -> Result<Option<File>, String> {
-    let file = open(&key.path)?;
-    if held_elsewhere(&file, key, "entry", key.entry)? || !try_byte(&file, key, "lock", key.lock)? {
+pub(crate) fn try_lock(key: &FileKey) -> Result<Option<FileLock>, String> {
+    let held = start(key)?;
+    let Some(file) = held.file() else {
+        return Err("no description".to_owned());
+    };
+    if held_elsewhere(file, key, "entry", key.entry)? || !try_byte(file, key, "lock", key.lock)? {
         return Ok(None);
     }
-    Ok(Some(file))
+    Ok(Some(held))
 }
 
 /// Waits for the lock: first for the entry byte (blocked waiters wait behind one
 /// another), then, holding it, for the lock byte; the entry is let go once the lock is
 /// held. So at most one process waits on the lock byte at a time, and one that just
 /// unlocked it cannot take it back before that waiter.
-pub(crate) fn lock(key: &FileKey) -> Result<File, String> {
-    let file = open(&key.path)?;
-    wait_byte(&file, key, "entry", key.entry)?;
-    wait_byte(&file, key, "lock", key.lock)?;
-    leave_entry(&file, key)?;
-    Ok(file)
+pub(crate) fn lock(key: &FileKey) -> Result<FileLock, String> {
+    let held = start(key)?;
+    let Some(file) = held.file() else {
+        return Err("no description".to_owned());
+    };
+    wait_byte(file, key, "entry", key.entry)?;
+    wait_byte(file, key, "lock", key.lock)?;
+    leave_entry(file, key)?;
+    Ok(held)
 }
 
 impl FileKey {
-    /// The two bytes of the mutex whose key hashes to `hash`, in the lock file of the
-    /// database file `prefix`. Two hashes equal modulo [`SLOTS`] (2⁶² on 64-bit Linux)
-    /// share the bytes: their mutexes then share one lock, which is safe (the row decides
-    /// ownership), only less concurrent.
-    pub(crate) fn new(prefix: &str, hash: u64) -> FileKey {
+    /// The two bytes of the mutex whose key hashes to `hash`, in the database file `db`.
+    /// Two hashes equal modulo [`SLOTS`] (about 2⁶²) share the bytes: their mutexes then
+    /// share one lock, which is safe (the row decides ownership), only less concurrent.
+    pub(crate) fn new(db: &Arc<DbFile>, hash: u64) -> FileKey {
         let slot = hash % SLOTS;
-        // slot < SLOTS, so 2 × slot + 1 <= off_t::MAX: the conversions cannot fail.
-        let entry = libc::off_t::try_from(slot * 2).unwrap_or(0);
+        // slot < SLOTS, so BASE + 2 × slot + 1 <= off_t::MAX: the conversion cannot fail.
+        let entry = BASE + libc::off_t::try_from(slot * 2).unwrap_or(0);
         FileKey {
-            path: lock_path(prefix),
+            db: db.clone(),
             entry,
             lock: entry + 1,
         }
     }
 
-    /// One non-blocking attempt at the lock ([`try_lock`]), on the caller's thread: an
-    /// `open` of a local file and two or three `fcntl(F_OFD_SETLK)` calls, which never
-    /// wait (a few microseconds). A hop to a blocking thread cost more than the call, and
-    /// 10,000 acquisitions at once grew the blocking pool by hundreds of threads (their
-    /// stacks and malloc arenas: about 20 MB of the scale bench's resident memory).
-    pub(crate) async fn try_lock(&self) -> Result<Option<File>, String> {
+    /// One non-blocking attempt at the lock ([`try_lock`]), on the caller's thread: a
+    /// description off the free list (an `fstat`) and two or three `fcntl` calls, which
+    /// never wait (a few microseconds). A hop to a blocking thread cost more than the call,
+    /// and 10,000 acquisitions at once grew the blocking pool by hundreds of threads
+    /// (their stacks and malloc arenas: about 20 MB of the scale bench's resident memory).
+    pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, String> {
         try_lock(self)
     }
 
     /// A blocking wait for the lock ([`lock`]) on a thread of its own: it cannot be
     /// interrupted, so the caller follows its task.
-    pub(crate) fn wait(&self) -> JoinHandle<Result<File, String>> {
+    pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, String>> {
         let key = self.clone();
         tokio::task::spawn_blocking(move || lock(&key))
     }
@@ -182,10 +467,9 @@ impl FileKey {
 /// Removes, best effort, the per-name lock files of earlier builds beside the database
 /// file `prefix` (`{db}-simba-{16 hex digits}.lock` and `.entry`), each one only if its
 /// `flock` can be had without waiting (nobody holds or waits on it at that moment).
-/// Returns how many it removed. See the crate README on running an earlier build beside
-/// this one.
-pub(crate) fn sweep_earlier(prefix: &str) -> usize {
-    let prefix = Path::new(prefix);
+/// Returns how many it removed. The `{db}-simba.locks` file of the build before this one
+/// is left alone (see the crate README on running an earlier build beside this one).
+pub(crate) fn sweep_earlier(prefix: &Path) -> usize {
     let (Some(dir), Some(name)) = (prefix.parent(), prefix.file_name()) else {
         return 0;
     };
@@ -230,61 +514,100 @@ pub(crate) fn sweep_earlier(prefix: &str) -> usize {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_bytes_stay_within_off_t() {
-        for hash in [0, 1, u64::MAX, u64::MAX - 1, 1 << 63, (1 << 62) - 1] {
-            let key = FileKey::new("/tmp/x.db", hash);
-            assert!(key.entry >= 0 && key.entry % 2 == 0, "{key:?}");
-            assert_eq!(key.lock, key.entry + 1, "{key:?}");
-        }
-        // The last slot ends at off_t's last byte (no wrap, no fallback to slot 0).
-        assert_eq!(FileKey::new("/tmp/x.db", SLOTS - 1).lock, libc::off_t::MAX);
-        assert_eq!(FileKey::new("/tmp/x.db", u64::MAX).lock, libc::off_t::MAX);
-        let a = FileKey::new("/tmp/x.db", 7);
-        let b = FileKey::new("/tmp/x.db", 8);
-        assert_ne!(a.entry, b.entry);
+    fn db(dir: &tempfile::TempDir) -> Arc<DbFile> {
+        let path = dir.path().join("t.db");
+        std::fs::write(&path, b"").unwrap_or_else(|e| panic!("{e}"));
+        DbFile::new(path.to_str().unwrap_or_else(|| panic!("UTF-8")))
     }
 
     #[test]
-    fn two_descriptions_exclude_each_other_and_a_duplicate_shares_the_lock() {
+    fn the_bytes_stay_within_off_t_and_above_sqlites() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-        let db = dir.path().join("t.db");
-        let db = db
-            .to_str()
-            .unwrap_or_else(|| panic!("temp path is not UTF-8"));
-        let key = FileKey::new(db, 42);
-        let other = FileKey::new(db, 43);
+        let d = db(&dir);
+        for hash in [0, 1, u64::MAX, u64::MAX - 1, 1 << 63, (1 << 62) - 1] {
+            let key = FileKey::new(&d, hash);
+            assert!(key.entry >= BASE && (key.entry - BASE) % 2 == 0, "{key:?}");
+            assert_eq!(key.lock, key.entry + 1, "{key:?}");
+        }
+        const { assert!(BASE > 0x4000_0000 + 512) };
+        // The last slot ends at off_t's last byte (no wrap, no fallback to slot 0).
+        assert_eq!(FileKey::new(&d, SLOTS - 1).lock, libc::off_t::MAX);
+        assert_ne!(FileKey::new(&d, 7).entry, FileKey::new(&d, 8).entry);
+    }
+
+    #[test]
+    fn marks_are_at_least_two() {
+        for (dev, ino) in [(0, 0), (1, 1), (u64::MAX, u64::MAX), (2049, 123_456)] {
+            assert!(identity_mark(dev, ino) >= 2);
+        }
+        assert_ne!(identity_mark(2049, 1), identity_mark(2049, 2));
+    }
+
+    #[test]
+    fn two_descriptions_exclude_each_other_and_descriptions_are_reused_not_closed() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let d = db(&dir);
+        let key = FileKey::new(&d, 42);
+        let other = FileKey::new(&d, 43);
         let held = try_lock(&key)
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("free lock not taken"));
         assert!(try_lock(&key).unwrap_or_else(|e| panic!("{e}")).is_none());
         // Another mutex's bytes are independent.
-        let _o = try_lock(&other)
+        let o = try_lock(&other)
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("another mutex's lock was blocked"));
-        // A duplicate descriptor keeps the lock after the original is closed.
-        let dup = held.try_clone().unwrap_or_else(|e| panic!("dup: {e}"));
+        drop(o);
         drop(held);
-        assert!(try_lock(&key).unwrap_or_else(|e| panic!("{e}")).is_none());
-        drop(dup);
+        let inode = d.inode.get().unwrap_or_else(|| panic!("no inode"));
+        let free = inode.free.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert!(free >= 2, "descriptions not given back: {free}");
         assert!(try_lock(&key).unwrap_or_else(|e| panic!("{e}")).is_some());
-        // One lock file for both mutexes.
+        // No file beside the database.
         let files: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap_or_else(|e| panic!("{e}"))
             .flatten()
             .map(|e| e.file_name())
             .collect();
-        assert_eq!(files, vec![std::ffi::OsString::from("t.db-simba.locks")]);
+        assert_eq!(files, vec![std::ffi::OsString::from("t.db")]);
+    }
+
+    #[test]
+    fn an_anchored_lock_stays_held_and_its_description_is_not_reused() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let d = db(&dir);
+        let key = FileKey::new(&d, 9);
+        let mut held = try_lock(&key)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("free lock not taken"));
+        let anchor = held.anchor().unwrap_or_else(|| panic!("no description"));
+        drop(held);
+        drop(anchor);
+        assert!(
+            try_lock(&key).unwrap_or_else(|e| panic!("{e}")).is_none(),
+            "an anchored lock was let go by this process"
+        );
+    }
+
+    #[test]
+    fn a_hard_linked_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let d = db(&dir);
+        std::fs::hard_link(&d.path, dir.path().join("h.db")).unwrap_or_else(|e| panic!("{e}"));
+        match d.check() {
+            Err(Refused::HardLinked(t)) => assert!(t.contains("2 hard links"), "{t}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(try_lock(&FileKey::new(&d, 1)).is_err());
+        let missing = DbFile::new(&dir.path().join("none.db").display().to_string());
+        assert!(matches!(missing.check(), Err(Refused::Missing(_))));
     }
 
     #[test]
     fn a_waiter_holding_the_entry_keeps_a_try_out() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-        let db = dir.path().join("t.db");
-        let db = db
-            .to_str()
-            .unwrap_or_else(|| panic!("temp path is not UTF-8"));
-        let key = FileKey::new(db, 5);
+        let d = db(&dir);
+        let key = FileKey::new(&d, 5);
         let held = try_lock(&key)
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("free lock not taken"));
@@ -292,13 +615,15 @@ mod tests {
         let waiter = std::thread::spawn(move || lock(&k));
         // The waiter takes the entry byte, then blocks on the lock byte: seen from here
         // as a try failing while the holder still holds.
-        let probe = open(&key.path).unwrap_or_else(|e| panic!("{e}"));
+        let probe = start(&key).unwrap_or_else(|e| panic!("{e}"));
+        let pf = probe.file().unwrap_or_else(|| panic!("no file"));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while try_byte(&probe, &key, "entry", key.entry).unwrap_or_else(|e| panic!("{e}")) {
-            leave_entry(&probe, &key).unwrap_or_else(|e| panic!("{e}"));
+        while try_byte(pf, &key, "entry", key.entry).unwrap_or_else(|e| panic!("{e}")) {
+            leave_entry(pf, &key).unwrap_or_else(|e| panic!("{e}"));
             assert!(std::time::Instant::now() < deadline, "waiter never queued");
             std::thread::yield_now();
         }
+        drop(probe);
         drop(held);
         // The holder let go; a newcomer's try still fails until the waiter has the lock,
         // and then because the waiter holds it.
@@ -316,9 +641,6 @@ mod tests {
     fn earlier_files_are_swept_unless_held() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let db = dir.path().join("t.db");
-        let db_s = db
-            .to_str()
-            .unwrap_or_else(|| panic!("temp path is not UTF-8"));
         let name = |h: &str, ext: &str| dir.path().join(format!("t.db-simba-{h}.{ext}"));
         for p in [
             name("00000000000000aa", "lock"),
@@ -331,7 +653,7 @@ mod tests {
         std::fs::write(&other, b"").unwrap_or_else(|e| panic!("{e}"));
         let held = File::open(name("00000000000000bb", "lock")).unwrap_or_else(|e| panic!("{e}"));
         held.lock().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(sweep_earlier(db_s), 2);
+        assert_eq!(sweep_earlier(&db), 2);
         assert!(
             name("00000000000000bb", "lock").exists(),
             "a held file was removed"

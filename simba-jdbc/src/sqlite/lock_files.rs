@@ -5,6 +5,7 @@
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
@@ -19,20 +20,20 @@ fn try_one(file: &File, path: &Path) -> Result<bool, String> {
 }
 
 /// The lock without waiting, unless someone waits for it (holds the entry file).
-pub(crate) fn try_lock(main: &Path, entry: &Path) -> Result<Option<File>, String> {
+pub(crate) fn try_lock(main: &Path, entry: &Path) -> Result<Option<FileLock>, String> {
     let gate = open(entry)?;
     if !try_one(&gate, entry)? {
         return Ok(None);
     }
     let file = open(main)?;
-    Ok(try_one(&file, main)?.then_some(file))
+    Ok(try_one(&file, main)?.then_some(FileLock(file)))
 }
 
 /// Waits for the lock: first for the entry file (the kernel queues its waiters behind
 /// one another), then, holding it, for the lock file itself; the entry is let go once
 /// the lock is held. So at most one process waits on the lock file at a time, and one
 /// that just unlocked it cannot take it back before that waiter.
-pub(crate) fn lock(main: &Path, entry: &Path) -> Result<File, String> {
+pub(crate) fn lock(main: &Path, entry: &Path) -> Result<FileLock, String> {
     let gate = open(entry)?;
     gate.lock()
         .map_err(|e| format!("lock file {}: {e}", entry.display()))?;
@@ -40,7 +41,7 @@ pub(crate) fn lock(main: &Path, entry: &Path) -> Result<File, String> {
     file.lock()
         .map_err(|e| format!("lock file {}: {e}", main.display()))?;
     drop(gate);
-    Ok(file)
+    Ok(FileLock(file))
 }
 
 /// The lock files of one mutex: `{prefix}-simba-{hash}.lock` and its `.entry`.
@@ -51,12 +52,91 @@ pub(crate) struct FileKey {
 }
 
 /// A lock file this process holds: open and locked; closing it unlocks.
-pub(crate) type FileLock = File;
+#[derive(Debug)]
+pub(crate) struct FileLock(File);
+
+impl FileLock {
+    /// The gated flag its owner writes: 0, never taken over at once (see the module docs).
+    pub(crate) fn mark(&self) -> i64 {
+        0
+    }
+
+    /// A duplicate of the lock file, for another process to hold too.
+    #[cfg(unix)]
+    pub(crate) fn anchor(&mut self) -> Option<simba_core::connect::Anchor> {
+        let dup = self.0.try_clone().ok()?;
+        Some(simba_core::connect::Anchor::new(Arc::new(dup)))
+    }
+}
+
+/// Why the database file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The file has more than one name.
+    HardLinked(String),
+    /// The file does not exist.
+    Missing(String),
+    /// Anything else.
+    Io(String),
+    /// Not used here (Linux: a description of a deleted file).
+    #[allow(dead_code)]
+    Deleted,
+}
+
+impl Refused {
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            Refused::HardLinked(t) | Refused::Missing(t) | Refused::Io(t) => t,
+            Refused::Deleted => "the database file was deleted",
+        }
+    }
+}
+
+/// The database file of a store.
+#[derive(Debug)]
+pub(crate) struct DbFile {
+    path: PathBuf,
+}
+
+impl DbFile {
+    pub(crate) fn new(path: &str) -> Arc<DbFile> {
+        Arc::new(DbFile { path: path.into() })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Checks that the database file exists and (on Unix) has one name; the mark is 0.
+    pub(crate) fn check(&self) -> Result<i64, Refused> {
+        let meta = std::fs::metadata(&self.path).map_err(|e| {
+            let text = format!("SQLite database file {}: {e}", self.path.display());
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Refused::Missing(text)
+            } else {
+                Refused::Io(text)
+            }
+        })?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            if meta.nlink() > 1 {
+                return Err(Refused::HardLinked(super::hard_link_text(
+                    &self.path,
+                    meta.nlink(),
+                )));
+            }
+        }
+        let _ = meta;
+        Ok(0)
+    }
+}
 
 impl FileKey {
     /// The lock files of the mutex whose key hashes to `hash`, beside the database file
-    /// `prefix`.
-    pub(crate) fn new(prefix: &str, hash: u64) -> FileKey {
+    /// `db`.
+    pub(crate) fn new(db: &Arc<DbFile>, hash: u64) -> FileKey {
+        let prefix = db.path.display();
         FileKey {
             main: format!("{prefix}-simba-{hash:016x}.lock").into(),
             entry: format!("{prefix}-simba-{hash:016x}.entry").into(),
@@ -64,7 +144,7 @@ impl FileKey {
     }
 
     /// One non-blocking attempt at the lock ([`try_lock`]), on a blocking thread.
-    pub(crate) async fn try_lock(&self) -> Result<Option<File>, String> {
+    pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, String> {
         let (main, entry) = (self.main.clone(), self.entry.clone());
         tokio::task::spawn_blocking(move || try_lock(&main, &entry))
             .await
@@ -73,13 +153,13 @@ impl FileKey {
 
     /// A blocking wait for the lock ([`lock`]) on a thread of its own: it cannot be
     /// interrupted, so the caller follows its task.
-    pub(crate) fn wait(&self) -> JoinHandle<Result<File, String>> {
+    pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, String>> {
         let (main, entry) = (self.main.clone(), self.entry.clone());
         tokio::task::spawn_blocking(move || lock(&main, &entry))
     }
 }
 
 /// Nothing to sweep: the per-name files are this build's own lock files here.
-pub(crate) fn sweep_earlier(_prefix: &str) -> usize {
+pub(crate) fn sweep_earlier(_prefix: &Path) -> usize {
     0
 }

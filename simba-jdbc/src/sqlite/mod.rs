@@ -1,6 +1,6 @@
 //! SQLite: the connections of a store (diesel's `SqliteConnection`, each on a thread of its own),
-//! its pool, and its native lock (on Linux byte-range locks in one lock file per
-//! database, elsewhere a lock file per mutex).
+//! its pool, and its native lock (on Linux byte-range locks on the database file itself,
+//! elsewhere a lock file per mutex).
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) mod lock;
@@ -18,7 +18,7 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use simba_core::Result;
 
-pub(crate) use lock::{FileKey, FileLock, sweep_earlier};
+pub(crate) use lock::{DbFile, FileKey, FileLock, Refused, sweep_earlier};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
@@ -132,8 +132,21 @@ fn is_busy(e: &diesel::result::Error) -> bool {
     text.contains("locked") || text.contains("busy")
 }
 
-/// Opens (creating it if needed) a lock file. std opens with O_CLOEXEC: a child process
-/// (simba exec's command) never inherits the lock.
+/// The text of the refusal of a database file with `links` names.
+pub(crate) fn hard_link_text(path: &std::path::Path, links: u64) -> String {
+    format!(
+        "the SQLite database file {} has {links} hard links: SQLite names its WAL and \
+         journal after the path it was opened by, so processes that open the file by \
+         different names write different WALs and can each believe they own a mutex \
+         (SQLite's documentation warns against hard-linking a database). Give the file one \
+         name (remove the other links) and use a symlink where a second path is needed",
+        path.display()
+    )
+}
+
+/// Opens (creating it if needed) a lock file (outside Linux). std opens with O_CLOEXEC:
+/// a child process (simba exec's command) never inherits the lock.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn open_lock_file(path: &std::path::Path) -> std::result::Result<std::fs::File, String> {
     std::fs::OpenOptions::new()
         .read(true)
