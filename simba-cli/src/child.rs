@@ -102,6 +102,13 @@ pub(crate) async fn spawn(
     if argv.is_empty() {
         return Err(Failure::usage("no command given after `--`"));
     }
+    // Listened to from before the command starts: a Ctrl-Z that stops simba itself while it
+    // starts the command is followed by a SIGCONT that must not be missed.
+    let cont = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(
+        Signal::SIGCONT as i32,
+    ))
+    .map_err(|e| debug!("cannot listen to SIGCONT: {e}"))
+    .ok();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()
         .map_err(|e| internal(e, "cannot make the link to the guardian"))?;
     let exe = this_binary().map_err(|e| internal(e, "cannot find simba's own binary"))?;
@@ -187,11 +194,6 @@ pub(crate) async fn spawn(
     };
     let pgid = Pid::from_raw(pid);
     let terminal = hand_terminal(pgid);
-    let cont = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(
-        Signal::SIGCONT as i32,
-    ))
-    .map_err(|e| debug!("cannot listen to SIGCONT: {e}"))
-    .ok();
     debug!(
         pid,
         guardian = guardian.id(),
@@ -349,6 +351,11 @@ impl Group {
         let Ok(sig) = Signal::try_from(sig) else {
             return;
         };
+        // A report from before simba's last continue (simba itself was stopped meanwhile
+        // and has continued the group since): nothing to follow.
+        if !process_stopped(self.pgid) {
+            return;
+        }
         self.restore_terminal();
         // The kernel drops a terminal stop signal sent to a process of an orphaned process
         // group (no parent in another group of its session: no shell to continue it), and
@@ -404,6 +411,16 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     match status.signal() {
         Some(sig) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(255),
         None => 1,
+    }
+}
+
+/// Whether `pid` is stopped now (state `T` in `/proc/PID/stat`; elsewhere: assumed).
+fn process_stopped(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T')),
+        Err(_) => !cfg!(target_os = "linux"),
     }
 }
 
