@@ -203,3 +203,39 @@ fn paused_waiters_are_skipped(url: &str) {
     );
     drop(paused);
 }
+
+/// One rule for mutex names on every backend: `{` and `}` (Redis Cluster hash tags) are
+/// refused by SQLite as by Redis, with the same status and reason, before anything runs
+/// (`exec`, `owner`); a plain name works on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn braces_in_a_mutex_name_are_refused_on_sqlite_as_on_redis() {
+    let server = servers::redis().await.expect("a Redis server");
+    let redis = server.url().to_owned();
+    blocking(move || {
+        let dir = tempdir();
+        let sqlite = sqlite_url(dir.path(), "x.db");
+        let ran = file(dir.path(), "ran");
+        for name in ["a{b}", "open{", "close}"] {
+            for url in [&sqlite, &redis] {
+                let out = run(
+                    simba(Some(url))
+                        .args(["exec", name, "--no-wait"])
+                        .args(sh(&format!("touch {}", ran.display()))),
+                    Duration::from_secs(30),
+                    "exec of a name with a brace",
+                );
+                let err = text(&out.stderr);
+                assert_eq!(out.status.code(), Some(USAGE), "{url} {name}: {err}");
+                assert!(err.contains("`{` or `}`"), "{url} {name}: {err}");
+                assert!(!ran.exists(), "{url} {name}: the command ran");
+                let out = run(
+                    simba(Some(url)).args(["owner", name]),
+                    Duration::from_secs(30),
+                    "owner of a name with a brace",
+                );
+                assert_eq!(out.status.code(), Some(USAGE), "{url} {name}: {out:?}");
+            }
+        }
+    })
+    .await;
+}

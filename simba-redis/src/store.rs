@@ -685,17 +685,11 @@ fn check(mutex: &str, contender_id: &str) -> Result<()> {
     check_id(contender_id)
 }
 
-/// The shared rules, and no `{` or `}`: they would make a Redis Cluster hash tag of part
-/// of the name (every key of a mutex must hash to one slot: `P:{M}`).
+/// The shared rules (which refuse `{` and `}` on every backend: they would make a Redis
+/// Cluster hash tag of part of the name, and every key of a mutex must hash to one slot:
+/// `P:{M}`).
 fn check_name(mutex: &str) -> Result<()> {
-    check_common_mutex_name(mutex)?;
-    if mutex.contains(['{', '}']) {
-        return Err(Error::InvalidName {
-            name: mutex.to_owned(),
-            reason: "contains `{` or `}`, which would break Redis Cluster hash tags".into(),
-        });
-    }
-    Ok(())
+    check_common_mutex_name(mutex)
 }
 
 /// The shared rules, and no [`MESSAGE_SEPARATOR`] (`@@`): messages are `event@@id`.
@@ -735,7 +729,7 @@ impl LeaseStore for RedisStore {
         BACKEND
     }
 
-    /// No `{` or `}` (Redis Cluster hash tags).
+    /// The shared rules only (`{` and `}` are refused by them).
     fn check_mutex_name(&self, mutex: &str) -> Result<()> {
         check_name(mutex)
     }
