@@ -724,6 +724,18 @@ fn lease_args(contender_id: &str, lease: Lease, publish: &str) -> Result<Vec<Str
     ])
 }
 
+impl RedisStore {
+    /// Whether acquisitions keep the restart quarantine.
+    pub(crate) fn keeps_restart_quarantine(&self) -> bool {
+        self.inner.quarantine
+    }
+
+    /// The boot marker's key.
+    pub(crate) fn boot_key(&self) -> String {
+        self.inner.keys.boot()
+    }
+}
+
 impl LeaseStore for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
