@@ -52,7 +52,10 @@ impl JobCgroup {
         let dir = parent.join(format!("simba-exec-{}", std::process::id()));
         std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         // Whether a process may be moved in (the command moves itself before its exec).
-        if let Err(e) = OpenOptions::new().write(true).open(dir.join("cgroup.procs")) {
+        if let Err(e) = OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))
+        {
             let _ = std::fs::remove_dir(&dir);
             return Err(format!("cannot open {}/cgroup.procs: {e}", dir.display()));
         }

@@ -387,7 +387,6 @@ impl Group {
         }
     }
 
-
     /// Gives the terminal back to simba's own process group, if it was handed over.
     pub(crate) fn restore_terminal(&mut self) {
         if std::mem::take(&mut self.terminal) {

@@ -484,7 +484,7 @@ fn sqlite_simba_and_guardian_stopped_together_no_process_of_the_job_outlives_the
 /// README's documented limit, and the test says it did not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_simba_and_guardian_killed_or_stopped_together_the_job_is_gone_before_the_next_owner()
- {
+{
     if !cgroup_available() {
         eprintln!("no cgroup can be made here: skipped (see the README's limits)");
         return;

@@ -274,7 +274,10 @@ async fn the_restart_quarantine_is_announced() {
             err.contains("restart quarantine") && err.contains("is new") && err.contains("2s"),
             "{err}"
         );
-        eprintln!("first exec on a new server: {:?}; it said: {err}", t0.elapsed());
+        eprintln!(
+            "first exec on a new server: {:?}; it said: {err}",
+            t0.elapsed()
+        );
         let out = run(
             simba(Some(&url))
                 .args(["exec", "q"])

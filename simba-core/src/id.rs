@@ -253,7 +253,9 @@ mod tests {
     fn names_are_validated() {
         assert!(check_common_mutex_name("orders-migration").is_ok());
         assert!(check_common_mutex_name("ünïcode/ok:1").is_ok());
-        for bad in ["", " lead", "trail ", "a\nb", "a\u{7}", "x{y}", "open{", "close}"] {
+        for bad in [
+            "", " lead", "trail ", "a\nb", "a\u{7}", "x{y}", "open{", "close}",
+        ] {
             let err = check_common_mutex_name(bad).expect_err(bad);
             assert!(matches!(err, Error::InvalidName { .. }), "{bad:?}: {err}");
         }

@@ -575,11 +575,16 @@ pub fn cgroup_available() -> bool {
     };
     let mount = info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
-        (right.split(' ').next()? == "cgroup2").then(|| left.split(' ').nth(4).map(PathBuf::from))?
+        (right.split(' ').next()? == "cgroup2")
+            .then(|| left.split(' ').nth(4).map(PathBuf::from))?
     });
     let own = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_owned));
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .map(str::to_owned)
+        });
     let (Some(mount), Some(own)) = (mount, own) else {
         return false;
     };
