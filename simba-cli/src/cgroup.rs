@@ -9,6 +9,10 @@ use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+/// `SIMBA_EXEC_CGROUP=off` in simba's environment: no cgroup, the process group only (to
+/// compare, or where a cgroup is not wanted).
+const OFF_ENV: &str = "SIMBA_EXEC_CGROUP";
+
 /// A cgroup made for one job; removed by [`JobCgroup::remove`] once empty.
 #[derive(Debug)]
 pub(crate) struct JobCgroup {
@@ -41,6 +45,9 @@ impl JobCgroup {
     pub(crate) fn create() -> Result<JobCgroup, String> {
         if !cfg!(target_os = "linux") {
             return Err("cgroups are Linux only".to_owned());
+        }
+        if std::env::var_os(OFF_ENV).is_some_and(|v| v == "off") {
+            return Err(format!("{OFF_ENV}=off"));
         }
         let mount = mount_point().ok_or("no cgroup v2 mounted")?;
         let own = own_path().ok_or("this process is in no cgroup v2")?;

@@ -708,7 +708,14 @@ async fn guard(
             _ = quit.recv() => {}
         }
     }
-    let why = w.why.unwrap_or(Gone::Ended);
+    // Killed at the deadline by the watcher, a moment before the guardian's own timer:
+    // the deadline's doing all the same.
+    let past_deadline = deadline.is_some_and(|d| Instant::now() >= d);
+    let why = w.why.unwrap_or(if past_deadline {
+        Gone::Deadline
+    } else {
+        Gone::Ended
+    });
     let _ = write
         .write_all(format!("gone {}\n", why.word()).as_bytes())
         .await;

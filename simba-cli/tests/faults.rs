@@ -441,10 +441,15 @@ fn sqlite_simba_stopped_past_its_lease_the_group_is_gone_before_the_next_owner()
 
 /// simba and its guardian SIGKILLed together (`pkill -9 simba`), the job with a process
 /// that left its group and session (`setsid`): on SQLite the job's own processes hold the
-/// mutex's lock (inherited), so the next job cannot start while any of them lives; the
-/// job's cgroup watcher (where a cgroup can be made) ends them at once.
+/// mutex's lock (inherited), so the next job cannot take over at once while any of them
+/// lives, and the job's cgroup watcher ends them at once. (Without a cgroup the lock
+/// holds back the takeover only until the lease ends: the README's limits.)
 #[test]
 fn sqlite_simba_and_guardian_killed_together_no_process_of_the_job_outlives_the_mutex() {
+    if !cgroup_available() {
+        eprintln!("no cgroup can be made here: skipped (see the README's limits)");
+        return;
+    }
     let dir = tempdir();
     let url = sqlite_url(dir.path(), "x.db");
     let h = group_gone_before_next_owner_escaping(
@@ -453,17 +458,18 @@ fn sqlite_simba_and_guardian_killed_together_no_process_of_the_job_outlives_the_
         Fault::KillBoth,
         "both-sqlite-kill",
     );
-    if cgroup_available() {
-        assert!(h.first_last_seen < Duration::from_millis(1000), "{h:?}");
-        assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
-    }
+    assert!(h.first_last_seen < Duration::from_millis(1000), "{h:?}");
+    assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
 }
 
 /// simba and its guardian SIGSTOPped together past the lease, the job with a `setsid`
-/// process: on SQLite the job keeps the lock while it runs (the next job waits); with a
-/// cgroup the watcher kills the job at the local lease deadline.
+/// process: the cgroup watcher kills the job at the local lease deadline.
 #[test]
 fn sqlite_simba_and_guardian_stopped_together_no_process_of_the_job_outlives_the_mutex() {
+    if !cgroup_available() {
+        eprintln!("no cgroup can be made here: skipped (see the README's limits)");
+        return;
+    }
     let dir = tempdir();
     let url = sqlite_url(dir.path(), "x.db");
     let h = group_gone_before_next_owner_escaping(
@@ -472,10 +478,8 @@ fn sqlite_simba_and_guardian_stopped_together_no_process_of_the_job_outlives_the
         Fault::StopBoth,
         "both-sqlite-stop",
     );
-    if cgroup_available() {
-        assert!(h.first_last_seen < Duration::from_millis(2500), "{h:?}");
-        assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
-    }
+    assert!(h.first_last_seen < Duration::from_millis(2500), "{h:?}");
+    assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
 }
 
 /// The same on Redis, where only processes can end the job: the command's PDEATHSIG and

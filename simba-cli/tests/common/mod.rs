@@ -664,9 +664,8 @@ pub fn group_gone_before_next_owner(
 
 /// [`group_gone_before_next_owner`] with one more process in the first job that leaves
 /// its process group and session (`setsid`, as `su` or a daemon does) and writes records
-/// too. Where the machine gives simba no cgroup and nothing ends that process (see the
-/// crate README), the test ends it itself 5 s after the fault and says so: the second
-/// job must still not start before it is gone (SQLite).
+/// too. Only the job's cgroup catches such a process: callers check
+/// [`cgroup_available`].
 pub fn group_gone_before_next_owner_escaping(
     url: &str,
     lease: &[&str],
@@ -818,26 +817,12 @@ fn handover(
     } else {
         send(holder.id(), fault.signal());
     }
-    // Nothing ends a process that left the job's group when there is no cgroup: the test
-    // does, 5 s after the fault, as an operator would.
-    let rescue = escape && !cgroup_available();
-    let rescue_at = Instant::now() + Duration::from_secs(5);
-    let mut rescued = false;
     let until = Instant::now() + Duration::from_secs(60);
     let status = loop {
         match next.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(e) => panic!("waiting for the second simba exec: {e}"),
-        }
-        if rescue && !rescued && Instant::now() > rescue_at {
-            eprintln!("no cgroup here: the test kills what is left of the first job");
-            for p in lines(&pids) {
-                if let Ok(p) = p.trim().parse::<i32>() {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
-                }
-            }
-            rescued = true;
         }
         if Instant::now() > until {
             let _ = next.kill();
