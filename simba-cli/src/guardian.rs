@@ -21,8 +21,20 @@
 //! asks (`--hold-at-most`, a lost ownership) and when the command ends and leaves members
 //! of its group behind. It reports the command's exit status, and that the group is gone,
 //! then exits: on SQLite it holds a duplicate of each mutex's lock file until then (received
-//! with the set-up message), so the kernel frees the mutex only once no process of the job
-//! is left.
+//! with the set-up message), and the command inherits them too, so the kernel frees the
+//! mutex only once no process of the job is left.
+//!
+//! On Linux, where a cgroup v2 can be made, the job runs in one of its own (see
+//! [`crate::cgroup`]): kills and the "is anyone left" check cover it, so processes that
+//! left the group (`setsid`, `su`) are covered too, and a watcher (this binary in the
+//! [`WATCHER_ARG`] mode, outside the cgroup) kills the cgroup when the guardian dies or at
+//! the last deadline the guardian passed on. The command is started through the
+//! [`START_ARG`] mode, which asks for PDEATHSIG (SIGKILL when the guardian dies), joins the
+//! cgroup, and execs the command (no `pre_exec`: the workspace has no unsafe code).
+//!
+//! When the command is stopped for the terminal (SIGTSTP, SIGTTIN, SIGTTOU) the guardian
+//! says `stopped SIG`, and simba stops itself the same way (job control, see
+//! `crate::child`).
 //!
 //! The guardian lives in a process group of its own, outside both simba's (a shell's
 //! `kill -9 %1` of simba's job does not take it along) and the command's (what is sent to
@@ -31,7 +43,7 @@
 //!
 //! The protocol is lines of text on the socket. simba → guardian: `deadline NS`,
 //! `signal N`, `stop MS`; guardian → simba: `started PID`, `failed KIND MESSAGE`,
-//! `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
+//! `stopped SIG`, `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
 //! DEADLINE_NS|-`, carries the command's standard input and, on SQLite, the lock files (one
 //! per mutex) as SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
 //! input — the socket — and standard output and error).
