@@ -678,6 +678,12 @@ async fn guard(
         if let Some(raw) = exited {
             let _ = write.write_all(format!("exited {raw}\n").as_bytes()).await;
         }
+        // The deadline passed (the watcher may have acted on it a moment before the
+        // timer below): the deadline ends the job, not a leftover stop.
+        if deadline.is_some_and(|d| Instant::now() >= d) && w.phase != Phase::Killing {
+            w.kill(Gone::Deadline);
+            w.why = Some(Gone::Deadline);
+        }
         if w.status.is_some() {
             if !w.alive() {
                 break;
