@@ -140,7 +140,26 @@ pub(crate) struct Backend {
     pub(crate) conn: Arc<dyn Connection>,
 }
 
+/// How long the restart-quarantine read may take before it is given up (it only informs).
+const QUARANTINE_READ: Duration = Duration::from_secs(2);
+
 impl Backend {
+    /// Says on stderr (one line, at every verbosity) when the backend's restart quarantine
+    /// holds free mutexes back now (simba-redis: a server whose data is new), for how long
+    /// at most and why; `then` says what it means for the command run.
+    pub(crate) async fn announce_quarantine(&self, then: &str) {
+        let read = tokio::time::timeout(QUARANTINE_READ, self.conn.restart_quarantine()).await;
+        if let Ok(Some(left)) = read {
+            say!(
+                "simba: the data of {} is new (first use, a restart without persistence, a \
+                 flush): nobody takes a free mutex for up to {} more, in case an owner from \
+                 before still runs (restart quarantine); {then}",
+                self.shown,
+                crate::duration::show(left)
+            );
+        }
+    }
+
     /// The factory of contend and retrieval services.
     pub(crate) fn factory(&self) -> Arc<dyn ContendServiceFactory> {
         self.conn.factory()

@@ -70,10 +70,12 @@ pub(crate) struct Group {
     terminal: bool,
     /// The last deadline handed to the guardian.
     deadline: Option<Instant>,
+    /// SIGCONT to simba (its shell's `fg` or `bg`), when it could be listened to.
+    cont: Option<tokio::signal::unix::Signal>,
 }
 
 /// The program to start as the guardian: this very binary.
-fn this_binary() -> std::io::Result<std::path::PathBuf> {
+pub(crate) fn this_binary() -> std::io::Result<std::path::PathBuf> {
     if cfg!(target_os = "linux") {
         // The running file, even if it was replaced or removed on disk since.
         Ok("/proc/self/exe".into())
@@ -102,12 +104,21 @@ pub(crate) async fn spawn(
     if argv.is_empty() {
         return Err(Failure::usage("no command given after `--`"));
     }
+    // Listened to from before the command starts: a Ctrl-Z that stops simba itself while it
+    // starts the command is followed by a SIGCONT that must not be missed.
+    let cont = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(
+        Signal::SIGCONT as i32,
+    ))
+    .map_err(|e| debug!("cannot listen to SIGCONT: {e}"))
+    .ok();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()
         .map_err(|e| internal(e, "cannot make the link to the guardian"))?;
     let exe = this_binary().map_err(|e| internal(e, "cannot find simba's own binary"))?;
     let guardian = {
         let mut cmd = Command::new(exe);
-        cmd.arg(guardian::ARG)
+        // `ps` shows `simba-guardian __simba-guardian-1 -- COMMAND…`, not `/proc/self/exe`.
+        cmd.arg0("simba-guardian")
+            .arg(guardian::ARG)
             .arg("--")
             .args(argv)
             .envs(env.iter().map(|(k, v)| (k, v)));
@@ -201,6 +212,7 @@ pub(crate) async fn spawn(
         lost_guardian: false,
         terminal,
         deadline: guarding.deadline,
+        cont,
     })
 }
 
@@ -242,12 +254,24 @@ impl Group {
                     "the command's guardian ended before the command's group",
                 ));
             }
-            match self.lines.next_line().await {
+            let next = tokio::select! {
+                line = self.lines.next_line() => line,
+                // `fg` / `bg` of simba's job: the command follows (the terminal, SIGCONT).
+                () = continued(&mut self.cont) => {
+                    self.resume();
+                    continue;
+                }
+            };
+            match next {
                 Ok(Some(line)) => {
                     let (word, rest) = line.split_once(' ').unwrap_or((&line, ""));
                     match (word, rest) {
                         ("exited", raw) => match raw.parse::<i32>() {
                             Ok(raw) => self.status = Some(ExitStatus::from_raw(raw)),
+                            Err(_) => warn!("the guardian said {line:?}"),
+                        },
+                        ("stopped", sig) => match sig.parse::<i32>() {
+                            Ok(sig) => self.suspend(sig),
                             Err(_) => warn!("the guardian said {line:?}"),
                         },
                         ("gone", why) => match Gone::parse(why) {
@@ -317,6 +341,54 @@ impl Group {
         None
     }
 
+    /// The command was stopped for the terminal (`sig`: SIGTSTP from Ctrl-Z, SIGTTIN or
+    /// SIGTTOU from the background): simba takes the terminal back and stops itself the
+    /// same way, so that its shell sees the job stopped and can continue it (`fg`, `bg`);
+    /// then [`resume`](Self::resume). While simba is stopped nothing renews the lease: the
+    /// guardian kills the group at the local lease deadline, as for any stop of simba.
+    ///
+    /// Synchronous on purpose: the calling thread is the one stopped, and nothing may cancel
+    /// the step between the stop and the resume.
+    fn suspend(&mut self, sig: i32) {
+        let Ok(sig) = Signal::try_from(sig) else {
+            return;
+        };
+        // A report from before simba's last continue (simba itself was stopped meanwhile
+        // and has continued the group since): nothing to follow.
+        if !process_stopped(self.pgid) {
+            return;
+        }
+        self.restore_terminal();
+        // The kernel drops a terminal stop signal sent to a process of an orphaned process
+        // group (no parent in another group of its session: no shell to continue it), and
+        // the command would be stopped again at once: SIGSTOP then, which always stops.
+        let sig = if has_job_control_parent() {
+            sig
+        } else {
+            Signal::SIGSTOP
+        };
+        debug!(%sig, "the command was stopped for the terminal: simba stops too");
+        // Thread-directed: this thread is stopped before the call returns.
+        if let Err(e) = nix::sys::signal::raise(sig) {
+            warn!("cannot stop simba along with its command: {e}");
+        }
+        self.resume();
+    }
+
+    /// simba was continued (or put in the foreground by its shell): the terminal goes to
+    /// the command's group when simba has it, and the group is continued.
+    fn resume(&mut self) {
+        if !self.terminal {
+            self.terminal = hand_terminal(self.pgid);
+        }
+        if !self.terminal && self.gone.is_none() {
+            match killpg(self.pgid, Signal::SIGCONT) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => debug!("cannot continue the command's group: {e}"),
+            }
+        }
+    }
+
     /// Gives the terminal back to simba's own process group, if it was handed over.
     pub(crate) fn restore_terminal(&mut self) {
         if std::mem::take(&mut self.terminal) {
@@ -341,6 +413,40 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
         Some(sig) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(255),
         None => 1,
     }
+}
+
+/// Whether `pid` is stopped now (state `T` in `/proc/PID/stat`; elsewhere: assumed).
+fn process_stopped(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T')),
+        Err(_) => !cfg!(target_os = "linux"),
+    }
+}
+
+/// Waits for simba's next SIGCONT (never, when it cannot be listened to). Cancel safe.
+async fn continued(cont: &mut Option<tokio::signal::unix::Signal>) {
+    match cont {
+        Some(s) => {
+            if s.recv().await.is_none() {
+                *cont = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether simba's parent is in another process group of simba's session (a shell with
+/// job control): only then does a terminal stop signal stop simba.
+fn has_job_control_parent() -> bool {
+    let parent = nix::unistd::getppid();
+    let theirs = nix::unistd::getpgid(Some(parent));
+    let session = nix::unistd::getsid(Some(parent));
+    matches!(
+        (theirs, session, nix::unistd::getsid(None)),
+        (Ok(g), Ok(s), Ok(own)) if g != nix::unistd::getpgrp() && s == own
+    )
 }
 
 /// Hands the terminal's foreground to `pgid` when simba is interactive; see [`spawn`].

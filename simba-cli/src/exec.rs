@@ -123,6 +123,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
             .map_err(|e| Failure::simba(e, "--hold-at-most"))?;
     }
 
+    backend.announce_quarantine("waiting").await;
     let acquire = acquire(&locker, &args);
     debug!(mutexes = ?names, backend = %backend.shown, "waiting for the mutex");
     let waited = tokio::select! {

@@ -21,8 +21,20 @@
 //! asks (`--hold-at-most`, a lost ownership) and when the command ends and leaves members
 //! of its group behind. It reports the command's exit status, and that the group is gone,
 //! then exits: on SQLite it holds a duplicate of each mutex's lock file until then (received
-//! with the set-up message), so the kernel frees the mutex only once no process of the job
-//! is left.
+//! with the set-up message), and the command inherits them too, so the kernel frees the
+//! mutex only once no process of the job is left.
+//!
+//! On Linux, where a cgroup v2 can be made, the job runs in one of its own (see
+//! [`crate::cgroup`]): kills and the "is anyone left" check cover it, so processes that
+//! left the group (`setsid`, `su`) are covered too, and a watcher (this binary in the
+//! [`WATCHER_ARG`] mode, outside the cgroup) kills the cgroup when the guardian dies or at
+//! the last deadline the guardian passed on. The command is started through the
+//! [`START_ARG`] mode, which asks for PDEATHSIG (SIGKILL when the guardian dies), joins the
+//! cgroup, and execs the command (no `pre_exec`: the workspace has no unsafe code).
+//!
+//! When the command is stopped for the terminal (SIGTSTP, SIGTTIN, SIGTTOU) the guardian
+//! says `stopped SIG`, and simba stops itself the same way (job control, see
+//! `crate::child`).
 //!
 //! The guardian lives in a process group of its own, outside both simba's (a shell's
 //! `kill -9 %1` of simba's job does not take it along) and the command's (what is sent to
@@ -31,7 +43,7 @@
 //!
 //! The protocol is lines of text on the socket. simba → guardian: `deadline NS`,
 //! `signal N`, `stop MS`; guardian → simba: `started PID`, `failed KIND MESSAGE`,
-//! `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
+//! `stopped SIG`, `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
 //! DEADLINE_NS|-`, carries the command's standard input and, on SQLite, the lock files (one
 //! per mutex) as SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
 //! input — the socket — and standard output and error).
@@ -39,7 +51,7 @@
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -55,6 +67,12 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until};
 
+use crate::cgroup::JobCgroup;
+
+/// `argv[1]` of the watcher mode (see [`start_watcher`]).
+pub(crate) const WATCHER_ARG: &str = "__simba-watcher-1";
+/// `argv[1]` of the start mode (see [`start_main`]).
+pub(crate) const START_ARG: &str = "__simba-start-1";
 /// `argv[1]` of the guardian mode: no clap subcommand, never shown in help. The version
 /// suffix keeps a guardian from a different protocol from misreading the set-up.
 pub(crate) const ARG: &str = "__simba-guardian-1";
@@ -68,6 +86,10 @@ const POLL_STOPPING: Duration = Duration::from_millis(10);
 const MAX_SETUP: usize = 4096;
 /// The most lock files the set-up carries: one per mutex of a multi-lock (SQLite).
 pub(crate) const MAX_ANCHORS: usize = simba_core::MAX_MULTI_LOCK_NAMES;
+/// The command's environment variable listing the descriptors (comma separated) of the
+/// SQLite lock files it inherits; while any process of the job has them open, the mutex
+/// stays locked.
+pub(crate) const LOCK_FDS_ENV: &str = "SIMBA_LOCK_FDS";
 
 /// Why the group is gone, as the guardian reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,18 +277,215 @@ fn run(mut argv: Vec<OsString>) -> Result<(), String> {
     let setup = receive_setup(&link)?;
     #[cfg(target_os = "linux")]
     {
+        // `ps` shows the guardian as `simba-guardian`, not `exe` (/proc/self/exe).
+        let _ = nix::sys::prctl::set_name(c"simba-guardian");
         // Orphans of the group become the guardian's children, so it reaps them itself and
         // knows at once when the last is gone (and no zombie waits on a busy init).
         if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
             tracing::debug!("cannot become a child subreaper: {e}");
         }
     }
+    // The job's own cgroup, when one can be made; its watcher is forked now, while the
+    // guardian has one thread.
+    let cgroup = match JobCgroup::create() {
+        Ok(cg) => Some(cg),
+        Err(why) => {
+            tracing::debug!("no cgroup for the job: {why}");
+            None
+        }
+    };
+    let watcher = cgroup.as_ref().and_then(|cg| start_watcher(cg.dir()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let link = std::os::unix::net::UnixStream::from(link);
-    runtime.block_on(guard(link, argv, setup))
+    let r = runtime.block_on(guard(link, argv, setup, cgroup, watcher.as_ref()));
+    // The watcher reads end-of-file now and exits (the cgroup is gone already).
+    drop(watcher);
+    r
+}
+
+/// Starts the cgroup's watcher: simba once more (`simba-watcher`), in a process group of
+/// its own, outside the job's cgroup, that SIGKILLs the whole cgroup (`cgroup.kill`) when
+/// the guardian is gone (the pipe returned here reads end-of-file, however the guardian
+/// died) or when the last local lease deadline the guardian passed on is over (simba and
+/// the guardian both stopped). Returns the pipe's writing end; `None` when it cannot start.
+fn start_watcher(dir: &std::path::Path) -> Option<std::io::PipeWriter> {
+    let (reader, writer) = std::io::pipe().ok()?;
+    // A stopped watcher must never block the guardian.
+    let _ = rustix::io::ioctl_fionbio(&writer, true);
+    let spawned = std::process::Command::new(crate::child::this_binary().ok()?)
+        .arg0("simba-watcher")
+        .arg(WATCHER_ARG)
+        .arg(dir)
+        .stdin(Stdio::from(OwnedFd::from(reader)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    match spawned {
+        // Not waited for: the guardian, a subreaper, reaps it with the rest.
+        Ok(_) => Some(writer),
+        Err(e) => {
+            tracing::debug!("cannot start the cgroup watcher: {e}");
+            None
+        }
+    }
+}
+
+/// The watcher mode's `main` (see [`start_watcher`]): `argv[2]` is the cgroup's directory,
+/// standard input the pipe from the guardian.
+pub(crate) fn watcher_main() -> ExitCode {
+    let Some(dir) = std::env::args_os().nth(2).map(std::path::PathBuf::from) else {
+        return ExitCode::FAILURE;
+    };
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_name(c"simba-watcher");
+    let (tx, rx) = std::sync::mpsc::channel::<std::time::Instant>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if let Some(ns) = line
+                .strip_prefix("deadline ")
+                .and_then(|v| v.parse::<u128>().ok())
+            {
+                let left = ns.saturating_sub(monotonic_ns());
+                let left = Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX / 2));
+                if tx.send(std::time::Instant::now() + left).is_err() {
+                    break;
+                }
+            }
+        }
+        // Dropping `tx` tells the main thread that the guardian is gone.
+    });
+    let mut deadline: Option<std::time::Instant> = None;
+    loop {
+        let got = match deadline {
+            Some(at) => rx.recv_timeout(at.saturating_duration_since(std::time::Instant::now())),
+            None => rx
+                .recv()
+                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(at) => deadline = Some(at),
+            Err(_) => break,
+        }
+    }
+    // The guardian is gone, or the deadline passed without a newer one.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::cgroup::populated(&dir) && std::time::Instant::now() < until {
+        crate::cgroup::kill(&dir);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    crate::cgroup::remove(&dir);
+    ExitCode::SUCCESS
+}
+
+/// The start mode's `main`: the command's own process before it becomes the command
+/// (`argv`: [`START_ARG`], the guardian's pid, the status pipe's descriptor, the cgroup
+/// directory or `-`, `--`, the command). It asks for SIGKILL when the guardian dies (and
+/// checks after asking that the guardian is still its parent), joins the job's cgroup, and
+/// execs the command; an exec that fails is reported on the status pipe, which closes by
+/// itself on success (close-on-exec).
+pub(crate) fn start_main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(2).collect();
+    let [guardian, status, dir, _dashes, program, rest @ ..] = &args[..] else {
+        say!("simba (start): bad arguments");
+        return ExitCode::from(crate::status::Status::Internal.code());
+    };
+    let status_fd = status.to_str().and_then(|s| s.parse::<RawFd>().ok());
+    // The status pipe, opened anew close-on-exec; the inherited descriptor is closed so
+    // that the command does not keep the pipe open.
+    let mut report = status_fd.and_then(|fd| {
+        let file = std::fs::File::options()
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .ok();
+        let _ = nix::unistd::close(fd);
+        file
+    });
+    #[cfg(target_os = "linux")]
+    {
+        let parent = guardian
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw);
+        let asked =
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+        if asked.is_err() || rustix::process::getppid() != parent {
+            // The guardian died already (or cannot be tied to): the command must not run.
+            if let Some(f) = report.as_mut() {
+                use std::io::Write as _;
+                let _ = writeln!(f, "cannotrun the guardian died before the command started");
+            }
+            return ExitCode::from(crate::status::Status::Internal.code());
+        }
+    }
+    if dir != "-" {
+        // A failure leaves the command in the guardian's cgroup: the process group still
+        // covers it.
+        let _ = std::fs::write(std::path::Path::new(dir).join("cgroup.procs"), "0");
+    }
+    let e = std::process::Command::new(program).args(rest).exec();
+    let kind = match e.kind() {
+        std::io::ErrorKind::NotFound => "notfound",
+        _ => "cannotrun",
+    };
+    if let Some(f) = report.as_mut() {
+        use std::io::Write as _;
+        let _ = writeln!(f, "{kind} {}", e.to_string().replace('\n', " "));
+    }
+    ExitCode::from(crate::status::Status::CannotRun.code())
+}
+
+/// Starts the command through the start mode (see [`start_main`]); its pid, or the
+/// `failed …` line for simba.
+fn start_command(
+    argv: &[OsString],
+    stdin: OwnedFd,
+    cgroup: Option<&JobCgroup>,
+    lock_fds: &str,
+) -> Result<u32, String> {
+    let failed = |kind: &str, e: &dyn std::fmt::Display| {
+        format!("failed {kind} {}\n", e.to_string().replace('\n', " "))
+    };
+    let exe = crate::child::this_binary().map_err(|e| failed("cannotrun", &e))?;
+    let (mut reader, writer) = std::io::pipe().map_err(|e| failed("cannotrun", &e))?;
+    // The one descriptor the start mode inherits besides the standard ones and SQLite's.
+    rustix::io::fcntl_setfd(&writer, rustix::io::FdFlags::empty())
+        .map_err(|e| failed("cannotrun", &e))?;
+    let mut cmd = std::process::Command::new(exe);
+    // `ps` shows the command's name during the moment before its exec.
+    cmd.arg0(argv.first().cloned().unwrap_or_default())
+        .arg(START_ARG)
+        .arg(rustix::process::getpid().as_raw_nonzero().get().to_string())
+        .arg(writer.as_raw_fd().to_string())
+        .arg(cgroup.map_or_else(|| OsString::from("-"), |c| c.dir().as_os_str().to_owned()))
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    if !lock_fds.is_empty() {
+        cmd.env(LOCK_FDS_ENV, lock_fds);
+    }
+    let spawned = cmd.spawn();
+    drop(cmd);
+    drop(writer);
+    let child = spawned.map_err(|e| failed("cannotrun", &e))?;
+    // End-of-file: the exec succeeded (the pipe is close-on-exec in the start mode).
+    let mut said = String::new();
+    let _ = std::io::Read::read_to_string(&mut reader, &mut said);
+    let said = said.trim();
+    if said.is_empty() {
+        // Dropping a std Child neither kills nor waits: the guardian reaps it.
+        return Ok(child.id());
+    }
+    let (kind, message) = said.split_once(' ').unwrap_or((said, ""));
+    Err(failed(kind, &message))
 }
 
 /// What the guardian is doing with the group.
@@ -281,6 +500,8 @@ enum Phase {
 }
 
 struct Watch {
+    /// The job's cgroup, when there is one: kills and the last-process check cover it too.
+    cgroup: Option<JobCgroup>,
     pgid: Pid,
     pid: i32,
     status: Option<i32>,
@@ -291,7 +512,21 @@ struct Watch {
 
 impl Watch {
     fn alive(&self) -> bool {
-        !matches!(killpg(self.pgid, None), Err(Errno::ESRCH))
+        self.cgroup.as_ref().is_some_and(JobCgroup::populated)
+            || !matches!(killpg(self.pgid, None), Err(Errno::ESRCH))
+    }
+
+    /// `sig` to the whole job: the cgroup's processes (those that left the group: `setsid`,
+    /// `su`) and the group.
+    fn send_all(&self, sig: Signal) {
+        if let Some(cg) = &self.cgroup {
+            if sig == Signal::SIGKILL {
+                cg.kill();
+            } else {
+                cg.signal(sig);
+            }
+        }
+        self.send(sig);
     }
 
     fn send(&self, sig: Signal) {
@@ -303,7 +538,7 @@ impl Watch {
 
     fn kill(&mut self, why: Gone) {
         if self.phase != Phase::Killing {
-            self.send(Signal::SIGKILL);
+            self.send_all(Signal::SIGKILL);
             self.phase = Phase::Killing;
             self.why.get_or_insert(why);
         }
@@ -318,26 +553,39 @@ impl Watch {
             self.kill(why);
             return;
         }
-        self.send(Signal::SIGTERM);
+        self.send_all(Signal::SIGTERM);
         // A stopped process acts on SIGTERM only once continued.
-        self.send(Signal::SIGCONT);
+        self.send_all(Signal::SIGCONT);
         self.phase = Phase::Stopping;
         self.kill_at = Some(Instant::now() + grace);
     }
 
     /// Reaps every child that has ended (orphans of the group included, as subreaper);
-    /// returns the command's wait status when it was among them.
-    fn reap(&mut self) -> Option<i32> {
+    /// returns the command's wait status when it was among them, and the signal that
+    /// stopped the command for the terminal (SIGTSTP, SIGTTIN, SIGTTOU) when it did.
+    fn reap(&mut self) -> (Option<i32>, Option<i32>) {
+        use rustix::process::WaitOptions;
         let mut exited = None;
+        let mut stopped = None;
         loop {
-            match rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
+            match rustix::process::wait(WaitOptions::NOHANG | WaitOptions::UNTRACED) {
                 Ok(Some((pid, status))) => {
-                    if pid.as_raw_nonzero().get() == self.pid {
-                        self.status = Some(status.as_raw());
-                        exited = Some(status.as_raw());
+                    if pid.as_raw_nonzero().get() != self.pid {
+                        continue;
                     }
+                    if let Some(sig) = status.stopping_signal() {
+                        if [Signal::SIGTSTP, Signal::SIGTTIN, Signal::SIGTTOU]
+                            .iter()
+                            .any(|s| *s as i32 == sig)
+                        {
+                            stopped = Some(sig);
+                        }
+                        continue;
+                    }
+                    self.status = Some(status.as_raw());
+                    exited = Some(status.as_raw());
                 }
-                Ok(None) | Err(_) => return exited,
+                Ok(None) | Err(_) => return (exited, stopped),
             }
         }
     }
@@ -347,6 +595,8 @@ async fn guard(
     link: std::os::unix::net::UnixStream,
     argv: Vec<OsString>,
     setup: Setup,
+    cgroup: Option<JobCgroup>,
+    watcher: Option<&std::io::PipeWriter>,
 ) -> Result<(), String> {
     let Setup {
         grace,
@@ -372,32 +622,38 @@ async fn guard(
     let (read, mut write) = link.into_split();
     let mut lines = BufReader::new(read).lines();
 
-    let Some((program, args)) = argv.split_first() else {
+    if argv.is_empty() {
         let _ = write.write_all(b"failed cannotrun no command\n").await;
         return Ok(());
     };
-    let spawned = std::process::Command::new(program)
-        .args(args)
-        .stdin(Stdio::from(stdin))
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .spawn();
-    let pid = match spawned {
-        // Dropping a std Child neither kills nor waits: the guardian reaps it below.
-        Ok(c) => c.id(),
-        Err(e) => {
-            let kind = match e.kind() {
-                std::io::ErrorKind::NotFound => "notfound",
-                _ => "cannotrun",
-            };
-            let line = format!("failed {kind} {}\n", e.to_string().replace('\n', " "));
+    let tell_watcher = |deadline: Option<Instant>| {
+        if let (Some(mut pipe), Some(at)) = (watcher, deadline) {
+            use std::io::Write as _;
+            let _ = writeln!(pipe, "deadline {}", to_monotonic_ns(at));
+        }
+    };
+    tell_watcher(deadline);
+    // SQLite's lock files go with the command: while any process of the job has one open,
+    // the mutex stays locked, whatever happens to simba and the guardian.
+    let mut inherited = Vec::new();
+    for a in &anchors {
+        rustix::io::fcntl_setfd(a, rustix::io::FdFlags::empty())
+            .map_err(|e| format!("cannot pass a lock file on to the command: {e}"))?;
+        inherited.push(a.as_raw_fd().to_string());
+    }
+    let pid = match start_command(&argv, stdin, cgroup.as_ref(), &inherited.join(",")) {
+        Ok(pid) => pid,
+        Err(line) => {
             let _ = write.write_all(line.as_bytes()).await;
+            if let Some(cg) = cgroup {
+                cg.remove();
+            }
             return Ok(());
         }
     };
     let pid = i32::try_from(pid).map_err(|_| format!("a process id out of range: {pid}"))?;
     let mut w = Watch {
+        cgroup,
         pgid: Pid::from_raw(pid),
         pid,
         status: None,
@@ -410,8 +666,23 @@ async fn guard(
     let mut simba_gone = false;
 
     loop {
-        if let Some(raw) = w.reap() {
+        let (exited, stopped) = w.reap();
+        if let Some(sig) = stopped
+            && w.status.is_none()
+            && !simba_gone
+        {
+            // Stopped for the terminal (Ctrl-Z, a read from the background): simba stops
+            // itself the same way, so that its shell sees the job stopped.
+            let _ = write.write_all(format!("stopped {sig}\n").as_bytes()).await;
+        }
+        if let Some(raw) = exited {
             let _ = write.write_all(format!("exited {raw}\n").as_bytes()).await;
+        }
+        // The deadline passed (the watcher may have acted on it a moment before the
+        // timer below): the deadline ends the job, not a leftover stop.
+        if deadline.is_some_and(|d| Instant::now() >= d) && w.phase != Phase::Killing {
+            w.kill(Gone::Deadline);
+            w.why = Some(Gone::Deadline);
         }
         if w.status.is_some() {
             if !w.alive() {
@@ -430,7 +701,10 @@ async fn guard(
         tokio::select! {
             biased;
             line = lines.next_line(), if !simba_gone => match line {
-                Ok(Some(line)) => handle(&line, &mut w, &mut deadline),
+                Ok(Some(line)) => {
+                    handle(&line, &mut w, &mut deadline);
+                    tell_watcher(deadline);
+                }
                 // simba is gone, however it died.
                 Ok(None) | Err(_) => {
                     simba_gone = true;
@@ -452,12 +726,22 @@ async fn guard(
             _ = quit.recv() => {}
         }
     }
-    let why = w.why.unwrap_or(Gone::Ended);
+    // Killed at the deadline by the watcher, a moment before the guardian's own timer:
+    // the deadline's doing all the same.
+    let past_deadline = deadline.is_some_and(|d| Instant::now() >= d);
+    let why = w.why.unwrap_or(if past_deadline {
+        Gone::Deadline
+    } else {
+        Gone::Ended
+    });
     let _ = write
         .write_all(format!("gone {}\n", why.word()).as_bytes())
         .await;
     // Only now may the lock files go (SQLite): no process of the job is left.
     drop(anchors);
+    if let Some(cg) = w.cgroup.take() {
+        cg.remove();
+    }
     Ok(())
 }
 

@@ -11,6 +11,7 @@ macro_rules! say {
 
 mod backend;
 mod bench;
+mod cgroup;
 mod child;
 mod cli;
 mod duration;
@@ -37,6 +38,12 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == guardian::ARG)
     {
         return guardian::main();
+    }
+    // Its helpers: the cgroup's watcher, and the command's own start.
+    match std::env::args_os().nth(1) {
+        Some(a) if a == guardian::WATCHER_ARG => return guardian::watcher_main(),
+        Some(a) if a == guardian::START_ARG => return guardian::start_main(),
+        _ => {}
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

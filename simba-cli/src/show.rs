@@ -160,6 +160,7 @@ fn observed(owner: &MutexOwner) -> Snapshot {
 
 /// Runs `simba owner`.
 pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
+    backend.announce_quarantine("`simba exec` would wait").await;
     let mut source = Source::open(&backend, &args.mutex, false).await?;
     let snap = source.first(&args.mutex).await;
     source.close().await;
@@ -228,6 +229,7 @@ pub(crate) async fn watch(backend: Backend, args: WatchArgs) -> Outcome {
     let mut signals = Signals::new()?;
     let mutex = args.show.mutex.as_str();
     let json = args.show.json;
+    backend.announce_quarantine("`simba exec` would wait").await;
     let mut source = Source::open(&backend, mutex, true).await?;
     let first = tokio::select! {
         r = source.first(mutex) => r,

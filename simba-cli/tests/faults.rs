@@ -439,6 +439,77 @@ fn sqlite_simba_stopped_past_its_lease_the_group_is_gone_before_the_next_owner()
     assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
 }
 
+/// simba and its guardian SIGKILLed together (`pkill -9 simba`), the job with a process
+/// that left its group and session (`setsid`): on SQLite the job's own processes hold the
+/// mutex's lock (inherited), so the next job cannot take over at once while any of them
+/// lives, and the job's cgroup watcher ends them at once. (Without a cgroup the lock
+/// holds back the takeover only until the lease ends: the README's limits.)
+#[test]
+fn sqlite_simba_and_guardian_killed_together_no_process_of_the_job_outlives_the_mutex() {
+    if !cgroup_available() {
+        eprintln!("no cgroup can be made here: skipped (see the README's limits)");
+        return;
+    }
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let h = group_gone_before_next_owner_escaping(
+        &url,
+        &SHORT_LEASE,
+        Fault::KillBoth,
+        "both-sqlite-kill",
+    );
+    assert!(h.first_last_seen < Duration::from_millis(1000), "{h:?}");
+    assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
+}
+
+/// simba and its guardian SIGSTOPped together past the lease, the job with a `setsid`
+/// process: the cgroup watcher kills the job at the local lease deadline.
+#[test]
+fn sqlite_simba_and_guardian_stopped_together_no_process_of_the_job_outlives_the_mutex() {
+    if !cgroup_available() {
+        eprintln!("no cgroup can be made here: skipped (see the README's limits)");
+        return;
+    }
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let h = group_gone_before_next_owner_escaping(
+        &url,
+        &SHORT_LEASE,
+        Fault::StopBoth,
+        "both-sqlite-stop",
+    );
+    assert!(h.first_last_seen < Duration::from_millis(2500), "{h:?}");
+    assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
+}
+
+/// The same on Redis, where only processes can end the job: the command's PDEATHSIG and
+/// the cgroup watcher (SIGKILL of the cgroup when the guardian dies or the deadline
+/// passes). Without a cgroup a process that left the group outlives a kill of both: the
+/// README's documented limit, and the test says it did not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_simba_and_guardian_killed_or_stopped_together_the_job_is_gone_before_the_next_owner()
+{
+    if !cgroup_available() {
+        eprintln!("no cgroup can be made here: skipped (see the README's limits)");
+        return;
+    }
+    let server = servers::redis().await.expect("a Redis server");
+    let url = server.url().to_owned();
+    blocking(move || {
+        for (fault, tag) in [(Fault::KillBoth, "kill"), (Fault::StopBoth, "stop")] {
+            let h = group_gone_before_next_owner_escaping(
+                &url,
+                &SHORT_LEASE,
+                fault,
+                &format!("both-redis-{tag}"),
+            );
+            assert!(h.first_last_seen < Duration::from_millis(2500), "{h:?}");
+            assert!(h.next_started < LEASE_HANDOVER, "{h:?}");
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_simba_killed_or_stopped_the_group_is_gone_before_the_next_owner() {
     let server = servers::redis().await.expect("a Redis server");

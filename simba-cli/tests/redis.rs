@@ -203,3 +203,91 @@ fn paused_waiters_are_skipped(url: &str) {
     );
     drop(paused);
 }
+
+/// One rule for mutex names on every backend: `{` and `}` (Redis Cluster hash tags) are
+/// refused by SQLite as by Redis, with the same status and reason, before anything runs
+/// (`exec`, `owner`); a plain name works on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn braces_in_a_mutex_name_are_refused_on_sqlite_as_on_redis() {
+    let server = servers::redis().await.expect("a Redis server");
+    let redis = server.url().to_owned();
+    blocking(move || {
+        let dir = tempdir();
+        let sqlite = sqlite_url(dir.path(), "x.db");
+        let ran = file(dir.path(), "ran");
+        for name in ["a{b}", "open{", "close}"] {
+            for url in [&sqlite, &redis] {
+                let out = run(
+                    simba(Some(url))
+                        .args(["exec", name, "--no-wait"])
+                        .args(sh(&format!("touch {}", ran.display()))),
+                    Duration::from_secs(30),
+                    "exec of a name with a brace",
+                );
+                let err = text(&out.stderr);
+                assert_eq!(out.status.code(), Some(USAGE), "{url} {name}: {err}");
+                assert!(err.contains("`{` or `}`"), "{url} {name}: {err}");
+                assert!(!ran.exists(), "{url} {name}: the command ran");
+                let out = run(
+                    simba(Some(url)).args(["owner", name]),
+                    Duration::from_secs(30),
+                    "owner of a name with a brace",
+                );
+                assert_eq!(out.status.code(), Some(USAGE), "{url} {name}: {out:?}");
+            }
+        }
+    })
+    .await;
+}
+
+/// A server whose data is new (as after a restart without persistence) holds free
+/// mutexes back for one lease: the first `exec` says so on stderr at the default
+/// verbosity (what, how long, why) before it waits, and `owner` shows it too; once the
+/// quarantine is over nothing is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_quarantine_is_announced() {
+    let server = servers::redis().await.expect("a Redis server");
+    let url = server.url().to_owned();
+    blocking(move || {
+        let lease = ["--ttl", "1s", "--transition", "1s"];
+        let owner = run(
+            simba(Some(&url)).args(["owner", "q"]),
+            Duration::from_secs(30),
+            "owner",
+        );
+        assert!(
+            text(&owner.stderr).contains("restart quarantine"),
+            "{owner:?}"
+        );
+        let t0 = Instant::now();
+        let out = run(
+            simba(Some(&url))
+                .args(["exec", "q"])
+                .args(lease)
+                .args(["--", "true"]),
+            Duration::from_secs(60),
+            "first exec",
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(
+            err.contains("restart quarantine") && err.contains("is new") && err.contains("2s"),
+            "{err}"
+        );
+        eprintln!(
+            "first exec on a new server: {:?}; it said: {err}",
+            t0.elapsed()
+        );
+        let out = run(
+            simba(Some(&url))
+                .args(["exec", "q"])
+                .args(lease)
+                .args(["--", "true"]),
+            Duration::from_secs(60),
+            "second exec",
+        );
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert!(!text(&out.stderr).contains("quarantine"), "{out:?}");
+    })
+    .await;
+}

@@ -843,3 +843,113 @@ fn exec_stopped_for(
     }
     (mutex, status, stderr)
 }
+
+/// Drives an interactive bash on a pseudo-terminal (python3's `pty`): the command reads
+/// the terminal. Every wait is bounded; the script exits 1 with what it saw on a timeout.
+const JOB_CONTROL: &str = r#"
+import os, pty, sys, time, select
+simba, url = sys.argv[1], sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.environ['PS1'] = 'PROMPT> '
+    os.environ['SIMBA_BACKEND'] = url
+    os.execvp('bash', ['bash', '--norc', '--noprofile', '-i'])
+buf = b''
+def expect(pat, limit=30):
+    global buf
+    end = time.time() + limit
+    while pat.encode() not in buf:
+        left = end - time.time()
+        if left <= 0:
+            print('timeout waiting for', repr(pat), 'after', repr(buf[-400:]))
+            os.kill(pid, 9)
+            sys.exit(1)
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            try:
+                buf += os.read(fd, 4096)
+            except OSError:
+                break
+    buf = buf[buf.index(pat.encode()) + len(pat):]
+def send(s):
+    os.write(fd, s.encode())
+def stopped_then(cmd):
+    # Ctrl-Z once the command runs: the shell reports the job stopped.
+    expect('ready-' + cmd)
+    send('\x1a'); expect('Stopped'); expect('PROMPT> ')
+expect('PROMPT> ')
+# 1. started in the background, reads the terminal (SIGTTIN), then `fg`.
+send(f"{simba} exec m -- sh -c 'read x; echo got-$x' &\n")
+expect('PROMPT> ')
+send("sleep 1; jobs\n"); expect('Stopped'); expect('PROMPT> ')
+send("fg\n"); expect('simba exec m')
+time.sleep(0.5)
+send("one\n"); expect('got-one'); expect('PROMPT> ')
+send("echo rc=$?\n"); expect('rc=0')
+# 2. Ctrl-Z, then `fg`.
+send(f"{simba} exec m -- sh -c 'echo ready-$0; sleep 1; read x; echo got-$x' a\n")
+stopped_then('a')
+send("fg\n"); expect('simba exec m')
+time.sleep(1.5)
+send("two\n"); expect('got-two'); expect('PROMPT> ')
+send("echo rc=$?\n"); expect('rc=0')
+# 3. Ctrl-Z, `bg` (it reads: stopped again), then `fg`.
+send(f"{simba} exec m -- sh -c 'echo ready-$0; sleep 1; read x; echo got-$x' b\n")
+stopped_then('b')
+send("bg\n"); expect('PROMPT> ')
+send("sleep 2; jobs\n"); expect('Stopped'); expect('PROMPT> ')
+send("fg\n"); expect('simba exec m')
+time.sleep(0.5)
+send("three\n"); expect('got-three'); expect('PROMPT> ')
+send("echo rc=$?\n"); expect('rc=0')
+# 4. Ctrl-C reaches the command.
+send(f"{simba} exec m -- sh -c 'echo ready-$0; sleep 30' c\n")
+expect('ready-c'); time.sleep(0.3)
+send('\x03'); expect('PROMPT> ')
+send("echo rc=$?\n"); expect('rc=130')
+send("exit\n")
+os.waitpid(pid, 0)
+print('OK')
+"#;
+
+/// Job control at an interactive shell, as for the command run alone: `simba exec … &`
+/// whose command reads the terminal stops, `fg` continues it with the terminal; Ctrl-Z
+/// stops the job (the shell says so) and `fg` or `bg` continue it; Ctrl-C reaches the
+/// command. After each, the mutex is free again (the next exec gets it at once).
+#[test]
+fn job_control_at_an_interactive_shell_works_as_for_the_command_alone() {
+    let have = |p: &str| {
+        std::process::Command::new(p)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !have("python3") || !have("bash") {
+        eprintln!("python3 or bash missing: skipped");
+        return;
+    }
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let out = run(
+        std::process::Command::new("python3")
+            .args(["-c", JOB_CONTROL, SIMBA, &url])
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(120),
+        "the pty driver",
+    );
+    assert!(
+        out.status.success() && text(&out.stdout).contains("OK"),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    // Nothing left holding the mutex.
+    let free = run(
+        simba(Some(&url)).args(["exec", "m", "--no-wait", "--", "true"]),
+        Duration::from_secs(30),
+        "exec after the session",
+    );
+    assert!(free.status.success(), "{free:?}");
+}

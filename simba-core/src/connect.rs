@@ -232,6 +232,16 @@ pub trait Connection: Send + Sync + fmt::Debug {
         let _ = (mutex, contender_id);
         Ok(None)
     }
+
+    /// How long an acquisition of a free mutex made now, with this connection's lease,
+    /// would be held back by the backend's restart quarantine (simba-redis: a server whose
+    /// data is new — first use, a restart without persistence, a flush — keeps free
+    /// mutexes from everyone for one lease, in case an owner from before still runs).
+    /// `None` when there is none now, when the backend has no such thing (the default), or
+    /// when it cannot be read.
+    fn restart_quarantine(&self) -> BoxFuture<'_, Option<Duration>> {
+        Box::pin(async { None })
+    }
 }
 
 /// A descriptor shared with the backend that gave it ([`Connection::owner_anchor`]):

@@ -129,6 +129,18 @@ impl Connection for RedisConnection {
     fn server_connections(&self) -> BoxFuture<'_, Option<usize>> {
         Box::pin(async { self.factory.store().client_count().await.ok() })
     }
+
+    fn restart_quarantine(&self) -> BoxFuture<'_, Option<Duration>> {
+        Box::pin(async {
+            let lease = self.factory.config().lease().total();
+            self.factory
+                .store()
+                .restart_quarantine(lease)
+                .await
+                .ok()
+                .flatten()
+        })
+    }
 }
 
 /// Redis's floors: `PING`, pub/sub delivery, and a script-less `SET NX PX` + `DEL`.

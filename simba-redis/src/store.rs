@@ -685,17 +685,11 @@ fn check(mutex: &str, contender_id: &str) -> Result<()> {
     check_id(contender_id)
 }
 
-/// The shared rules, and no `{` or `}`: they would make a Redis Cluster hash tag of part
-/// of the name (every key of a mutex must hash to one slot: `P:{M}`).
+/// The shared rules (which refuse `{` and `}` on every backend: they would make a Redis
+/// Cluster hash tag of part of the name, and every key of a mutex must hash to one slot:
+/// `P:{M}`).
 fn check_name(mutex: &str) -> Result<()> {
-    check_common_mutex_name(mutex)?;
-    if mutex.contains(['{', '}']) {
-        return Err(Error::InvalidName {
-            name: mutex.to_owned(),
-            reason: "contains `{` or `}`, which would break Redis Cluster hash tags".into(),
-        });
-    }
-    Ok(())
+    check_common_mutex_name(mutex)
 }
 
 /// The shared rules, and no [`MESSAGE_SEPARATOR`] (`@@`): messages are `event@@id`.
@@ -730,12 +724,24 @@ fn lease_args(contender_id: &str, lease: Lease, publish: &str) -> Result<Vec<Str
     ])
 }
 
+impl RedisStore {
+    /// Whether acquisitions keep the restart quarantine.
+    pub(crate) fn keeps_restart_quarantine(&self) -> bool {
+        self.inner.quarantine
+    }
+
+    /// The boot marker's key.
+    pub(crate) fn boot_key(&self) -> String {
+        self.inner.keys.boot()
+    }
+}
+
 impl LeaseStore for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    /// No `{` or `}` (Redis Cluster hash tags).
+    /// The shared rules only (`{` and `}` are refused by them).
     fn check_mutex_name(&self, mutex: &str) -> Result<()> {
         check_name(mutex)
     }

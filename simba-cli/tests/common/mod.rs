@@ -546,6 +546,78 @@ pub enum Fault {
     Kill,
     /// SIGSTOP to simba, past its lease (continued once the next owner is done).
     Stop,
+    /// SIGKILL to simba and its guardian in one `kill` (`pkill -9 simba`, an OOM kill of
+    /// both).
+    KillBoth,
+    /// SIGSTOP to simba and its guardian in one `kill`, past the lease.
+    StopBoth,
+}
+
+impl Fault {
+    fn signal(self) -> nix::sys::signal::Signal {
+        use nix::sys::signal::Signal;
+        match self {
+            Fault::Kill | Fault::KillBoth => Signal::SIGKILL,
+            Fault::Stop | Fault::StopBoth => Signal::SIGSTOP,
+        }
+    }
+
+    fn both(self) -> bool {
+        matches!(self, Fault::KillBoth | Fault::StopBoth)
+    }
+}
+
+/// Whether this machine lets simba make a cgroup v2 for a job (as `simba exec` checks):
+/// a child of this process's own cgroup can be made.
+pub fn cgroup_available() -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let mount = info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split(' ').next()? == "cgroup2")
+            .then(|| left.split(' ').nth(4).map(PathBuf::from))?
+    });
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .map(str::to_owned)
+        });
+    let (Some(mount), Some(own)) = (mount, own) else {
+        return false;
+    };
+    let probe = mount
+        .join(own.trim_start_matches('/'))
+        .join(format!("simba-test-probe-{}", std::process::id()));
+    let made = std::fs::create_dir(&probe).is_ok();
+    let _ = std::fs::remove_dir(&probe);
+    made
+}
+
+/// The pid of `simba`'s guardian (its child started with `__simba-guardian-…`).
+pub fn guardian_of(simba: u32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(") ")?;
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let guardian = String::from_utf8_lossy(&cmdline).contains("__simba-guardian");
+        (ppid == simba && guardian).then_some(pid)
+    })
+}
+
+/// Sends `sig` to every pid in one `kill` call (as `kill -9 A B` or `pkill` would).
+pub fn send_all(pids: &[i32], sig: nix::sys::signal::Signal) {
+    let list: Vec<String> = pids.iter().map(ToString::to_string).collect();
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!("kill -{} {}", sig as i32, list.join(" ")))
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{sig} {list:?}");
 }
 
 /// What [`group_gone_before_next_owner`] measured, from the instant of the fault.
@@ -590,6 +662,23 @@ pub fn group_gone_before_next_owner(
     group_gone_before_next_owner_of(url, lease, fault, &one, &one)
 }
 
+/// [`group_gone_before_next_owner`] with one more process in the first job that leaves
+/// its process group and session (`setsid`, as `su` or a daemon does) and writes records
+/// too. Only the job's cgroup catches such a process: callers check
+/// [`cgroup_available`].
+pub fn group_gone_before_next_owner_escaping(
+    url: &str,
+    lease: &[&str],
+    fault: Fault,
+    test: &str,
+) -> Handover {
+    let one = Holding {
+        mutexes: vec![mutex_name(test)],
+        fence_var: "SIMBA_FENCE",
+    };
+    handover(url, lease, fault, &one, &one, true)
+}
+
 /// The mutexes one `simba exec` of [`group_gone_before_next_owner_of`] holds (each given
 /// with `--mutex`), and the variable its script logs as the fence.
 pub struct Holding {
@@ -616,6 +705,17 @@ pub fn group_gone_before_next_owner_of(
     first_holds: &Holding,
     next_holds: &Holding,
 ) -> Handover {
+    handover(url, lease, fault, first_holds, next_holds, false)
+}
+
+fn handover(
+    url: &str,
+    lease: &[&str],
+    fault: Fault,
+    first_holds: &Holding,
+    next_holds: &Holding,
+    escape: bool,
+) -> Handover {
     use nix::sys::signal::Signal;
     let dir = tempdir();
     let log = file(dir.path(), "log");
@@ -629,9 +729,20 @@ pub fn group_gone_before_next_owner_of(
          rec start cmd; \
          ( rec start gc; beat gc ) & echo $! >> {pids_s}; \
          sleep 100 & echo $! >> {pids_s}; \
+         {escapee} \
          echo $$ >> {pids_s}; \
-         beat cmd"
+         beat cmd",
+        escapee = if escape {
+            format!(
+                "setsid bash -c 'while :; do t=$EPOCHREALTIME; \
+                 echo \"beat esc ${first_fence} ${{t/./}}000\" >> {log_s}; sleep 0.02; done' \
+                 & echo $! >> {pids_s};"
+            )
+        } else {
+            String::new()
+        }
     );
+    let processes = if escape { 4 } else { 3 };
     let second = format!(
         "rec() {{ t=$EPOCHREALTIME; echo \"$1 $2 ${next_fence} ${{t/./}}000\" >> {log_s}; }}; \
          rec start second; \
@@ -664,8 +775,9 @@ pub fn group_gone_before_next_owner_of(
         "the first command and its grandchildren run",
         || {
             let l = lines(&log);
-            lines(&pids).len() == 3
+            lines(&pids).len() == processes
                 && l.iter().any(|l| l.starts_with("beat cmd "))
+                && (!escape || l.iter().any(|l| l.starts_with("beat esc ")))
                 && l.iter().any(|l| l.starts_with("beat gc "))
         },
     );
@@ -697,20 +809,34 @@ pub fn group_gone_before_next_owner_of(
             break;
         }
     }
+    let guardian = guardian_of(holder.id()).expect("the first simba's guardian");
+    let simba_pid = i32::try_from(holder.id()).expect("pid fits i32");
     let at_fault = wall_ns();
-    send(
-        holder.id(),
-        match fault {
-            Fault::Kill => Signal::SIGKILL,
-            Fault::Stop => Signal::SIGSTOP,
-        },
-    );
-    let status = wait_for(&mut next, Duration::from_secs(60), "the second simba exec");
+    if fault.both() {
+        send_all(&[simba_pid, guardian], fault.signal());
+    } else {
+        send(holder.id(), fault.signal());
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        match next.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => panic!("waiting for the second simba exec: {e}"),
+        }
+        if Instant::now() > until {
+            let _ = next.kill();
+            panic!("the second simba exec: still running after 60 s: {said:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let rest: Vec<String> = next_err.try_iter().collect();
     said.extend(rest);
     assert_eq!(status.code(), Some(0), "second simba exec: {said:#?}");
-    if fault == Fault::Stop {
-        send(holder.id(), Signal::SIGCONT);
+    match fault {
+        Fault::Stop => send(holder.id(), Signal::SIGCONT),
+        Fault::StopBoth => send_all(&[simba_pid, guardian], Signal::SIGCONT),
+        Fault::Kill | Fault::KillBoth => {}
     }
     let first_status = wait_for(&mut holder, Duration::from_secs(60), "the first simba exec");
     let mut first_err = String::new();
@@ -719,10 +845,12 @@ pub fn group_gone_before_next_owner_of(
         first_err.push('\n');
     }
     match fault {
-        Fault::Kill => assert_eq!(
+        Fault::Kill | Fault::KillBoth => assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&first_status),
             Some(9)
         ),
+        // Continued with its guardian after the deadline: the group was killed meanwhile.
+        Fault::StopBoth => assert_eq!(first_status.code(), Some(LOST), "{first_err}"),
         // Continued after its deadline: it finds the group killed by its guardian.
         Fault::Stop => {
             assert_eq!(first_status.code(), Some(LOST), "{first_err}");
