@@ -246,7 +246,9 @@ async fn braces_in_a_mutex_name_are_refused_on_sqlite_as_on_redis() {
 /// quarantine is over nothing is said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restart_quarantine_is_announced() {
-    let server = servers::redis().await.expect("a Redis server");
+    // A private server: the shared one of the test command has long been in use (no
+    // quarantine left to announce).
+    let server = servers::redis_private().await.expect("a Redis server");
     let url = server.url().to_owned();
     blocking(move || {
         let lease = ["--ttl", "1s", "--transition", "1s"];

@@ -105,6 +105,85 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// How many times [`give_ups_leave_nothing`] gives up per wait.
+pub const GIVE_UP_TRIES: usize = 25;
+
+/// Checks that a give-up leaves nothing owned: `a` tries `mutex`-like names with
+/// `acquire_timeout` of 0, 5 and 50 ms ([`GIVE_UP_TRIES`] times each), and after every
+/// `Timeout` `b` (another client of the same backend) must take the name at once with
+/// `try_acquire`. The short waits put the deadline while the backend call that would make
+/// `a` owner is in flight. One name per wait: what a first use creates (a parent node, a
+/// row) exists after the first try, as in a long-running service.
+///
+/// Returns how many tries gave up (a caller asserts it is not 0: otherwise the check
+/// checked nothing).
+///
+/// # Panics
+/// When `b` cannot take the mutex after a give-up of `a`, or on any other error.
+pub async fn give_ups_leave_nothing(
+    a: &std::sync::Arc<dyn simba_core::ContendServiceFactory>,
+    b: &std::sync::Arc<dyn simba_core::ContendServiceFactory>,
+) -> usize {
+    let mut timeouts = 0;
+    for wait in [0, 5, 50].map(Duration::from_millis) {
+        let name = unique_name("give-up");
+        for i in 0..GIVE_UP_TRIES {
+            let locker = simba_core::Locker::new(a.clone(), &name).expect("locker");
+            match locker.acquire_timeout(wait).await {
+                Ok(guard) => guard.release().await.expect("release"),
+                Err(simba_core::Error::Timeout { .. }) => {
+                    timeouts += 1;
+                    taken_at_once(b, &name, &format!("wait {wait:?}, try {i}")).await;
+                }
+                Err(e) => panic!("wait {wait:?}, try {i}: {e}"),
+            }
+        }
+    }
+    timeouts
+}
+
+/// [`give_ups_leave_nothing`] for a multi-lock of two names: `a`'s
+/// `MultiLocker::acquire_timeout(0)`, [`GIVE_UP_TRIES`] times; after every `Timeout`, `b`
+/// takes each name at once. Returns how many tries gave up.
+///
+/// # Panics
+/// As [`give_ups_leave_nothing`].
+pub async fn multi_give_ups_leave_nothing(
+    a: &std::sync::Arc<dyn simba_core::ContendServiceFactory>,
+    b: &std::sync::Arc<dyn simba_core::ContendServiceFactory>,
+) -> usize {
+    let mut timeouts = 0;
+    let names = [unique_name("multi-a"), unique_name("multi-b")];
+    for i in 0..GIVE_UP_TRIES {
+        let multi = simba_core::MultiLocker::new(a.clone(), names.iter().map(String::as_str))
+            .expect("multi-locker");
+        match multi.acquire_timeout(Duration::ZERO).await {
+            Ok(guard) => guard.release().await.expect("release"),
+            Err(simba_core::Error::Timeout { .. }) => {
+                timeouts += 1;
+                for name in &names {
+                    taken_at_once(b, name, &format!("multi try {i}")).await;
+                }
+            }
+            Err(e) => panic!("multi try {i}: {e}"),
+        }
+    }
+    timeouts
+}
+
+/// `other` takes `name` in one attempt, then lets it go.
+async fn taken_at_once(
+    other: &std::sync::Arc<dyn simba_core::ContendServiceFactory>,
+    name: &str,
+    what: &str,
+) {
+    let locker = simba_core::Locker::new(other.clone(), name).expect("locker");
+    match locker.try_acquire().await {
+        Ok(guard) => guard.release().await.expect("release"),
+        Err(e) => panic!("{what}: another client could not take the mutex at once: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
