@@ -3,7 +3,7 @@
 //! user scope). Every process of the job is in it whatever it does (`setsid`, `su`, double
 //! forks), so `cgroup.kill` ends all of them and `cgroup.events` says when the last is gone.
 //! When no cgroup can be made (no cgroup v2, no write access), the guardian works with the
-//! command's process group alone, as before.
+//! command's process group alone.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;

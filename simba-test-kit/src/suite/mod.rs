@@ -1064,9 +1064,9 @@ pub async fn release_after_intrusion_is_lost(h: &dyn Harness) -> CaseResult {
     }
 }
 
-/// A multi-lock whose part was changed by hand behind its back ([`Harness::intrude`]):
-/// its release is [`Error::Lost`] naming that part, and every other part is released all
-/// the same.
+/// A multi-lock one of whose parts another writer makes its own while the guard holds it
+/// ([`Harness::intrude`]): the release is [`Error::Lost`] naming that part, and every other
+/// part is released all the same.
 pub async fn multi_lock_release_after_intrusion_is_lost(h: &dyn Harness) -> CaseResult {
     let caps = h.capabilities(LONG);
     let f = h.factory(LONG).await?;
@@ -1097,7 +1097,7 @@ pub async fn multi_lock_release_after_intrusion_is_lost(h: &dyn Harness) -> Case
         }
         Ok(()) => {
             return Err(CaseError(
-                "MultiGuard::release() returned Ok though a part was changed by hand while held"
+                "MultiGuard::release() is Ok although another writer owns one of its parts"
                     .to_owned(),
             ));
         }
