@@ -142,7 +142,8 @@ pub(crate) async fn spawn(
         .map_err(|e| internal(e, "cannot pass standard input on"))?;
     let mut fds = vec![stdin.as_fd()];
     fds.extend(guarding.anchors.iter().map(AsFd::as_fd));
-    guardian::send_setup(&ours, guarding.grace, guarding.deadline, &fds)
+    let job_bytes: Vec<Option<u64>> = guarding.anchors.iter().map(|a| a.job_byte()).collect();
+    guardian::send_setup(&ours, guarding.grace, guarding.deadline, &fds, &job_bytes)
         .map_err(|e| internal(e, "cannot set up the command's guardian"))?;
     // The guardian has its own copies now.
     drop(fds);

@@ -22,7 +22,9 @@
 //! of its group behind. It reports the command's exit status, and that the group is gone,
 //! then exits: on SQLite it holds a duplicate of each mutex's lock file until then (received
 //! with the set-up message), and the command inherits them too, so the kernel frees the
-//! mutex only once no process of the job is left.
+//! mutex only once no process of the job is left. On Linux the command also inherits, and
+//! alone holds, each mutex's *job byte* ([`lock_job_bytes`]): while a process of the job
+//! lives, no contender takes the mutex, not even after the lease has run out.
 //!
 //! On Linux, where a cgroup v2 can be made, the job runs in one of its own (see
 //! [`crate::cgroup`]): kills and the "is anyone left" check cover it, so processes that
@@ -44,8 +46,9 @@
 //! The protocol is lines of text on the socket. simba → guardian: `deadline NS`,
 //! `signal N`, `stop MS`; guardian → simba: `started PID`, `failed KIND MESSAGE`,
 //! `stopped SIG`, `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
-//! DEADLINE_NS|-`, carries the command's standard input and, on SQLite, the lock files (one
-//! per mutex) as SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
+//! DEADLINE_NS|- JOB_BYTES|-` (one job byte or `-` per lock file, comma separated),
+//! carries the command's standard input and, on SQLite, the lock files (one per mutex) as
+//! SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
 //! input — the socket — and standard output and error).
 
 use std::ffi::OsString;
@@ -157,9 +160,19 @@ pub(crate) fn send_setup(
     grace: Duration,
     deadline: Option<Instant>,
     fds: &[BorrowedFd<'_>],
+    job_bytes: &[Option<u64>],
 ) -> std::io::Result<()> {
     let deadline = deadline.map_or_else(|| "-".to_owned(), |d| to_monotonic_ns(d).to_string());
-    let line = format!("setup {} {deadline}\n", grace.as_millis());
+    let jobs = if job_bytes.is_empty() {
+        "-".to_owned()
+    } else {
+        let each: Vec<String> = job_bytes
+            .iter()
+            .map(|j| j.map_or_else(|| "-".to_owned(), |b| b.to_string()))
+            .collect();
+        each.join(",")
+    };
+    let line = format!("setup {} {deadline} {jobs}\n", grace.as_millis());
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1 + MAX_ANCHORS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -189,6 +202,9 @@ struct Setup {
     stdin: OwnedFd,
     /// SQLite's lock files (one per mutex), held until the guardian exits.
     anchors: Vec<OwnedFd>,
+    /// For each anchor, the byte of its file that the job's processes lock (see
+    /// [`lock_job_bytes`]), if any.
+    job_bytes: Vec<Option<u64>>,
 }
 
 fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
@@ -230,7 +246,7 @@ fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
     let line = String::from_utf8_lossy(&line).into_owned();
     let bad = || format!("bad set-up line {line:?}");
     let parts: Vec<&str> = line.split(' ').collect();
-    let [tag, grace, deadline] = parts[..] else {
+    let [tag, grace, deadline, jobs] = parts[..] else {
         return Err(bad());
     };
     if tag != "setup" {
@@ -245,11 +261,26 @@ fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
     let stdin = fds
         .next()
         .ok_or_else(|| "no standard input came with the set-up".to_owned())?;
+    let anchors: Vec<OwnedFd> = fds.collect();
+    let job_bytes = match jobs {
+        "-" => vec![None; anchors.len()],
+        list => list
+            .split(',')
+            .map(|j| match j {
+                "-" => Ok(None),
+                b => b.parse().map(Some).map_err(|_| bad()),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    if job_bytes.len() != anchors.len() {
+        return Err(bad());
+    }
     Ok(Setup {
         grace,
         deadline,
         stdin,
-        anchors: fds.collect(),
+        anchors,
+        job_bytes,
     })
 }
 
@@ -440,6 +471,67 @@ pub(crate) fn start_main() -> ExitCode {
     ExitCode::from(crate::status::Status::CannotRun.code())
 }
 
+/// Locks the job byte of each anchor that has one, each on a new open file description
+/// of the anchor's file (reopened through `/proc/self/fd`), inheritable, for the command
+/// alone. SQLite (simba-jdbc) then takes the owner's row from nobody while any process
+/// of the job lives, not even after the lease (see simba-jdbc's `DbFile::check_job`).
+///
+/// Closing these descriptors in the guardian is safe: it holds no other lock of the
+/// file's but the anchors' OFD locks, which a close of another description leaves alone.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn lock_job_bytes(anchors: &[OwnedFd], job_bytes: &[Option<u64>]) -> Result<Vec<OwnedFd>, String> {
+    use nix::fcntl::{FcntlArg, fcntl};
+    use nix::libc;
+    let mut jobs = Vec::new();
+    for (anchor, job) in anchors.iter().zip(job_bytes) {
+        let Some(offset) = *job else {
+            continue;
+        };
+        let offset = libc::off_t::try_from(offset)
+            .map_err(|_| format!("a job byte out of range: {offset}"))?;
+        let path = format!("/proc/self/fd/{}", anchor.as_raw_fd());
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open the database file again ({path}): {e}"))?;
+        let byte = libc::flock {
+            l_type: libc::F_WRLCK as libc::c_short,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: offset,
+            l_len: 1,
+            l_pid: 0,
+        };
+        loop {
+            match fcntl(&file, FcntlArg::F_OFD_SETLK(&byte)) {
+                Ok(_) => break,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN | Errno::EACCES) => {
+                    return Err(format!(
+                        "a process of an earlier job of this mutex still runs (it holds byte \
+                         {offset} of the database file); the command is not started"
+                    ));
+                }
+                Err(e) => return Err(format!("cannot lock byte {offset} of {path}: {e}")),
+            }
+        }
+        let fd = OwnedFd::from(file);
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty())
+            .map_err(|e| format!("cannot pass a job lock on to the command: {e}"))?;
+        jobs.push(fd);
+    }
+    Ok(jobs)
+}
+
+/// No job bytes outside Linux (simba-jdbc's lock files there name none).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn lock_job_bytes(
+    _anchors: &[OwnedFd],
+    _job_bytes: &[Option<u64>],
+) -> Result<Vec<OwnedFd>, String> {
+    Ok(Vec::new())
+}
+
 /// Starts the command through the start mode (see [`start_main`]); its pid, or the
 /// `failed …` line for simba.
 fn start_command(
@@ -603,6 +695,7 @@ async fn guard(
         mut deadline,
         stdin,
         anchors,
+        job_bytes,
     } = setup;
     let registered = |kind: SignalKind| {
         signal(kind).map_err(|e| format!("cannot install a signal handler: {e}"))
@@ -641,7 +734,25 @@ async fn guard(
             .map_err(|e| format!("cannot pass a lock file on to the command: {e}"))?;
         inherited.push(a.as_raw_fd().to_string());
     }
-    let pid = match start_command(&argv, stdin, cgroup.as_ref(), &inherited.join(",")) {
+    // The job bytes: on descriptions of the guardian's own, handed to the command only
+    // (closed here once it runs), so that the job's processes, and nothing of simba's,
+    // keep the mutex past the lease.
+    let jobs = match lock_job_bytes(&anchors, &job_bytes) {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            let line = format!("failed cannotrun {}\n", e.replace('\n', " "));
+            let _ = write.write_all(line.as_bytes()).await;
+            if let Some(cg) = cgroup {
+                cg.remove();
+            }
+            return Ok(());
+        }
+    };
+    inherited.extend(jobs.iter().map(|j| j.as_raw_fd().to_string()));
+    let started = start_command(&argv, stdin, cgroup.as_ref(), &inherited.join(","));
+    // The command has its copies (or failed to start): the job bytes are its alone.
+    drop(jobs);
+    let pid = match started {
         Ok(pid) => pid,
         Err(line) => {
             let _ = write.write_all(line.as_bytes()).await;

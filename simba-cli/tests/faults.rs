@@ -442,8 +442,8 @@ fn sqlite_simba_stopped_past_its_lease_the_group_is_gone_before_the_next_owner()
 /// simba and its guardian SIGKILLed together (`pkill -9 simba`), the job with a process
 /// that left its group and session (`setsid`): on SQLite the job's own processes hold the
 /// mutex's lock (inherited), so the next job cannot take over at once while any of them
-/// lives, and the job's cgroup watcher ends them at once. (Without a cgroup the lock
-/// holds back the takeover only until the lease ends: the README's limits.)
+/// lives, and the job's cgroup watcher ends them at once. (Without a cgroup: see
+/// `sqlite_without_a_cgroup_the_next_job_waits_for_the_last_process`.)
 #[test]
 fn sqlite_simba_and_guardian_killed_together_no_process_of_the_job_outlives_the_mutex() {
     if !cgroup_available() {
@@ -599,4 +599,141 @@ async fn etcd_simba_killed_or_stopped_the_group_is_gone_before_the_next_owner() 
     let server = servers::etcd().await.expect("an etcd server");
     let url = format!("{}/simba-cli-faults", server.url());
     blocking(move || killed_and_stopped_on_a_lease_backend(&url, "guard-etcd")).await;
+}
+
+/// SIGKILLs the processes when dropped (a failed test leaves none behind).
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            if alive(p) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// simba and its guardian SIGKILLed (or SIGSTOPped) together where no cgroup is made
+/// (`SIMBA_EXEC_CGROUP=off`), the job with a `setsid` process that neither PDEATHSIG nor
+/// a process-group kill reaches: on SQLite the job's processes alone hold the mutex's job
+/// byte, so the next job does not start while any of them lives, however long past the
+/// lease; once they are gone it starts (at once after a kill: the lock is free too).
+fn sqlite_without_a_cgroup_the_next_job_waits_for_the_last_process(fault: Fault, test: &str) {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let pids = file(dir.path(), "pids");
+    let log = file(dir.path(), "log");
+    let mutex = mutex_name(test);
+    let lease = SHORT_LEASE;
+    let first = format!(
+        "setsid sh -c 'echo esc $$ >> {p}; exec sleep 1000' & echo top $$ >> {p}; \
+         exec sleep 1000",
+        p = pids.display()
+    );
+    let mut holder = simba(Some(&url))
+        .env("SIMBA_EXEC_CGROUP", "off")
+        .args(["exec", &mutex])
+        .args(lease)
+        .args(sh(&first))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the first simba exec");
+    eventually(Duration::from_secs(60), "the first job runs", || {
+        lines(&pids).len() == 2
+    });
+    let mut job: Vec<(String, i32)> = lines(&pids)
+        .iter()
+        .map(|l| {
+            let (tag, pid) = l.split_once(' ').expect("a tag and a pid");
+            (tag.to_owned(), pid.trim().parse().expect("a pid"))
+        })
+        .collect();
+    // The `setsid` process first.
+    job.sort();
+    let job: Vec<i32> = job.into_iter().map(|(_, p)| p).collect();
+    let _reaper = KillOnDrop(job.clone());
+    let second_script = format!("echo start >> {}", log.display());
+    let mut next = simba(Some(&url))
+        .env("SIMBA_EXEC_CGROUP", "off")
+        .args(["-vv", "exec", &mutex])
+        .args(lease)
+        .args(sh(&second_script))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the second simba exec");
+    let next_err = line_channel(next.stderr.take().expect("piped stderr"));
+    let mut said = Vec::new();
+    loop {
+        let line = next_err
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("the second simba exec does not wait ({e}): {said:?}"));
+        let waits = line.contains("waiting for the mutex");
+        said.push(line);
+        if waits {
+            break;
+        }
+    }
+    let guardian = guardian_of(holder.id()).expect("the first simba's guardian");
+    let simba_pid = i32::try_from(holder.id()).expect("pid fits i32");
+    send_all(&[simba_pid, guardian], fault.signal());
+    // Time is the subject: three whole leases (2 s each) after the fault, the job's
+    // `setsid` process still runs and the next job has not started.
+    let watch_until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < watch_until {
+        assert!(
+            lines(&log).is_empty(),
+            "the next job started while the first job's processes {job:?} ran ({:?} alive)",
+            job.iter().map(|&p| (p, alive(p))).collect::<Vec<_>>()
+        );
+        assert!(
+            matches!(next.try_wait(), Ok(None)),
+            "the second simba exec ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(alive(job[0]), "the setsid process of the first job is gone");
+    for &p in &job {
+        if alive(p) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
+        }
+    }
+    let ended = Instant::now();
+    let status = wait_for(&mut next, Duration::from_secs(60), "the second simba exec");
+    let took = ended.elapsed();
+    said.extend(next_err.try_iter());
+    assert_eq!(status.code(), Some(0), "second simba exec: {said:#?}");
+    assert_eq!(lines(&log), vec!["start".to_owned()]);
+    eprintln!(
+        "{fault:?}: the next job ended {took:?} after the first job's last process was killed"
+    );
+    if fault == Fault::KillBoth {
+        // Its native lock wait ends with the job's last process: no lease to wait for.
+        // Bounded generously for a loaded machine; measured in milliseconds.
+        assert!(took < Duration::from_secs(5), "{took:?}: {said:#?}");
+    }
+    if fault == Fault::StopBoth {
+        send_all(&[simba_pid, guardian], Signal::SIGKILL);
+    }
+    let _ = wait_for(&mut holder, Duration::from_secs(60), "the first simba exec");
+}
+
+#[test]
+fn sqlite_without_a_cgroup_simba_and_guardian_killed_the_next_job_waits_for_every_process() {
+    sqlite_without_a_cgroup_the_next_job_waits_for_the_last_process(
+        Fault::KillBoth,
+        "nocg-sqlite-kill",
+    );
+}
+
+#[test]
+fn sqlite_without_a_cgroup_simba_and_guardian_stopped_the_next_job_waits_for_every_process() {
+    sqlite_without_a_cgroup_the_next_job_waits_for_the_last_process(
+        Fault::StopBoth,
+        "nocg-sqlite-stop",
+    );
 }

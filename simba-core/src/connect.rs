@@ -248,20 +248,44 @@ pub trait Connection: Send + Sync + fmt::Debug {
 /// dropping an anchor never closes the descriptor while the backend uses it.
 #[cfg(unix)]
 #[derive(Clone)]
-pub struct Anchor(std::sync::Arc<dyn std::os::fd::AsFd + Send + Sync>);
+pub struct Anchor {
+    fd: std::sync::Arc<dyn std::os::fd::AsFd + Send + Sync>,
+    job_byte: Option<u64>,
+}
 
 #[cfg(unix)]
 impl Anchor {
     /// An anchor of the descriptor `fd` holds.
     pub fn new(fd: std::sync::Arc<dyn std::os::fd::AsFd + Send + Sync>) -> Self {
-        Anchor(fd)
+        Anchor { fd, job_byte: None }
+    }
+
+    /// The same anchor, with the byte of its file that the owner's *job* locks.
+    ///
+    /// A process that runs a job for the owner (`simba exec`'s command) opens the file
+    /// anew (its own open file description), write-locks this byte with an OFD lock
+    /// (`F_OFD_SETLK`), and hands that description only to the job's processes. While
+    /// any of them lives, the backend lets nobody take the owner's place, not even after
+    /// its lease has run out (simba-jdbc's SQLite: the byte is probed before such a
+    /// takeover). The owner's own process never holds it: a stopped owner alone does not
+    /// keep the mutex past its lease, a running job does.
+    #[must_use]
+    pub fn with_job_byte(mut self, offset: u64) -> Self {
+        self.job_byte = Some(offset);
+        self
+    }
+
+    /// The byte a job of the owner locks (see [`Anchor::with_job_byte`]); `None` when the
+    /// backend has none.
+    pub fn job_byte(&self) -> Option<u64> {
+        self.job_byte
     }
 }
 
 #[cfg(unix)]
 impl std::os::fd::AsFd for Anchor {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.0.as_fd()
+        self.fd.as_fd()
     }
 }
 
@@ -269,8 +293,9 @@ impl std::os::fd::AsFd for Anchor {
 impl std::fmt::Debug for Anchor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use std::os::fd::AsRawFd;
-        f.debug_tuple("Anchor")
-            .field(&self.0.as_fd().as_raw_fd())
+        f.debug_struct("Anchor")
+            .field("fd", &self.fd.as_fd().as_raw_fd())
+            .field("job_byte", &self.job_byte)
             .finish()
     }
 }

@@ -366,13 +366,15 @@ impl Call<'_> {
     /// time (PostgreSQL and MariaDB: all in one statement, MariaDB's inserting the row of a
     /// first use too). Inserts the row first when it does not exist yet. On SQLite a
     /// contender without the native lock reads first and writes only when its UPDATE could
-    /// change the row.
+    /// change the row. `job`: on SQLite, the gated flag of the rows whose owner's job still
+    /// runs (`Statements::job_guard`), if one does.
     pub(crate) async fn acquire<C: SqlConn>(
         &self,
         c: &mut C,
         me: &str,
         lease: Lease,
         pass: Pass,
+        job: Option<i64>,
     ) -> QueryResult<Option<OwnerRow>> {
         let ttl = lease.ttl_ms();
         let total = ttl.saturating_add(lease.transition_ms());
@@ -398,6 +400,10 @@ impl Call<'_> {
             // SQLite: the gated rows this lock may take over at once.
             Pass::Locked(mark) if self.st.locked_takes_mark => args.push(Arg::Int(mark)),
             Pass::Locked(_) => {}
+        }
+        if self.st.job_guard {
+            // The gated flag of the rows a running job keeps; -1 matches no row.
+            args.push(Arg::Int(job.unwrap_or(-1)));
         }
         if self.st.returns_row {
             args.push(Arg::Text(self.mutex));

@@ -284,11 +284,15 @@ impl Gates {
         }
     }
 
-    /// SQLite: that the database file exists and has one name (see
-    /// `crate::native::Locks::check_db_file`).
+    /// SQLite: that the database file exists and has one name, and with a mutex whether a
+    /// job of its owner runs (see `crate::native::Locks::check_db_file`).
     #[cfg(feature = "sqlite")]
-    pub(crate) fn check_db_file(&self) -> Result<(), crate::sqlite::Refused> {
-        self.locks.check_db_file()
+    pub(crate) fn check_db_file(
+        &self,
+        mutex: Option<&str>,
+    ) -> Result<Option<i64>, crate::sqlite::Refused> {
+        let key = mutex.map(|m| self.key(m));
+        self.locks.check_db_file(key.as_ref())
     }
 
     /// A push says `mutex` was released by another process: a wait of its gate beyond the

@@ -196,12 +196,18 @@ impl Locks {
     }
 
     /// SQLite: that the database file exists and has one name (an `fstat` of a free
-    /// description of it, on Linux); nothing elsewhere.
+    /// description of it, on Linux); nothing elsewhere. With the key of a mutex, also
+    /// whether a job of its owner runs (`crate::sqlite::DbFile::check_job`): `Some` of
+    /// the mark of the rows that owner gated when one does.
     #[cfg(feature = "sqlite")]
-    pub(crate) fn check_db_file(&self) -> Result<(), crate::sqlite::Refused> {
-        match &self.kind {
-            Kind::Files { db } => db.check().map(|_| ()),
-            _ => Ok(()),
+    pub(crate) fn check_db_file(
+        &self,
+        key: Option<&Key>,
+    ) -> Result<Option<i64>, crate::sqlite::Refused> {
+        match (&self.kind, key) {
+            (Kind::Files { db }, Some(Key::File(k))) => db.check_job(k),
+            (Kind::Files { db }, _) => db.check().map(|_| None),
+            _ => Ok(None),
         }
     }
 

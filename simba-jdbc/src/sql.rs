@@ -102,11 +102,18 @@ pub(crate) struct Statements {
     /// [, mutex when `returns_row`].
     pub(crate) acquire_locked: String,
     /// SQLite with the waiter columns: `acquire_locked` takes over at once a gated row
-    /// whose flag is the taker's own (its database file's identity), bound last.
+    /// whose flag is the taker's own (its database file's identity), bound after the
+    /// `WHERE`'s id.
     pub(crate) locked_takes_mark: bool,
+    /// SQLite with the waiter columns: both acquire statements bind one more value, last:
+    /// the gated flag of the rows a running job keeps (the owner's `simba exec` command
+    /// holds the mutex's job byte, `crate::sqlite::DbFile::check_job`), which neither
+    /// takes, not even by lease; `-1` (no row's flag) when no job runs.
+    pub(crate) job_guard: bool,
     /// Acquire without the native lock: renews its own row, takes a row only when its
     /// lease ran out (never a released one before `grace` ms). Args: me, me, 0, me, me, ttl,
-    /// ttl+transition, me, mutex, me, grace [, mutex when `returns_row`].
+    /// ttl+transition, me, mutex, me, grace [, the job flag when `job_guard`] [, mutex when
+    /// `returns_row`].
     pub(crate) acquire_unlocked: String,
     /// The parts of the batched renewal ([`Statements::renew_batch`]).
     pub(crate) batch: BatchParts,
@@ -241,11 +248,16 @@ impl Statements {
         // (`held@@…`), which must be waited out whoever made it. A row gated by another
         // file (a database moved or copied over this one), by an earlier build (1) or
         // outside Linux (0) is left to its lease.
+        //
+        // On SQLite, neither statement takes a row whose gated flag is the bound job flag:
+        // the row of an owner whose job still runs (see `Statements::job_guard`).
+        let job_kept = "(waiter_until IS NULL OR waiter_until <> ?)";
         let locked_take = match backend {
             Backend::Sqlite if waiter_columns => format!(
-                "transition_at <= {now} \
-                 OR (waiter_until = ? AND waiter_until > 1 AND waiter_id = owner_id \
-                     AND substr(owner_id, 1, 6) <> 'held@@')"
+                "(transition_at <= {now} \
+                  OR (waiter_until = ? AND waiter_until > 1 AND waiter_id = owner_id \
+                      AND substr(owner_id, 1, 6) <> 'held@@')) \
+                 AND {job_kept}"
             ),
             Backend::Mysql | Backend::Postgres | Backend::Sqlite => {
                 format!("transition_at <= {now}")
@@ -256,6 +268,10 @@ impl Statements {
         // has lain free for `grace` (its holder went silent).
         let unlocked_take =
             format!("(transition_at <= {now} AND (owner_id <> '' OR transition_at <= {now} - ?))");
+        let unlocked_take = match backend {
+            Backend::Sqlite if waiter_columns => format!("({unlocked_take} AND {job_kept})"),
+            Backend::Mysql | Backend::Postgres | Backend::Sqlite => unlocked_take,
+        };
         let acquire_locked = update(&locked_take);
         let acquire_unlocked = update(&unlocked_take);
         // The release time stays in transition_at: waiters without the native lock leave a
@@ -412,6 +428,7 @@ impl Statements {
                     returns_row: true,
                     waiter_columns,
                     locked_takes_mark: false,
+                    job_guard: false,
                     acquire_locked: returning(&acquire_locked),
                     acquire_unlocked: returning(&acquire_unlocked),
                     batch,
@@ -429,6 +446,7 @@ impl Statements {
                 returns_row: false,
                 waiter_columns,
                 locked_takes_mark: backend == Backend::Sqlite && waiter_columns,
+                job_guard: backend == Backend::Sqlite && waiter_columns,
                 acquire_locked,
                 acquire_unlocked,
                 batch,
@@ -535,8 +553,11 @@ mod tests {
             // SQLite binds the taker's identity too (`locked_takes_mark`).
             let mark = usize::from(s.locked_takes_mark);
             assert_eq!(s.locked_takes_mark, backend == Backend::Sqlite);
-            assert_eq!(s.acquire_locked.matches('?').count(), 10 + mark);
-            assert_eq!(s.acquire_unlocked.matches('?').count(), 11);
+            // And the flag of a running job's rows (`job_guard`).
+            let job = usize::from(s.job_guard);
+            assert_eq!(s.job_guard, backend == Backend::Sqlite);
+            assert_eq!(s.acquire_locked.matches('?').count(), 10 + mark + job);
+            assert_eq!(s.acquire_unlocked.matches('?').count(), 11 + job);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);
             assert_eq!(s.insert_owned.matches('?').count(), 6);

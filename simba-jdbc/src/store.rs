@@ -297,19 +297,23 @@ impl Inner {
     /// `missing_ok` (see `crate::sqlite::Refused`), with a configuration error that says
     /// why and how to fix it. Any other failure to open it is left to the native lock,
     /// whose failure makes the acquisition lease-bound.
+    ///
+    /// With a mutex, also whether a job of its owner runs (`simba exec`'s command holds the
+    /// mutex's job byte, see `crate::sqlite::DbFile::check_job`): `Some` of the mark of the
+    /// rows that owner gated, which no contender may then take, not even by lease.
     #[cfg(feature = "sqlite")]
-    fn check_db_file(&self, missing_ok: bool) -> Result<()> {
+    fn check_db_file(&self, missing_ok: bool, mutex: Option<&str>) -> Result<Option<i64>> {
         use crate::sqlite::Refused;
-        match self.gates.check_db_file() {
-            Ok(()) => Ok(()),
-            Err(Refused::Missing(_)) if missing_ok => Ok(()),
+        match self.gates.check_db_file(mutex) {
+            Ok(job) => Ok(job),
+            Err(Refused::Missing(_)) if missing_ok => Ok(None),
             Err(Refused::HardLinked(reason) | Refused::Missing(reason)) => {
                 Err(Error::config("url", reason))
             }
             Err(e @ (Refused::Io(_) | Refused::Deleted)) => {
                 let e = e.text();
                 debug!("cannot check the SQLite database file: {e}");
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -504,7 +508,7 @@ impl SqlStore {
         let inner = &*store.inner;
         // SQLite: a hard-linked database is refused before SQLite opens it.
         #[cfg(feature = "sqlite")]
-        inner.check_db_file(true)?;
+        inner.check_db_file(true, None)?;
         run!(inner, "connect", |c| c.batch("SELECT 1"))?;
         Ok(store)
     }
@@ -589,7 +593,7 @@ impl SqlStore {
         // SQLite: a hard-linked database is refused before SQLite opens it (a database
         // not made yet is made by the DDL, and checked after it).
         #[cfg(feature = "sqlite")]
-        inner.check_db_file(true)?;
+        inner.check_db_file(true, None)?;
         let (describe, describe_args) = schema::describe(inner.kind, inner.config.table());
         let columns = || async {
             inner
@@ -612,7 +616,7 @@ impl SqlStore {
         }
         // SQLite: the database file exists now; one with several names is refused.
         #[cfg(feature = "sqlite")]
-        inner.check_db_file(false)?;
+        inner.check_db_file(false, None)?;
         let mut found = schema::inspect(inner.kind, &columns().await?);
         if ddl && found.missing_lease.is_empty() && !found.missing_waiter.is_empty() {
             let quoted = crate::sql::quote_table(inner.kind, inner.config.table());
@@ -900,6 +904,32 @@ fn permanent(backend: &'static str, message: String) -> Error {
     }
 }
 
+/// How long a contender waits before it looks again at a row that a running job keeps
+/// past its owner's lease (at most; the lease's ttl when shorter). The job's end frees
+/// the native lock too, which wakes a queued contender at once: this is the fallback.
+const JOB_LOOK_MS: i64 = 1_000;
+
+/// SQLite: the row read after an acquisition that a running job of another owner kept
+/// (its lease is over, the acquire statements left it: `Statements::job_guard`) is shown
+/// as that owner's until the next look, not as free: the engine then waits, instead of
+/// trying again at once, and `lost`/`owner` replies name who keeps it.
+fn keep_for_job(row: &mut Option<OwnerRow>, me: &str, lease: Lease) {
+    let Some(r) = row.as_mut() else {
+        return;
+    };
+    let (Some(owner), Some(transition_at)) = (r.owner_id.as_deref(), r.transition_at) else {
+        return;
+    };
+    if owner.is_empty() || owner == me || transition_at > r.now_ms {
+        return;
+    }
+    let until = r
+        .now_ms
+        .saturating_add(JOB_LOOK_MS.min(lease.ttl_ms()).max(1));
+    r.ttl_at = Some(until);
+    r.transition_at = Some(until);
+}
+
 fn channel_name(table: &str) -> String {
     format!("simba:{table}")
 }
@@ -931,15 +961,20 @@ impl LeaseStore for SqlStore {
             let inner = &*self.inner;
             let call = inner.start(mutex, Some(contender_id))?;
             #[cfg(feature = "sqlite")]
-            inner.check_db_file(false)?;
+            let job = inner.check_db_file(false, Some(mutex))?;
+            #[cfg(not(feature = "sqlite"))]
+            let job = None;
             let pass = inner.gates.enter(mutex, contender_id).await;
             simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
-            let row: Option<OwnerRow> = run_fast!(
+            let mut row: Option<OwnerRow> = run_fast!(
                 inner,
                 format!("acquire mutex {mutex:?}"),
-                |c| call.acquire(c, contender_id, lease, pass)
+                |c| call.acquire(c, contender_id, lease, pass, job)
             )?;
             simba_core::hops::record(simba_core::hops::Hop::StatementAnswered, mutex);
+            if job.is_some() {
+                keep_for_job(&mut row, contender_id, lease);
+            }
             let grace = match pass {
                 Pass::Locked(_) => None,
                 Pass::Unlocked => Some(lease.ttl_ms().saturating_add(lease.transition_ms())),

@@ -554,7 +554,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    fn signal(self) -> nix::sys::signal::Signal {
+    pub fn signal(self) -> nix::sys::signal::Signal {
         use nix::sys::signal::Signal;
         match self {
             Fault::Kill | Fault::KillBoth => Signal::SIGKILL,

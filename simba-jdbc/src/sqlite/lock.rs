@@ -1,7 +1,9 @@
 //! SQLite's native lock on Linux: open file description (OFD) byte-range locks on the
 //! database file itself, two bytes per mutex far above SQLite's own lock bytes: the lock
 //! byte and, before it, an "entry" byte that keeps the order (see the crate README), for
-//! the wait queue (`crate::gate`).
+//! the wait queue (`crate::gate`). A third byte per mutex, in a region of its own, is
+//! the *job* byte: held by the processes of a job that runs for the owner (`simba exec`'s
+//! command, see [`job_held`]), never by simba's own processes.
 //!
 //! The lock belongs to the file (its inode), not to a name: every path that opens the
 //! database (a symlink, a bind mount, `a/../t.db`) reaches the same bytes, and there is no
@@ -41,6 +43,21 @@ const BASE: libc::off_t = 1 << 40;
 /// How many mutex slots there are: slot `s` is the bytes `BASE + 2s` (entry) and
 /// `BASE + 2s + 1` (lock); the last lock byte is `off_t::MAX`.
 const SLOTS: u64 = ((libc::off_t::MAX - BASE) as u64).div_ceil(2);
+
+/// The first job byte: 2³⁹, the region below [`BASE`].
+const JOB_BASE: libc::off_t = 1 << 39;
+
+/// How many job bytes there are: slot `s` has the job byte `JOB_BASE + s % JOB_SLOTS`.
+/// Two mutexes whose slots are equal modulo 2³⁹ share it: a running job of one then keeps
+/// a lease takeover of the other back too (liveness only, never safety).
+const JOB_SLOTS: u64 = 1 << 39;
+
+/// The job byte of the mutex whose entry byte is `entry`.
+fn job_byte(entry: libc::off_t) -> libc::off_t {
+    let slot = u64::try_from((entry - BASE) / 2).unwrap_or(0);
+    // < 2³⁹: fits.
+    JOB_BASE + libc::off_t::try_from(slot % JOB_SLOTS).unwrap_or(0)
+}
 
 /// The byte range `[offset, offset + len)`, to lock (`F_WRLCK`) or unlock (`F_UNLCK`).
 fn range(kind: libc::c_int, offset: libc::off_t, len: libc::off_t) -> libc::flock {
@@ -227,6 +244,22 @@ impl DbFile {
         give_back(&inode, desc);
         Ok(mark)
     }
+
+    /// [`DbFile::check`], and whether a job holds the job byte of `key` (a mutex of this
+    /// file) (one `F_OFD_GETLK`
+    /// on the same description): `Some(mark)` when one does, the mark of the rows its
+    /// owner gated. A probe failure counts as held (it only holds a takeover back).
+    pub(crate) fn check_job(&self, key: &FileKey) -> Result<Option<i64>, Refused> {
+        let (inode, desc) = self.take()?;
+        let mark = inode.mark;
+        let job = job_byte(key.entry);
+        let held = held_elsewhere(&desc.0, key, "job", job).unwrap_or_else(|e| {
+            tracing::debug!("{e}");
+            true
+        });
+        give_back(&inode, desc);
+        Ok(held.then_some(mark))
+    }
 }
 
 /// A description that holds nothing goes back to the free list of its file.
@@ -293,7 +326,11 @@ impl FileLock {
             Slot::Gone => return None,
         };
         self.desc = Slot::Anchored(desc.clone());
-        Some(simba_core::connect::Anchor::new(desc))
+        // job_byte < BASE: positive.
+        Some(
+            simba_core::connect::Anchor::new(desc)
+                .with_job_byte(u64::try_from(job_byte(self.entry)).unwrap_or(0)),
+        )
     }
 }
 
@@ -325,10 +362,14 @@ impl Drop for FileLock {
 
 /// Error text of a lock call on `what` of `key`.
 fn failed(key: &FileKey, what: &str, e: Errno) -> String {
+    let byte = match what {
+        "entry" => key.entry,
+        "job" => job_byte(key.entry),
+        _ => key.lock,
+    };
     format!(
-        "database file {} ({what} byte {}): {e}",
-        key.db.path.display(),
-        if what == "entry" { key.entry } else { key.lock }
+        "database file {} ({what} byte {byte}): {e}",
+        key.db.path.display()
     )
 }
 
@@ -587,6 +628,52 @@ mod tests {
             try_lock(&key).unwrap_or_else(|e| panic!("{e}")).is_none(),
             "an anchored lock was let go by this process"
         );
+    }
+
+    #[test]
+    fn job_bytes_lie_between_sqlites_and_the_mutex_slots() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let d = db(&dir);
+        for hash in [0, 1, u64::MAX, 1 << 63, JOB_SLOTS - 1, JOB_SLOTS, SLOTS - 1] {
+            let job = job_byte(FileKey::new(&d, hash).entry);
+            assert!((JOB_BASE..BASE).contains(&job), "{hash}: {job}");
+        }
+        assert_ne!(
+            job_byte(FileKey::new(&d, 7).entry),
+            job_byte(FileKey::new(&d, 8).entry)
+        );
+    }
+
+    #[test]
+    fn a_job_byte_held_by_another_description_is_seen_and_its_anchor_names_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let d = db(&dir);
+        let key = FileKey::new(&d, 11);
+        assert_eq!(d.check_job(&key), Ok(None));
+        let mut held = try_lock(&key)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("free lock not taken"));
+        // The owner's own lock is not the job's.
+        assert_eq!(d.check_job(&key), Ok(None));
+        let anchor = held.anchor().unwrap_or_else(|| panic!("no description"));
+        let offset = anchor.job_byte().unwrap_or_else(|| panic!("no job byte"));
+        assert_eq!(offset, u64::try_from(job_byte(key.entry)).unwrap_or(0));
+        // A job's description, as `simba exec`'s guardian makes it.
+        let job = File::options()
+            .read(true)
+            .write(true)
+            .open(&d.path)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let byte = range(libc::F_WRLCK, libc::off_t::try_from(offset).unwrap_or(0), 1);
+        fcntl(&job, FcntlArg::F_OFD_SETLK(&byte)).unwrap_or_else(|e| panic!("{e}"));
+        let mark = d.check().unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(d.check_job(&key), Ok(Some(mark)));
+        // Another mutex's job byte is free.
+        assert_eq!(d.check_job(&FileKey::new(&d, 12)), Ok(None));
+        let free = range(libc::F_UNLCK, libc::off_t::try_from(offset).unwrap_or(0), 1);
+        fcntl(&job, FcntlArg::F_OFD_SETLK(&free)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.check_job(&key), Ok(None));
+        drop(held);
     }
 
     #[test]

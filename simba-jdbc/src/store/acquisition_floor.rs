@@ -54,7 +54,7 @@ impl SqlStore {
             let row: Option<OwnerRow> = run_fast!(
                 inner,
                 format!("acquisition floor: acquire {mutex:?}"),
-                |c| call.acquire(c, me, lease, Pass::Locked(crate::native::NO_IDENTITY))
+                |c| call.acquire(c, me, lease, Pass::Locked(crate::native::NO_IDENTITY), None)
             )?;
             let elapsed = t0.elapsed();
             // A `CHAR(n)` owner column (a JVM Simba table) pads the id with spaces.
