@@ -143,8 +143,18 @@ pub(crate) async fn spawn(
     let mut fds = vec![stdin.as_fd()];
     fds.extend(guarding.anchors.iter().map(AsFd::as_fd));
     let job_bytes: Vec<Option<u64>> = guarding.anchors.iter().map(|a| a.job_byte()).collect();
-    guardian::send_setup(&ours, guarding.grace, guarding.deadline, &fds, &job_bytes)
-        .map_err(|e| internal(e, "cannot set up the command's guardian"))?;
+    // simba in the terminal's foreground: the command gets it before it runs (its start
+    // mode hands it over before the exec), so that it never runs in the background first.
+    let foreground = own_foreground();
+    guardian::send_setup(
+        &ours,
+        guarding.grace,
+        guarding.deadline,
+        &fds,
+        &job_bytes,
+        foreground,
+    )
+    .map_err(|e| internal(e, "cannot set up the command's guardian"))?;
     // The guardian has its own copies now.
     drop(fds);
     drop(stdin);
@@ -196,7 +206,8 @@ pub(crate) async fn spawn(
         ));
     };
     let pgid = Pid::from_raw(pid);
-    let terminal = hand_terminal(pgid);
+    // Handed over by the start mode (or, should that have failed, here).
+    let terminal = holds_terminal(pgid) || hand_terminal(pgid);
     debug!(
         pid,
         guardian = guardian.id(),
@@ -357,6 +368,18 @@ impl Group {
         // A report from before simba's last continue (simba itself was stopped meanwhile
         // and has continued the group since): nothing to follow.
         if !process_stopped(self.pgid) {
+            debug!(%sig, "a stop report of a command that runs again: nothing to follow");
+            return;
+        }
+        // Stopped for the terminal while simba hands it the terminal: it touched the
+        // terminal before the hand-over. It has it now: let it go on (no SIGCONT is sent
+        // at the hand-over itself, which would undo a Ctrl-Z that came right after it).
+        if self.terminal && matches!(sig, Signal::SIGTTIN | Signal::SIGTTOU) {
+            debug!(%sig, "stopped before it was handed the terminal: continued");
+            match killpg(self.pgid, Signal::SIGCONT) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => debug!("cannot continue the command's group: {e}"),
+            }
             return;
         }
         self.restore_terminal();
@@ -373,16 +396,23 @@ impl Group {
         if let Err(e) = nix::sys::signal::raise(sig) {
             warn!("cannot stop simba along with its command: {e}");
         }
-        self.resume();
+        // The SIGCONT that continued simba also comes from its signal stream, and `follow`
+        // resumes then: resuming here too would continue the command twice (a second,
+        // stale stop report after `bg`). Without the stream, here.
+        if self.cont.is_none() {
+            self.resume();
+        }
     }
 
     /// simba was continued (or put in the foreground by its shell): the terminal goes to
     /// the command's group when simba has it, and the group is continued.
     fn resume(&mut self) {
-        if !self.terminal {
-            self.terminal = hand_terminal(self.pgid);
+        if self.terminal {
+            // It has the terminal and was not stopped by simba: nothing to continue.
+            return;
         }
-        if !self.terminal && self.gone.is_none() {
+        self.terminal = hand_terminal(self.pgid);
+        if self.gone.is_none() {
             match killpg(self.pgid, Signal::SIGCONT) {
                 Ok(()) | Err(Errno::ESRCH) => {}
                 Err(e) => debug!("cannot continue the command's group: {e}"),
@@ -450,6 +480,23 @@ fn has_job_control_parent() -> bool {
     )
 }
 
+/// simba's process group when it is the foreground of the terminal that is simba's
+/// standard input (an interactive shell's foreground job), else `None`.
+fn own_foreground() -> Option<i32> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return None;
+    }
+    let own = nix::unistd::getpgrp();
+    matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == own).then(|| own.as_raw())
+}
+
+/// Whether the terminal on simba's standard input has `pgid` in its foreground.
+fn holds_terminal(pgid: Pid) -> bool {
+    let stdin = std::io::stdin();
+    stdin.is_terminal() && matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == pgid)
+}
+
 /// Hands the terminal's foreground to `pgid` when simba is interactive; see [`spawn`].
 fn hand_terminal(pgid: Pid) -> bool {
     let stdin = std::io::stdin();
@@ -465,9 +512,9 @@ fn hand_terminal(pgid: Pid) -> bool {
         debug!("cannot give the terminal to the command: {e}");
         return false;
     }
-    // The command may have touched the terminal before it was its own and been stopped
-    // for it (SIGTTIN/SIGTTOU): let it go on.
-    let _ = killpg(pgid, Signal::SIGCONT);
+    // A command stopped for touching the terminal before it was its own (SIGTTIN/SIGTTOU)
+    // is continued when its stop report comes (`Group::suspend`), not here: a Ctrl-Z
+    // right after the hand-over would be undone.
     true
 }
 

@@ -46,7 +46,8 @@
 //! The protocol is lines of text on the socket. simba → guardian: `deadline NS`,
 //! `signal N`, `stop MS`; guardian → simba: `started PID`, `failed KIND MESSAGE`,
 //! `stopped SIG`, `exited RAW` (the wait status), `gone WHY`. The first line from simba, `setup GRACE_MS
-//! DEADLINE_NS|- JOB_BYTES|-` (one job byte or `-` per lock file, comma separated),
+//! DEADLINE_NS|- JOB_BYTES|- FOREGROUND|-` (one job byte or `-` per lock file, comma
+//! separated; simba's process group when it has the terminal's foreground),
 //! carries the command's standard input and, on SQLite, the lock files (one per mutex) as
 //! SCM_RIGHTS descriptors (the only ones the guardian inherits otherwise are standard
 //! input — the socket — and standard output and error).
@@ -161,6 +162,7 @@ pub(crate) fn send_setup(
     deadline: Option<Instant>,
     fds: &[BorrowedFd<'_>],
     job_bytes: &[Option<u64>],
+    foreground: Option<i32>,
 ) -> std::io::Result<()> {
     let deadline = deadline.map_or_else(|| "-".to_owned(), |d| to_monotonic_ns(d).to_string());
     let jobs = if job_bytes.is_empty() {
@@ -172,7 +174,11 @@ pub(crate) fn send_setup(
             .collect();
         each.join(",")
     };
-    let line = format!("setup {} {deadline} {jobs}\n", grace.as_millis());
+    let foreground = foreground.map_or_else(|| "-".to_owned(), |g| g.to_string());
+    let line = format!(
+        "setup {} {deadline} {jobs} {foreground}\n",
+        grace.as_millis()
+    );
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1 + MAX_ANCHORS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -205,6 +211,9 @@ struct Setup {
     /// For each anchor, the byte of its file that the job's processes lock (see
     /// [`lock_job_bytes`]), if any.
     job_bytes: Vec<Option<u64>>,
+    /// simba's process group, when it had the terminal's foreground: the command takes it
+    /// over before it runs (see [`start_main`]).
+    foreground: Option<i32>,
 }
 
 fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
@@ -246,7 +255,7 @@ fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
     let line = String::from_utf8_lossy(&line).into_owned();
     let bad = || format!("bad set-up line {line:?}");
     let parts: Vec<&str> = line.split(' ').collect();
-    let [tag, grace, deadline, jobs] = parts[..] else {
+    let [tag, grace, deadline, jobs, foreground] = parts[..] else {
         return Err(bad());
     };
     if tag != "setup" {
@@ -275,12 +284,17 @@ fn receive_setup(link: &OwnedFd) -> Result<Setup, String> {
     if job_bytes.len() != anchors.len() {
         return Err(bad());
     }
+    let foreground = match foreground {
+        "-" => None,
+        g => Some(g.parse().map_err(|_| bad())?),
+    };
     Ok(Setup {
         grace,
         deadline,
         stdin,
         anchors,
         job_bytes,
+        foreground,
     })
 }
 
@@ -422,7 +436,16 @@ pub(crate) fn watcher_main() -> ExitCode {
 /// itself on success (close-on-exec).
 pub(crate) fn start_main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(2).collect();
-    let [guardian, status, dir, _dashes, program, rest @ ..] = &args[..] else {
+    let [
+        guardian,
+        status,
+        dir,
+        foreground,
+        _dashes,
+        program,
+        rest @ ..,
+    ] = &args[..]
+    else {
         say!("simba (start): bad arguments");
         return ExitCode::from(crate::status::Status::Internal.code());
     };
@@ -459,6 +482,9 @@ pub(crate) fn start_main() -> ExitCode {
         // covers it.
         let _ = std::fs::write(std::path::Path::new(dir).join("cgroup.procs"), "0");
     }
+    if let Some(simba) = foreground.to_str().and_then(|s| s.parse::<i32>().ok()) {
+        take_terminal_from(Pid::from_raw(simba));
+    }
     let e = std::process::Command::new(program).args(rest).exec();
     let kind = match e.kind() {
         std::io::ErrorKind::NotFound => "notfound",
@@ -469,6 +495,33 @@ pub(crate) fn start_main() -> ExitCode {
         let _ = writeln!(f, "{kind} {}", e.to_string().replace('\n', " "));
     }
     ExitCode::from(crate::status::Status::CannotRun.code())
+}
+
+/// The start mode's hand-over of the terminal: when simba's group `simba` is still the
+/// foreground of the terminal on standard input, this process's group (the command's)
+/// becomes it, before the command runs. So the command never runs in the background
+/// first (a read there would stop it, and the SIGCONT after a later hand-over would
+/// cancel a Ctrl-Z typed meanwhile). SIGTTOU is blocked for the call (this process is
+/// in a background group until it succeeds) and unblocked before the exec.
+fn take_terminal_from(simba: Pid) {
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    use std::io::IsTerminal as _;
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return;
+    }
+    if !matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == simba) {
+        return;
+    }
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut before = SigSet::empty();
+    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before)).is_err() {
+        return;
+    }
+    let _ = nix::unistd::tcsetpgrp(stdin.as_fd(), nix::unistd::getpgrp());
+    // The command inherits the mask: as it was.
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
 }
 
 /// Locks the job byte of each anchor that has one, each on a new open file description
@@ -539,6 +592,7 @@ fn start_command(
     stdin: OwnedFd,
     cgroup: Option<&JobCgroup>,
     lock_fds: &str,
+    foreground: Option<i32>,
 ) -> Result<u32, String> {
     let failed = |kind: &str, e: &dyn std::fmt::Display| {
         format!("failed {kind} {}\n", e.to_string().replace('\n', " "))
@@ -555,6 +609,7 @@ fn start_command(
         .arg(rustix::process::getpid().as_raw_nonzero().get().to_string())
         .arg(writer.as_raw_fd().to_string())
         .arg(cgroup.map_or_else(|| OsString::from("-"), |c| c.dir().as_os_str().to_owned()))
+        .arg(foreground.map_or_else(|| "-".to_owned(), |g| g.to_string()))
         .arg("--")
         .args(argv)
         .stdin(Stdio::from(stdin))
@@ -696,6 +751,7 @@ async fn guard(
         stdin,
         anchors,
         job_bytes,
+        foreground,
     } = setup;
     let registered = |kind: SignalKind| {
         signal(kind).map_err(|e| format!("cannot install a signal handler: {e}"))
@@ -749,7 +805,13 @@ async fn guard(
         }
     };
     inherited.extend(jobs.iter().map(|j| j.as_raw_fd().to_string()));
-    let started = start_command(&argv, stdin, cgroup.as_ref(), &inherited.join(","));
+    let started = start_command(
+        &argv,
+        stdin,
+        cgroup.as_ref(),
+        &inherited.join(","),
+        foreground,
+    );
     // The command has its copies (or failed to start): the job bytes are its alone.
     drop(jobs);
     let pid = match started {

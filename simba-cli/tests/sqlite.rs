@@ -874,30 +874,38 @@ def expect(pat, limit=30):
 def send(s):
     os.write(fd, s.encode())
 def stopped_then(cmd):
-    # Ctrl-Z once the command runs: the shell reports the job stopped.
+    # Ctrl-Z once the command waits in `read` (not while its shell forks: dash's vfork
+    # leaves the parent unstoppable while a child stopped before its exec, with or
+    # without simba): the shell reports the job stopped.
     expect('ready-' + cmd)
     send('\x1a'); expect('Stopped'); expect('PROMPT> ')
+def until_stopped():
+    # Polled by the shell: the job stops when its command reads from the background.
+    send("until jobs | grep -q Stopped; do sleep 0.05; done; jobs\n")
+    expect('Stopped'); expect('PROMPT> ')
+# After `fg` the driver gives bash a moment to set the job's terminal modes before it
+# types (input typed while they change may be dropped); nothing it can read says when.
 expect('PROMPT> ')
 # 1. started in the background, reads the terminal (SIGTTIN), then `fg`.
 send(f"{simba} exec m -- sh -c 'read x; echo got-$x' &\n")
 expect('PROMPT> ')
-send("sleep 1; jobs\n"); expect('Stopped'); expect('PROMPT> ')
+until_stopped()
 send("fg\n"); expect('simba exec m')
 time.sleep(0.5)
 send("one\n"); expect('got-one'); expect('PROMPT> ')
 send("echo rc=$?\n"); expect('rc=0')
 # 2. Ctrl-Z, then `fg`.
-send(f"{simba} exec m -- sh -c 'echo ready-$0; sleep 1; read x; echo got-$x' a\n")
+send(f"{simba} exec m -- sh -c 'echo ready-$0; read x; echo got-$x' a\n")
 stopped_then('a')
 send("fg\n"); expect('simba exec m')
-time.sleep(1.5)
+time.sleep(0.5)
 send("two\n"); expect('got-two'); expect('PROMPT> ')
 send("echo rc=$?\n"); expect('rc=0')
 # 3. Ctrl-Z, `bg` (it reads: stopped again), then `fg`.
-send(f"{simba} exec m -- sh -c 'echo ready-$0; sleep 1; read x; echo got-$x' b\n")
+send(f"{simba} exec m -- sh -c 'echo ready-$0; read x; echo got-$x' b\n")
 stopped_then('b')
 send("bg\n"); expect('PROMPT> ')
-send("sleep 2; jobs\n"); expect('Stopped'); expect('PROMPT> ')
+until_stopped()
 send("fg\n"); expect('simba exec m')
 time.sleep(0.5)
 send("three\n"); expect('got-three'); expect('PROMPT> ')
