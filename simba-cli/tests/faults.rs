@@ -737,3 +737,47 @@ fn sqlite_without_a_cgroup_simba_and_guardian_stopped_the_next_job_waits_for_eve
         "nocg-sqlite-stop",
     );
 }
+
+/// The guardian alone SIGKILLed: simba ends the command's group itself and exits with 70
+/// (internal: its guardian is gone), the group is gone, and the mutex is free at once.
+#[test]
+fn guardian_killed_alone_simba_ends_the_group_and_exits_70() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "x.db");
+    let pids = file(dir.path(), "pids");
+    let mutex = mutex_name("guardian-alone");
+    let script = format!(
+        "sleep 1000 & echo $! >> {p}; echo $$ >> {p}; wait",
+        p = pids.display()
+    );
+    let mut exec = simba(Some(&url))
+        .env("SIMBA_EXEC_CGROUP", "off")
+        .args(["exec", &mutex])
+        .args(sh(&script))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start simba exec");
+    let err = line_channel(exec.stderr.take().expect("piped stderr"));
+    eventually(Duration::from_secs(60), "the command runs", || {
+        lines(&pids).len() == 2
+    });
+    let group: Vec<i32> = lines(&pids)
+        .iter()
+        .map(|l| l.trim().parse().expect("a pid"))
+        .collect();
+    let _reaper = KillOnDrop(group.clone());
+    let guardian = guardian_of(exec.id()).expect("simba's guardian");
+    send(u32::try_from(guardian).expect("a pid"), Signal::SIGKILL);
+    let status = wait_for(&mut exec, STEP_LIMIT, "simba exec");
+    let said: Vec<String> = err.try_iter().collect();
+    assert_eq!(status.code(), Some(70), "{said:#?}");
+    eventually(STEP_LIMIT, "the command's group is gone", || {
+        group.iter().all(|&p| !alive(p))
+    });
+    let next = simba(Some(&url))
+        .args(["exec", &mutex, "--no-wait", "--", "true"])
+        .output()
+        .expect("run the next simba exec");
+    assert!(next.status.success(), "{next:?}");
+}
