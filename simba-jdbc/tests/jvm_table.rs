@@ -678,3 +678,54 @@ async fn mysql_connector_url_options_on_a_jvm_table() {
 async fn postgres_connector_url_options_on_a_jvm_table() {
     connector_url_options_on_a_jvm_table(SqlHarness::postgres().await, Backend::Postgres).await;
 }
+
+/// A JVM table whose narrow `version` is at its largest value: the database refuses the
+/// next fence (no wrap), and the store says which column to widen and how, as a permanent
+/// error (the troubleshooting page's row).
+async fn a_full_jvm_version_column_is_a_clear_permanent_error(
+    h: SqlHarness,
+    kind: Backend,
+    max: i64,
+) {
+    init_tracing();
+    let mut jvm = Raw::connect(&h, kind).await;
+    let table = h.table();
+    jvm.create_jvm_table(table).await;
+    jvm.insert(table, "full", max).await;
+    let store = store_with_ddl(&h, false).await;
+    let e = store
+        .acquire("full", "simba-a", common::LEASE)
+        .await
+        .expect_err("a fence past the column's largest value");
+    let text = e.to_string();
+    assert!(text.contains("is at its largest value"), "{text}");
+    assert!(text.contains("widen it to BIGINT"), "{text}");
+    assert!(!e.is_retryable(), "{e:?}");
+    // Nothing was taken.
+    let owner = store.owner("full").await.unwrap();
+    assert!(owner.owner.owner_id.is_empty(), "{owner:?}");
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_full_jvm_version_column_is_a_clear_permanent_error() {
+    // INT UNSIGNED
+    a_full_jvm_version_column_is_a_clear_permanent_error(
+        SqlHarness::mysql().await,
+        Backend::Mysql,
+        4_294_967_295,
+    )
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_full_jvm_version_column_is_a_clear_permanent_error() {
+    // INTEGER
+    a_full_jvm_version_column_is_a_clear_permanent_error(
+        SqlHarness::postgres().await,
+        Backend::Postgres,
+        2_147_483_647,
+    )
+    .await;
+}

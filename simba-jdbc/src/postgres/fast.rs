@@ -57,8 +57,32 @@ impl FastConn {
     }
 }
 
-fn failed(e: impl std::fmt::Display) -> DieselError {
-    DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(e.to_string()))
+fn failed(e: tokio_postgres::Error) -> DieselError {
+    // The driver's own text of a server's error is "db error"; the server's message and
+    // SQLSTATE are in the `DbError`, which the store's classification reads (a full JVM
+    // `version` column: "integer out of range", 22003).
+    let Some(db) = e.as_db_error() else {
+        return DieselError::DatabaseError(DatabaseErrorKind::Unknown, Box::new(e.to_string()));
+    };
+    use tokio_postgres::error::SqlState;
+    let kind = match db.code() {
+        c if *c == SqlState::UNIQUE_VIOLATION => DatabaseErrorKind::UniqueViolation,
+        c if *c == SqlState::FOREIGN_KEY_VIOLATION => DatabaseErrorKind::ForeignKeyViolation,
+        c if *c == SqlState::NOT_NULL_VIOLATION => DatabaseErrorKind::NotNullViolation,
+        c if *c == SqlState::CHECK_VIOLATION => DatabaseErrorKind::CheckViolation,
+        c if *c == SqlState::T_R_SERIALIZATION_FAILURE => DatabaseErrorKind::SerializationFailure,
+        c if *c == SqlState::READ_ONLY_SQL_TRANSACTION => DatabaseErrorKind::ReadOnlyTransaction,
+        _ => DatabaseErrorKind::Unknown,
+    };
+    DieselError::DatabaseError(
+        kind,
+        Box::new(format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        )),
+    )
 }
 
 /// The connections of a store, opened on use.
