@@ -118,7 +118,10 @@ async fn acl_user_and_password() {
         ),
         "{e:?}"
     );
-    tracing::info!("no permission: {e}");
+    assert!(
+        e.to_string().contains("the ACL user lacks a permission"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
