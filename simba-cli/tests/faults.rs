@@ -667,17 +667,7 @@ fn sqlite_without_a_cgroup_the_next_job_waits_for_the_last_process(fault: Fault,
         .spawn()
         .expect("start the second simba exec");
     let next_err = line_channel(next.stderr.take().expect("piped stderr"));
-    let mut said = Vec::new();
-    loop {
-        let line = next_err
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("the second simba exec does not wait ({e}): {said:?}"));
-        let waits = line.contains("waiting for the mutex");
-        said.push(line);
-        if waits {
-            break;
-        }
-    }
+    let mut said = until_waiting(&next_err);
     let guardian = guardian_of(holder.id()).expect("the first simba's guardian");
     let simba_pid = i32::try_from(holder.id()).expect("pid fits i32");
     send_all(&[simba_pid, guardian], fault.signal());

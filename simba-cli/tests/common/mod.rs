@@ -609,6 +609,22 @@ pub fn guardian_of(simba: u32) -> Option<i32> {
     })
 }
 
+/// The stderr lines of a `simba -vv exec` up to and with its `waiting for the mutex` line
+/// (bounded: 60 s).
+pub fn until_waiting(stderr: &std::sync::mpsc::Receiver<String>) -> Vec<String> {
+    let mut said = Vec::new();
+    loop {
+        let line = stderr
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("the second simba exec does not wait ({e}): {said:?}"));
+        let waits = line.contains("waiting for the mutex");
+        said.push(line);
+        if waits {
+            return said;
+        }
+    }
+}
+
 /// Sends `sig` to every pid in one `kill` call (as `kill -9 A B` or `pkill` would).
 pub fn send_all(pids: &[i32], sig: nix::sys::signal::Signal) {
     let list: Vec<String> = pids.iter().map(ToString::to_string).collect();
@@ -798,17 +814,7 @@ fn handover(
         .spawn()
         .expect("start the second simba exec");
     let next_err = line_channel(next.stderr.take().expect("piped stderr"));
-    let mut said = Vec::new();
-    loop {
-        let line = next_err
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("the second simba exec does not wait ({e}): {said:?}"));
-        let waits = line.contains("waiting for the mutex");
-        said.push(line);
-        if waits {
-            break;
-        }
-    }
+    let mut said = until_waiting(&next_err);
     let guardian = guardian_of(holder.id()).expect("the first simba's guardian");
     let simba_pid = i32::try_from(holder.id()).expect("pid fits i32");
     let at_fault = wall_ns();
