@@ -687,6 +687,13 @@ fn sqlite_without_a_cgroup_the_next_job_waits_for_the_last_process(fault: Fault,
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(alive(job[0]), "the setsid process of the first job is gone");
+    // Observers name the owner whose job keeps the mutex, past its lease.
+    let shown = simba(Some(&url))
+        .args(["owner", &mutex])
+        .output()
+        .expect("run simba owner");
+    let shown_text = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown_text.contains("owned by"), "{shown:?}");
     for &p in &job {
         if alive(p) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);

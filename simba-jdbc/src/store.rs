@@ -910,10 +910,11 @@ fn permanent(backend: &'static str, message: String) -> Error {
 const JOB_LOOK_MS: i64 = 1_000;
 
 /// SQLite: the row read after an acquisition that a running job of another owner kept
-/// (its lease is over, the acquire statements left it: `Statements::job_guard`) is shown
-/// as that owner's until the next look, not as free: the engine then waits, instead of
-/// trying again at once, and `lost`/`owner` replies name who keeps it.
-fn keep_for_job(row: &mut Option<OwnerRow>, me: &str, lease: Lease) {
+/// (its lease is over, the acquire statements left it: `Statements::job_guard`), or by
+/// an observer while such a job runs, is shown as that owner's for `look_ms` more, not as
+/// free: a contender then waits instead of trying again at once, and observers (`simba
+/// owner`, `watch`) name who keeps it.
+fn keep_for_job(row: &mut Option<OwnerRow>, me: &str, look_ms: i64) {
     let Some(r) = row.as_mut() else {
         return;
     };
@@ -923,9 +924,7 @@ fn keep_for_job(row: &mut Option<OwnerRow>, me: &str, lease: Lease) {
     if owner.is_empty() || owner == me || transition_at > r.now_ms {
         return;
     }
-    let until = r
-        .now_ms
-        .saturating_add(JOB_LOOK_MS.min(lease.ttl_ms()).max(1));
+    let until = r.now_ms.saturating_add(look_ms.max(1));
     r.ttl_at = Some(until);
     r.transition_at = Some(until);
 }
@@ -963,7 +962,7 @@ impl LeaseStore for SqlStore {
             #[cfg(feature = "sqlite")]
             let job = inner.check_db_file(false, Some(mutex))?;
             #[cfg(not(feature = "sqlite"))]
-            let job = None;
+            let job: Option<i64> = None;
             let pass = inner.gates.enter(mutex, contender_id).await;
             simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
             let mut row: Option<OwnerRow> = run_fast!(
@@ -973,7 +972,7 @@ impl LeaseStore for SqlStore {
             )?;
             simba_core::hops::record(simba_core::hops::Hop::StatementAnswered, mutex);
             if job.is_some() {
-                keep_for_job(&mut row, contender_id, lease);
+                keep_for_job(&mut row, contender_id, JOB_LOOK_MS.min(lease.ttl_ms()));
             }
             let grace = match pass {
                 Pass::Locked(_) => None,
@@ -1084,8 +1083,19 @@ impl LeaseStore for SqlStore {
         Box::pin(async move {
             let inner = &*self.inner;
             let call = inner.start(mutex, None)?;
-            let row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
+            #[allow(unused_mut)]
+            let mut row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
                 .select(c))?;
+            // SQLite: an owner whose lease ran out while its `simba exec` job still runs
+            // keeps the mutex (nobody may take it): shown as the owner, not as free.
+            #[cfg(feature = "sqlite")]
+            if row.as_ref().is_some_and(|r| {
+                r.owner_id.as_deref().is_some_and(|o| !o.is_empty())
+                    && r.transition_at.is_some_and(|t| t <= r.now_ms)
+            }) && inner.check_db_file(false, Some(mutex))?.is_some()
+            {
+                keep_for_job(&mut row, "", JOB_LOOK_MS);
+            }
             inner.reply(row, None)
         })
         .await
