@@ -374,7 +374,11 @@ impl Group {
         // Stopped for the terminal while simba hands it the terminal: it touched the
         // terminal before the hand-over. It has it now: let it go on (no SIGCONT is sent
         // at the hand-over itself, which would undo a Ctrl-Z that came right after it).
-        if self.terminal && matches!(sig, Signal::SIGTTIN | Signal::SIGTTOU) {
+        // Only while its group is still the foreground: otherwise it would stop again.
+        if self.terminal
+            && matches!(sig, Signal::SIGTTIN | Signal::SIGTTOU)
+            && holds_terminal(self.pgid)
+        {
             debug!(%sig, "stopped before it was handed the terminal: continued");
             match killpg(self.pgid, Signal::SIGCONT) {
                 Ok(()) | Err(Errno::ESRCH) => {}
