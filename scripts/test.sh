@@ -16,9 +16,8 @@ cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
 export PATH="$PATH:$cargo_bin"
 # Every build here starts from a cold or an old target directory: incremental compilation
 # only adds its caches' writing. The debug info of the workspace's profile (line tables)
-# also for the `cargo package` verification, whose crates are built without the
-# workspace's [profile] (full debug info otherwise): it compiles faster, and reuses the
-# test build's dependencies where their features are the same.
+# for every cargo run, whatever workspace it is in (the check of the unpacked packages,
+# last, has one of its own).
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
 
