@@ -367,7 +367,7 @@ impl Call<'_> {
     /// first use too). Inserts the row first when it does not exist yet. On SQLite a
     /// contender without the native lock reads first and writes only when its UPDATE could
     /// change the row. `job`: on SQLite, the gated flag of the rows whose owner's job still
-    /// runs (`Statements::job_guard`), if one does.
+    /// runs (`Statements::file_marks`), if one does.
     pub(crate) async fn acquire<C: SqlConn>(
         &self,
         c: &mut C,
@@ -398,10 +398,10 @@ impl Call<'_> {
         match pass {
             Pass::Unlocked => args.push(Arg::Int(total)),
             // SQLite: the gated rows this lock may take over at once.
-            Pass::Locked(mark) if self.st.locked_takes_mark => args.push(Arg::Int(mark)),
+            Pass::Locked(mark) if self.st.file_marks => args.push(Arg::Int(mark)),
             Pass::Locked(_) => {}
         }
-        if self.st.job_guard {
+        if self.st.file_marks {
             // The gated flag of the rows a running job keeps; -1 matches no row.
             args.push(Arg::Int(job.unwrap_or(-1)));
         }

@@ -98,21 +98,19 @@ pub(crate) struct Statements {
     pub(crate) waiter_columns: bool,
     /// Acquire while this process holds the mutex's native lock: takes a free row (SQLite:
     /// also the row of an owner whose process is gone). Args: me, me, the gated flag, me,
-    /// me, ttl, ttl+transition, me, mutex, me [, the gated flag when `locked_takes_mark`]
-    /// [, mutex when `returns_row`].
+    /// me, ttl, ttl+transition, me, mutex, me [, the gated flag, the job flag when
+    /// `file_marks`] [, mutex when `returns_row`].
     pub(crate) acquire_locked: String,
-    /// SQLite with the waiter columns: `acquire_locked` takes over at once a gated row
-    /// whose flag is the taker's own (its database file's identity), bound after the
-    /// `WHERE`'s id.
-    pub(crate) locked_takes_mark: bool,
-    /// SQLite with the waiter columns: both acquire statements bind one more value, last:
-    /// the gated flag of the rows a running job keeps (the owner's `simba exec` command
-    /// holds the mutex's job byte, `crate::sqlite::DbFile::check_job`), which neither
-    /// takes, not even by lease; `-1` (no row's flag) when no job runs.
-    pub(crate) job_guard: bool,
+    /// SQLite with the waiter columns, whose gated flags are database files' identities:
+    /// `acquire_locked` takes over at once a gated row whose flag is the taker's own,
+    /// bound after the `WHERE`'s id; and both acquire statements bind one more value,
+    /// last: the gated flag of the rows a running job keeps (the owner's `simba exec`
+    /// command holds the mutex's job byte, `crate::sqlite::DbFile::check_job`), which
+    /// neither takes, not even by lease; `-1` (no row's flag) when no job runs.
+    pub(crate) file_marks: bool,
     /// Acquire without the native lock: renews its own row, takes a row only when its
     /// lease ran out (never a released one before `grace` ms). Args: me, me, 0, me, me, ttl,
-    /// ttl+transition, me, mutex, me, grace [, the job flag when `job_guard`] [, mutex when
+    /// ttl+transition, me, mutex, me, grace [, the job flag when `file_marks`] [, mutex when
     /// `returns_row`].
     pub(crate) acquire_unlocked: String,
     /// The parts of the batched renewal ([`Statements::renew_batch`]).
@@ -250,7 +248,7 @@ impl Statements {
         // outside Linux (0) is left to its lease.
         //
         // On SQLite, neither statement takes a row whose gated flag is the bound job flag:
-        // the row of an owner whose job still runs (see `Statements::job_guard`).
+        // the row of an owner whose job still runs (see `Statements::file_marks`).
         let job_kept = "(waiter_until IS NULL OR waiter_until <> ?)";
         let locked_take = match backend {
             Backend::Sqlite if waiter_columns => format!(
@@ -427,8 +425,7 @@ impl Statements {
                 Statements {
                     returns_row: true,
                     waiter_columns,
-                    locked_takes_mark: false,
-                    job_guard: false,
+                    file_marks: false,
                     acquire_locked: returning(&acquire_locked),
                     acquire_unlocked: returning(&acquire_unlocked),
                     batch,
@@ -445,8 +442,7 @@ impl Statements {
             Backend::Mysql | Backend::Sqlite => Statements {
                 returns_row: false,
                 waiter_columns,
-                locked_takes_mark: backend == Backend::Sqlite && waiter_columns,
-                job_guard: backend == Backend::Sqlite && waiter_columns,
+                file_marks: backend == Backend::Sqlite && waiter_columns,
                 acquire_locked,
                 acquire_unlocked,
                 batch,
@@ -550,14 +546,12 @@ mod tests {
     fn placeholder_counts_match_arguments() {
         for backend in [Backend::Mysql, Backend::Sqlite] {
             let s = Statements::new(backend, "simba_mutex", FenceRule::Clock, Columns::All);
-            // SQLite binds the taker's identity too (`locked_takes_mark`).
-            let mark = usize::from(s.locked_takes_mark);
-            assert_eq!(s.locked_takes_mark, backend == Backend::Sqlite);
-            // And the flag of a running job's rows (`job_guard`).
-            let job = usize::from(s.job_guard);
-            assert_eq!(s.job_guard, backend == Backend::Sqlite);
-            assert_eq!(s.acquire_locked.matches('?').count(), 10 + mark + job);
-            assert_eq!(s.acquire_unlocked.matches('?').count(), 11 + job);
+            // SQLite binds the taker's identity and the flag of a running job's rows too
+            // (`file_marks`).
+            let marks = usize::from(s.file_marks);
+            assert_eq!(s.file_marks, backend == Backend::Sqlite);
+            assert_eq!(s.acquire_locked.matches('?').count(), 10 + 2 * marks);
+            assert_eq!(s.acquire_unlocked.matches('?').count(), 11 + marks);
             assert_eq!(s.release.matches('?').count(), 2);
             assert_eq!(s.release_after.matches('?').count(), 5);
             assert_eq!(s.insert_owned.matches('?').count(), 6);
@@ -635,7 +629,7 @@ mod tests {
         assert!(!all.acquire_locked.contains("waiter_until = 1"));
         for backend in [Backend::Mysql, Backend::Postgres] {
             let s = Statements::new(backend, "t", FenceRule::Clock, Columns::All);
-            assert!(!s.locked_takes_mark);
+            assert!(!s.file_marks);
             // Their WHERE never reads the gated flag (it is written only).
             let take = s.acquire_locked.split(" WHERE ").nth(1).unwrap_or_default();
             assert!(!take.contains("waiter_until"), "{backend:?}: {take}");

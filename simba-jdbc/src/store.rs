@@ -293,6 +293,18 @@ impl Inner {
         )
     }
 
+    /// Whether a `simba exec` job of `mutex`'s owner runs (SQLite on Linux: its job byte
+    /// is held); `false` elsewhere.
+    fn job_runs(&self, mutex: &str) -> Result<bool> {
+        #[cfg(feature = "sqlite")]
+        return Ok(self.check_db_file(false, Some(mutex))?.is_some());
+        #[cfg(not(feature = "sqlite"))]
+        {
+            let _ = mutex;
+            Ok(false)
+        }
+    }
+
     /// SQLite: refuses a database file that has more than one name, or is missing unless
     /// `missing_ok` (see `crate::sqlite::Refused`), with a configuration error that says
     /// why and how to fix it. Any other failure to open it is left to the native lock,
@@ -909,24 +921,25 @@ fn permanent(backend: &'static str, message: String) -> Error {
 /// the native lock too, which wakes a queued contender at once: this is the fallback.
 const JOB_LOOK_MS: i64 = 1_000;
 
-/// SQLite: the row read after an acquisition that a running job of another owner kept
-/// (its lease is over, the acquire statements left it: `Statements::job_guard`), or by
-/// an observer while such a job runs, is shown as that owner's for `look_ms` more, not as
+/// Whether `row` is the row of an owner other than `me` whose lease has run out: a row
+/// that a running job of that owner may keep (SQLite, `Statements::file_marks`).
+fn past_lease_of_another(row: &OwnerRow, me: &str) -> bool {
+    row.owner_id
+        .as_deref()
+        .is_some_and(|o| !o.is_empty() && o != me)
+        && row.transition_at.is_some_and(|t| t <= row.now_ms)
+}
+
+/// SQLite: such a row ([`past_lease_of_another`]), read while the owner's job runs (the
+/// acquire statements left it), is shown as that owner's for `look_ms` more, not as
 /// free: a contender then waits instead of trying again at once, and observers (`simba
 /// owner`, `watch`) name who keeps it.
 fn keep_for_job(row: &mut Option<OwnerRow>, me: &str, look_ms: i64) {
-    let Some(r) = row.as_mut() else {
-        return;
-    };
-    let (Some(owner), Some(transition_at)) = (r.owner_id.as_deref(), r.transition_at) else {
-        return;
-    };
-    if owner.is_empty() || owner == me || transition_at > r.now_ms {
-        return;
+    if let Some(r) = row.as_mut().filter(|r| past_lease_of_another(r, me)) {
+        let until = r.now_ms.saturating_add(look_ms.max(1));
+        r.ttl_at = Some(until);
+        r.transition_at = Some(until);
     }
-    let until = r.now_ms.saturating_add(look_ms.max(1));
-    r.ttl_at = Some(until);
-    r.transition_at = Some(until);
 }
 
 fn channel_name(table: &str) -> String {
@@ -1083,16 +1096,14 @@ impl LeaseStore for SqlStore {
         Box::pin(async move {
             let inner = &*self.inner;
             let call = inner.start(mutex, None)?;
-            #[allow(unused_mut)]
-            let mut row = run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
-                .select(c))?;
+            let mut row: Option<OwnerRow> =
+                run!(inner, format!("read owner of mutex {mutex:?}"), |c| call
+                    .select(c))?;
             // SQLite: an owner whose lease ran out while its `simba exec` job still runs
-            // keeps the mutex (nobody may take it): shown as the owner, not as free.
-            #[cfg(feature = "sqlite")]
-            if row.as_ref().is_some_and(|r| {
-                r.owner_id.as_deref().is_some_and(|o| !o.is_empty())
-                    && r.transition_at.is_some_and(|t| t <= r.now_ms)
-            }) && inner.check_db_file(false, Some(mutex))?.is_some()
+            // keeps the mutex (nobody may take it): shown as the owner, not as free. The
+            // job byte is probed only for such a row.
+            if row.as_ref().is_some_and(|r| past_lease_of_another(r, ""))
+                && inner.job_runs(mutex)?
             {
                 keep_for_job(&mut row, "", JOB_LOOK_MS);
             }

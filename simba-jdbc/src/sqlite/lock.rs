@@ -3,7 +3,7 @@
 //! byte and, before it, an "entry" byte that keeps the order (see the crate README), for
 //! the wait queue (`crate::gate`). A third byte per mutex, in a region of its own, is
 //! the *job* byte: held by the processes of a job that runs for the owner (`simba exec`'s
-//! command, see [`job_held`]), never by simba's own processes.
+//! command, see [`DbFile::check_job`]), never by simba's own processes.
 //!
 //! The lock belongs to the file (its inode), not to a name: every path that opens the
 //! database (a symlink, a bind mount, `a/../t.db`) reaches the same bytes, and there is no
@@ -239,26 +239,31 @@ impl DbFile {
     /// gated rows (store start, migrate and every acquisition: an `fstat` of a free
     /// description).
     pub(crate) fn check(&self) -> Result<i64, Refused> {
-        let (inode, desc) = self.take()?;
-        let mark = inode.mark;
-        give_back(&inode, desc);
-        Ok(mark)
+        self.with_free(|inode, _| inode.mark)
     }
 
-    /// [`DbFile::check`], and whether a job holds the job byte of `key` (a mutex of this
-    /// file) (one `F_OFD_GETLK`
-    /// on the same description): `Some(mark)` when one does, the mark of the rows its
-    /// owner gated. A probe failure counts as held (it only holds a takeover back).
+    /// [`DbFile::check`], and whether a job holds the job byte of `key`, a mutex of this
+    /// file (one `F_OFD_GETLK` on the same description): `Some(mark)` when one does, the
+    /// mark of the rows its owner gated. A probe failure counts as held (it only holds a
+    /// takeover back).
     pub(crate) fn check_job(&self, key: &FileKey) -> Result<Option<i64>, Refused> {
+        self.with_free(|inode, desc| {
+            let held =
+                held_elsewhere(&desc.0, key, "job", job_byte(key.entry)).unwrap_or_else(|e| {
+                    tracing::debug!("{e}");
+                    true
+                });
+            held.then_some(inode.mark)
+        })
+    }
+
+    /// `f` of a free description of the file (checked by [`DbFile::take`]), given back
+    /// after.
+    fn with_free<T>(&self, f: impl FnOnce(&Inode, &Desc) -> T) -> Result<T, Refused> {
         let (inode, desc) = self.take()?;
-        let mark = inode.mark;
-        let job = job_byte(key.entry);
-        let held = held_elsewhere(&desc.0, key, "job", job).unwrap_or_else(|e| {
-            tracing::debug!("{e}");
-            true
-        });
+        let out = f(&inode, &desc);
         give_back(&inode, desc);
-        Ok(held.then_some(mark))
+        Ok(out)
     }
 }
 
