@@ -484,35 +484,47 @@ fn has_job_control_parent() -> bool {
     )
 }
 
-/// simba's process group when it is the foreground of the terminal that is simba's
-/// standard input (an interactive shell's foreground job), else `None`.
-fn own_foreground() -> Option<i32> {
+/// The foreground process group of the terminal on standard input, when it is one.
+pub(crate) fn stdin_foreground() -> Option<Pid> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         return None;
     }
+    nix::unistd::tcgetpgrp(stdin.as_fd()).ok()
+}
+
+/// Makes `pgid` the foreground of the terminal on standard input, also from a background
+/// group of its session: SIGTTOU is blocked on the calling thread for the call (the
+/// kernel would stop the caller otherwise), and the thread's mask restored after.
+pub(crate) fn set_foreground(pgid: Pid) -> nix::Result<()> {
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut before = SigSet::empty();
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before))?;
+    let set = nix::unistd::tcsetpgrp(std::io::stdin().as_fd(), pgid);
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None)?;
+    set
+}
+
+/// simba's process group when it is the foreground of the terminal that is simba's
+/// standard input (an interactive shell's foreground job), else `None`.
+fn own_foreground() -> Option<i32> {
     let own = nix::unistd::getpgrp();
-    matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == own).then(|| own.as_raw())
+    (stdin_foreground() == Some(own)).then(|| own.as_raw())
 }
 
 /// Whether the terminal on simba's standard input has `pgid` in its foreground.
 fn holds_terminal(pgid: Pid) -> bool {
-    let stdin = std::io::stdin();
-    stdin.is_terminal() && matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == pgid)
+    stdin_foreground() == Some(pgid)
 }
 
 /// Hands the terminal's foreground to `pgid` when simba is interactive; see [`spawn`].
 fn hand_terminal(pgid: Pid) -> bool {
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
+    if own_foreground().is_none() {
         return false;
     }
-    let fd = stdin.as_fd();
-    match nix::unistd::tcgetpgrp(fd) {
-        Ok(fg) if fg == nix::unistd::getpgrp() => {}
-        _ => return false,
-    }
-    if let Err(e) = nix::unistd::tcsetpgrp(fd, pgid) {
+    if let Err(e) = nix::unistd::tcsetpgrp(std::io::stdin().as_fd(), pgid) {
         debug!("cannot give the terminal to the command: {e}");
         return false;
     }
@@ -526,24 +538,8 @@ fn hand_terminal(pgid: Pid) -> bool {
 /// background at this point, so the call is made from a thread that blocks SIGTTOU
 /// (otherwise the kernel would stop simba for it).
 fn take_terminal_back() {
-    let restore = || {
-        let mut block = nix::sys::signal::SigSet::empty();
-        block.add(Signal::SIGTTOU);
-        if let Err(e) = nix::sys::signal::pthread_sigmask(
-            nix::sys::signal::SigmaskHow::SIG_BLOCK,
-            Some(&block),
-            None,
-        ) {
-            debug!("cannot block SIGTTOU: {e}");
-            return;
-        }
-        let stdin = std::io::stdin();
-        if let Err(e) = nix::unistd::tcsetpgrp(stdin.as_fd(), nix::unistd::getpgrp()) {
-            debug!("cannot take the terminal back: {e}");
-        }
-    };
-    if std::thread::spawn(restore).join().is_err() {
-        debug!("taking the terminal back failed");
+    if let Err(e) = set_foreground(nix::unistd::getpgrp()) {
+        debug!("cannot take the terminal back: {e}");
     }
 }
 

@@ -502,26 +502,13 @@ pub(crate) fn start_main() -> ExitCode {
 /// becomes it, before the command runs. So the command never runs in the background
 /// first (a read there would stop it, and the SIGCONT after a later hand-over would
 /// cancel a Ctrl-Z typed meanwhile). SIGTTOU is blocked for the call (this process is
-/// in a background group until it succeeds) and unblocked before the exec.
+/// in a background group until it succeeds: `crate::child::set_foreground`), the mask
+/// restored before the exec.
 fn take_terminal_from(simba: Pid) {
-    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
-    use std::io::IsTerminal as _;
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
-        return;
+    if crate::child::stdin_foreground() == Some(simba) {
+        // Best effort: failing that, simba hands the terminal over once the command runs.
+        let _ = crate::child::set_foreground(nix::unistd::getpgrp());
     }
-    if !matches!(nix::unistd::tcgetpgrp(stdin.as_fd()), Ok(fg) if fg == simba) {
-        return;
-    }
-    let mut ttou = SigSet::empty();
-    ttou.add(Signal::SIGTTOU);
-    let mut before = SigSet::empty();
-    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut before)).is_err() {
-        return;
-    }
-    let _ = nix::unistd::tcsetpgrp(stdin.as_fd(), nix::unistd::getpgrp());
-    // The command inherits the mask: as it was.
-    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
 }
 
 /// Locks the job byte of each anchor that has one, each on a new open file description
@@ -793,27 +780,21 @@ async fn guard(
     // The job bytes: on descriptions of the guardian's own, handed to the command only
     // (closed here once it runs), so that the job's processes, and nothing of simba's,
     // keep the mutex past the lease.
-    let jobs = match lock_job_bytes(&anchors, &job_bytes) {
-        Ok(jobs) => jobs,
-        Err(e) => {
-            let line = format!("failed cannotrun {}\n", e.replace('\n', " "));
-            let _ = write.write_all(line.as_bytes()).await;
-            if let Some(cg) = cgroup {
-                cg.remove();
-            }
-            return Ok(());
+    let started = match lock_job_bytes(&anchors, &job_bytes) {
+        Ok(jobs) => {
+            inherited.extend(jobs.iter().map(|j| j.as_raw_fd().to_string()));
+            start_command(
+                &argv,
+                stdin,
+                cgroup.as_ref(),
+                &inherited.join(","),
+                foreground,
+            )
+            // `jobs` dropped here: the command has its copies (or failed to start), the
+            // job bytes are its alone.
         }
+        Err(e) => Err(format!("failed cannotrun {}\n", e.replace('\n', " "))),
     };
-    inherited.extend(jobs.iter().map(|j| j.as_raw_fd().to_string()));
-    let started = start_command(
-        &argv,
-        stdin,
-        cgroup.as_ref(),
-        &inherited.join(","),
-        foreground,
-    );
-    // The command has its copies (or failed to start): the job bytes are its alone.
-    drop(jobs);
     let pid = match started {
         Ok(pid) => pid,
         Err(line) => {
