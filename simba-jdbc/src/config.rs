@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use simba_core::{Error, MAX_MUTEX_NAME_LEN, Result, validate_duration};
 
+pub use crate::url_query::redact_url;
+
 /// The table name used when none is configured (as in Simba).
 pub const DEFAULT_TABLE: &str = "simba_mutex";
 /// The default number of pooled connections per store.
@@ -210,7 +212,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
 
 #[cfg(feature = "mysql")]
 fn check_mysql_url(url: &str) -> Result<()> {
-    crate::mysql::check_url(url)
+    crate::mysql::connect::check_url(url)
 }
 
 #[cfg(not(feature = "mysql"))]
@@ -219,30 +221,15 @@ fn check_mysql_url(_url: &str) -> Result<()> {
 }
 
 /// Checks what tokio-postgres would refuse only when connecting (see
-/// `crate::postgres::check_url`).
+/// `crate::postgres::connect::check_url`).
 #[cfg(feature = "postgres")]
 fn check_postgres_url(url: &str) -> Result<()> {
-    crate::postgres::check_url(url)
+    crate::postgres::connect::check_url(url)
 }
 
 #[cfg(not(feature = "postgres"))]
 fn check_postgres_url(_url: &str) -> Result<()> {
     Ok(())
-}
-
-/// `url` with every secret replaced by `***`, for errors and logs: the userinfo password
-/// (`mysql://user:password@…`, `postgres://user:password@…`) and every parameter named like
-/// a password (`password=`, `pass=`, `sslpassword=`, …), in URLs and in PostgreSQL's
-/// `key=value` connection strings alike.
-///
-/// ```
-/// assert_eq!(
-///     simba_jdbc::redact_url("postgres://app:hunter2@db/x?sslmode=require&password=hunter2"),
-///     "postgres://app:***@db/x?sslmode=require&password=***",
-/// );
-/// ```
-pub fn redact_url(url: &str) -> String {
-    simba_core::redact_url_with(url, simba_core::is_secret_key)
 }
 
 /// Checks a table name: `[schema.]table`, each part an ASCII letter or `_` followed by

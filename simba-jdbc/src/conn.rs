@@ -16,8 +16,20 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Object;
 use simba_core::backend::{Lease, held_owner_id};
 
-use crate::gate::Pass;
 use crate::sql::{OneStatement, Statements};
+
+/// How a contender may run its acquisition, as its gate decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// This process holds the native lock for the contender: it may take a free row (and
+    /// on SQLite the row of an owner whose process is gone, if that owner's gated flag is
+    /// this value: the identity of the database file this lock is on, see
+    /// `crate::native::Held::mark`). The contender writes the value to its row's gated flag.
+    Locked(i64),
+    /// It does not: it may renew its own row, and take a row only when its owner's lease
+    /// has run out (never a released one: that belongs to whoever holds the native lock).
+    Unlocked,
+}
 
 /// One bound value of a statement.
 #[derive(Debug, Clone, Copy)]

@@ -381,18 +381,17 @@ async fn sql_handoff(
 
 #[cfg(feature = "sqlite")]
 async fn file_handoff(kind: Backend, key: &crate::sqlite::FileKey) -> Result<Duration> {
-    let failed = |e: String| Error::backend(kind.name(), format!("handoff floor: {e}"));
-    let Some(held) = key.try_lock().await.map_err(failed)? else {
-        return Err(failed(
-            "the floor's lock file is locked by someone else".into(),
-        ));
+    let failed =
+        |e: &dyn std::fmt::Display| Error::backend(kind.name(), format!("handoff floor: {e}"));
+    let Some(held) = key.try_lock().await.map_err(|e| failed(&e))? else {
+        return Err(failed(&"the floor's lock file is locked by someone else"));
     };
     let mut wait = key.wait();
     tokio::select! {
         r = &mut wait => {
             drop(r);
             drop(held);
-            return Err(failed("the waiter got the lock while the holder held it".into()));
+            return Err(failed(&"the waiter got the lock while the holder held it"));
         }
         () = tokio::time::sleep(QUEUE_SETTLE) => {}
     }
@@ -401,8 +400,8 @@ async fn file_handoff(kind: Backend, key: &crate::sqlite::FileKey) -> Result<Dur
     let released = tokio::time::Instant::now();
     let got = wait
         .await
-        .map_err(|e| failed(format!("lock file task: {e}")))?
-        .map_err(failed)?;
+        .map_err(|e| failed(&e))?
+        .map_err(|e| failed(&e))?;
     let took = released.elapsed();
     drop(got);
     Ok(took)

@@ -41,6 +41,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 use tracing::{debug, warn};
 
+use crate::conn::Pass;
 use crate::native::{FileLock, Held, Key, Kind, Locks, WaitSlot, Waited};
 
 /// Events a subscriber may have queued before it reads them. A full queue already holds an
@@ -53,31 +54,6 @@ const LINGER: Duration = Duration::from_millis(250);
 /// First and longest pause before a failed wait is tried again.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
-/// How a contender may run its acquisition, as its gate decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pass {
-    /// This process holds the native lock for the contender: it may take a free row (and
-    /// on SQLite the row of an owner whose process is gone, if that owner's gated flag is
-    /// this value: the identity of the database file this lock is on, see
-    /// `crate::native::Held::mark`). The contender writes the value to its row's gated flag.
-    Locked(i64),
-    /// It does not: it may renew its own row, and take a row only when its owner's lease
-    /// has run out (never a released one: that belongs to whoever holds the native lock).
-    Unlocked,
-}
-
-/// 64-bit FNV-1a: a hash that is the same in every process and every Rust version (the
-/// key of a native lock must be, across the processes that share it).
-pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.bytes().chain(std::iter::once(0u8)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
 
 /// A blocking wait for the native lock in flight: its task, and the signal that ends it.
 struct Wait {
@@ -855,7 +831,7 @@ impl Gates {
     fn linger(
         self: &Arc<Self>,
         gate: &Arc<Gate>,
-        blocking: JoinHandle<Result<FileLock, String>>,
+        blocking: JoinHandle<Result<FileLock, crate::lock_error::LockError>>,
         slot: WaitSlot,
     ) {
         let this = self.clone();

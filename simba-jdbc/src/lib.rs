@@ -17,9 +17,11 @@ mod floor;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
+mod lock_error;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod native;
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod schema;

@@ -35,17 +35,30 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tracing::debug;
 
-use crate::gate::stable_hash;
+use crate::lock_error::LockError;
 
 #[cfg(feature = "sqlite")]
 pub(crate) use crate::sqlite::{DbFile, FileKey, FileLock};
 #[cfg(not(feature = "sqlite"))]
 pub(crate) use no_files::{FileKey, FileLock};
 
+/// 64-bit FNV-1a: a hash that is the same in every process and every Rust version (the
+/// key of a native lock must be, across the processes that share it).
+pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.bytes().chain(std::iter::once(0u8)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
 /// The most native locks one store holds on its shared session (PostgreSQL's advisory
 /// locks live in the server's shared lock table, about 64 × max_connections entries for
 /// every session together). A contender that finds the store at the bound acquires by the
-/// row alone (see [`Pass::Unlocked`](crate::gate::Pass::Unlocked)): correct, only without
+/// row alone (see [`Pass::Unlocked`](crate::conn::Pass::Unlocked)): correct, only without
 /// the queue's order and push.
 const MAX_SHARED_LOCKS: usize = 1000;
 
@@ -73,7 +86,7 @@ pub(crate) enum Waited {
     /// Given up, but a blocking lock-file call of it cannot be interrupted: it still waits,
     /// holding the entry, and returns the lock when the lock is free. Its slot under the
     /// cap is held until then.
-    Lingering(JoinHandle<Result<FileLock, String>>, WaitSlot),
+    Lingering(JoinHandle<Result<FileLock, LockError>>, WaitSlot),
 }
 
 /// A place under [`MAX_NATIVE_WAITS`]: dropping it frees it for the next wait.
@@ -211,13 +224,21 @@ impl Locks {
         }
     }
 
+    /// The error of a call on the locks that got no answer within the store's bound.
+    fn no_answer(&self, what: &'static str) -> LockError {
+        LockError::NoAnswer {
+            what,
+            bound: self.bound,
+        }
+    }
+
     /// Where the locks live.
     pub(crate) fn kind(&self) -> &Kind {
         &self.kind
     }
 
     /// One non-blocking attempt at the native lock.
-    pub(crate) async fn try_lock(&self, key: &Key) -> Result<Option<Held>, String> {
+    pub(crate) async fn try_lock(&self, key: &Key) -> Result<Option<Held>, LockError> {
         match key {
             Key::Local => Ok(Some(Held::Local)),
             Key::File(files) => {
@@ -226,19 +247,17 @@ impl Locks {
             }
             Key::Session(_) => {
                 if self.shared.load(Ordering::Relaxed) >= MAX_SHARED_LOCKS {
-                    return Err(format!(
-                        "this store holds {MAX_SHARED_LOCKS} native locks already"
-                    ));
+                    return Err(LockError::AtCap(MAX_SHARED_LOCKS));
                 }
                 let mut holder = self.holder.lock().await;
                 if holder.is_none() {
                     let s = timeout(self.bound, Session::connect(&self.kind))
                         .await
-                        .map_err(|_| format!("no lock session within {:?}", self.bound))??;
+                        .map_err(|_| self.no_answer("lock session connect"))??;
                     *holder = Some(s);
                 }
                 let Some(session) = holder.as_mut() else {
-                    return Err("no lock session".to_owned());
+                    return Err(LockError::Mismatch("no lock session"));
                 };
                 match timeout(self.bound, session.try_lock(key)).await {
                     Ok(Ok(true)) => {
@@ -252,7 +271,7 @@ impl Locks {
                     }
                     Err(_) => {
                         *holder = None;
-                        Err(format!("lock session: no answer within {:?}", self.bound))
+                        Err(self.no_answer("lock session"))
                     }
                 }
             }
@@ -268,7 +287,7 @@ impl Locks {
         key: &Key,
         mut cancel: oneshot::Receiver<()>,
         poke: &Notify,
-    ) -> Result<Waited, String> {
+    ) -> Result<Waited, LockError> {
         // Fired, or its sender dropped: given up. A receiver that `try_recv` found closed
         // is finished and must not be polled again (tokio panics "called after complete").
         if !matches!(cancel.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
@@ -286,9 +305,7 @@ impl Locks {
                 };
                 let mut blocking = files.wait();
                 tokio::select! {
-                    r = &mut blocking => r
-                        .map_err(|e| format!("lock file task: {e}"))?
-                        .map(|f| Waited::Got(Held::File(f))),
+                    r = &mut blocking => r?.map(|f| Waited::Got(Held::File(f))),
                     // A blocking lock call cannot be interrupted: its thread goes on
                     // waiting, and the gate follows it (`Gates::linger`).
                     _ = cancel => Ok(Waited::Lingering(blocking, slot)),
@@ -306,9 +323,8 @@ impl Locks {
                             let session = tokio::select! {
                                 biased;
                                 _ = &mut cancel => return Ok(Waited::GaveUp),
-                                s = connect => s.map_err(|_| {
-                                    format!("no lock session within {:?}", self.bound)
-                                })??,
+                                s = connect => s
+                                    .map_err(|_| self.no_answer("lock session connect"))??,
                             };
                             OwnSession { session, slot }
                         }
@@ -334,7 +350,7 @@ impl Locks {
         key: &Key,
         mut own: OwnSession,
         cancel: oneshot::Receiver<()>,
-    ) -> Result<Waited, String> {
+    ) -> Result<Waited, LockError> {
         let canceller = own.session.canceller(&self.kind);
         let mut given_up = false;
         let got = {
@@ -373,9 +389,9 @@ impl Locks {
         &self,
         canceller: &Canceller,
         mut lock: std::pin::Pin<&mut F>,
-    ) -> Result<(), String>
+    ) -> Result<(), LockError>
     where
-        F: std::future::Future<Output = Result<(), String>>,
+        F: std::future::Future<Output = Result<(), LockError>>,
     {
         let deadline = tokio::time::Instant::now() + self.bound;
         let mut pause = CANCEL_AGAIN_MIN;
@@ -392,10 +408,7 @@ impl Locks {
             match tokio::time::timeout_at(until, &mut lock).await {
                 Ok(r) => return r,
                 Err(_) if until >= deadline => {
-                    return Err(format!(
-                        "a cancelled wait did not end within {:?}",
-                        self.bound
-                    ));
+                    return Err(self.no_answer("a cancelled wait"));
                 }
                 Err(_) => pause = (pause * 2).min(CANCEL_AGAIN_MAX),
             }
@@ -456,7 +469,7 @@ impl Locks {
         }
     }
 
-    pub(crate) async fn unlock(&self, key: &Key, held: Held) -> Result<(), String> {
+    pub(crate) async fn unlock(&self, key: &Key, held: Held) -> Result<(), LockError> {
         match held {
             Held::Local => Ok(()),
             Held::File(file) => {
@@ -480,7 +493,7 @@ impl Locks {
                     }
                     Err(_) => {
                         *holder = None;
-                        Err(format!("lock session: no answer within {:?}", self.bound))
+                        Err(self.no_answer("lock session"))
                     }
                 }
             }
@@ -490,7 +503,7 @@ impl Locks {
                     Ok(())
                 }
                 Ok(Err(e)) => Err(e),
-                Err(_) => Err(format!("lock session: no answer within {:?}", self.bound)),
+                Err(_) => Err(self.no_answer("lock session")),
             },
         }
     }
@@ -591,7 +604,7 @@ pub(crate) enum Session {
 }
 
 impl Session {
-    pub(crate) async fn connect(kind: &Kind) -> Result<Session, String> {
+    pub(crate) async fn connect(kind: &Kind) -> Result<Session, LockError> {
         match kind {
             #[cfg(feature = "postgres")]
             Kind::Postgres { pg } => crate::postgres::lock::Session::connect(pg)
@@ -602,40 +615,40 @@ impl Session {
                 .await
                 .map(Session::My),
             #[allow(unreachable_patterns)]
-            _ => Err("this backend has no lock sessions".to_owned()),
+            _ => Err(LockError::Mismatch("this backend has no lock sessions")),
         }
     }
 
-    pub(crate) async fn try_lock(&mut self, key: &Key) -> Result<bool, String> {
+    pub(crate) async fn try_lock(&mut self, key: &Key) -> Result<bool, LockError> {
         match (self, key) {
             #[cfg(feature = "postgres")]
             (Session::Pg(s), Key::Session(SessionKey::Pg(k))) => s.try_lock(*k).await,
             #[cfg(feature = "mysql")]
             (Session::My(s), Key::Session(SessionKey::My(k))) => s.try_lock(k).await,
             #[allow(unreachable_patterns)]
-            _ => Err("a lock key of another backend".to_owned()),
+            _ => Err(LockError::Mismatch("a lock key of another backend")),
         }
     }
 
-    pub(crate) async fn lock(&mut self, key: &Key) -> Result<(), String> {
+    pub(crate) async fn lock(&mut self, key: &Key) -> Result<(), LockError> {
         match (self, key) {
             #[cfg(feature = "postgres")]
             (Session::Pg(s), Key::Session(SessionKey::Pg(k))) => s.lock(*k).await,
             #[cfg(feature = "mysql")]
             (Session::My(s), Key::Session(SessionKey::My(k))) => s.lock(k).await,
             #[allow(unreachable_patterns)]
-            _ => Err("a lock key of another backend".to_owned()),
+            _ => Err(LockError::Mismatch("a lock key of another backend")),
         }
     }
 
-    pub(crate) async fn unlock(&mut self, key: &Key) -> Result<(), String> {
+    pub(crate) async fn unlock(&mut self, key: &Key) -> Result<(), LockError> {
         match (self, key) {
             #[cfg(feature = "postgres")]
             (Session::Pg(s), Key::Session(SessionKey::Pg(k))) => s.unlock(*k).await,
             #[cfg(feature = "mysql")]
             (Session::My(s), Key::Session(SessionKey::My(k))) => s.unlock(k).await,
             #[allow(unreachable_patterns)]
-            _ => Err("a lock key of another backend".to_owned()),
+            _ => Err(LockError::Mismatch("a lock key of another backend")),
         }
     }
 
@@ -670,13 +683,13 @@ pub(crate) enum Canceller {
 }
 
 impl Canceller {
-    pub(crate) async fn cancel(&self) -> Result<(), String> {
+    pub(crate) async fn cancel(&self) -> Result<(), LockError> {
         match self {
             #[cfg(feature = "postgres")]
             Canceller::Pg(token, pg) => pg
                 .cancel(token)
                 .await
-                .map_err(|e| format!("postgres cancel request: {e}")),
+                .map_err(|e| LockError::session("postgres", e)),
             #[cfg(feature = "mysql")]
             Canceller::My { url, id } => crate::mysql::lock::kill_query(url, *id).await,
             Canceller::None => Ok(()),
@@ -688,6 +701,8 @@ impl Canceller {
 #[cfg(not(feature = "sqlite"))]
 mod no_files {
     use tokio::task::JoinHandle;
+
+    use crate::lock_error::LockError;
 
     /// The lock files of a mutex: none in this build.
     #[derive(Debug, Clone)]
@@ -710,11 +725,11 @@ mod no_files {
     }
 
     impl FileKey {
-        pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, String> {
+        pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, LockError> {
             match *self {}
         }
 
-        pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, String>> {
+        pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, LockError>> {
             match *self {}
         }
     }

@@ -2,8 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use simba_core::backend::{Lease, LeaseReply, LeaseStore, hold_millis};
@@ -12,9 +11,9 @@ use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_com
 use tracing::{debug, info, warn};
 
 use crate::config::{Backend, SqlConfig, Target, redact_url};
-use crate::conn::{Arg, Call, Checked, OwnerRow, SqlConn};
+use crate::conn::{Arg, Call, Checked, OwnerRow, Pass, SqlConn};
 use crate::dialect::{Dialect, notify_acquired, notify_released, on_pool, with_fast};
-use crate::gate::{Gates, Pass};
+use crate::gate::Gates;
 use crate::schema::{self, Shape};
 use crate::sql::{Columns, FenceRule, Statements};
 
@@ -64,7 +63,7 @@ macro_rules! on_conn {
             }
         }
     }};
-    // Renewal batches: on the renewal connections (`crate::dialect::split_pool`), and on
+    // Renewal batches: on the renewal connections (`crate::pool::split_pool`), and on
     // SQLite with the next turn, ahead of every queued acquisition (see `Turns`).
     (@renewal $inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
@@ -104,7 +103,7 @@ macro_rules! run_fast {
                     let mut handle = fast
                         .handle()
                         .await
-                        .map_err(|e| Failure::Connect(e.clone(), e.into()))?;
+                        .map_err(|e| Failure::Connect(e.to_string(), e.into()))?;
                     let answer = {
                         let $c = &mut handle;
                         $body.await.map_err(Failure::Query)?
@@ -146,27 +145,10 @@ struct Inner {
     config: SqlConfig,
     /// The pool, and what else the store's database needs.
     dialect: Dialect,
-    /// The statements of simba's own table ([`FenceRule::Clock`]).
-    st: Statements,
-    /// The same with [`FenceRule::Counter`], for a narrow `version` column.
-    st_counter: Statements,
-    /// Both rules for a table without simba's waiter columns ([`Columns::Lease`]):
-    /// `[Clock, Counter]`.
-    st_lease: [Statements; 2],
-    /// Set by the migration when the table lacks the waiter columns and DDL is off.
-    lease_only: AtomicBool,
-    /// Set by the migration when the server runs an acquisition in one statement
-    /// (MariaDB ≥ 10.5, [`SqlConfig::with_one_statement_acquire`]).
-    one_statement: AtomicBool,
-    /// The largest value of the table's `version` column when it is narrower than 64 bits
-    /// (then fences are `version + 1`), else `i64::MAX`; set by the migration.
-    fence_max: AtomicI64,
-    /// The longest contender id the table holds (with a hold's prefix), from the
-    /// migration's look at the `owner_id` column.
-    max_contender: AtomicUsize,
-    /// The width of the table's `mutex` column, from the migration (names are also
-    /// bounded by `SqlConfig::max_name_len`).
-    max_name: AtomicUsize,
+    /// What the first successful migration learned of the table ([`Table`]).
+    table: OnceLock<Table>,
+    /// Simba's own table, until a migration has looked at it.
+    default_table: Table,
     /// Mutexes whose row a watcher reads while a foreign owner holds it
     /// ([`watch_foreign`]).
     foreign: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -187,6 +169,66 @@ struct Inner {
     turns: Option<Turns>,
     /// Semaphores: the statements of the permits table and this store's waiters.
     permits: permits::Permits,
+}
+
+/// What a store knows of its table: the statements for its columns and fence rule, and
+/// its bounds. Chosen once, when the table is known (the first successful
+/// [`SqlStore::migrate`]); until then, simba's own table with 64-bit fences.
+#[derive(Debug)]
+struct Table {
+    /// The statements for the table's columns ([`Columns`]) and fence rule ([`FenceRule`]).
+    st: Statements,
+    /// Whether the server runs an acquisition in one statement (MariaDB ≥ 10.5, and
+    /// [`SqlConfig::with_one_statement_acquire`]).
+    one_statement: bool,
+    /// The largest value of the `version` column when it is narrower than 64 bits (then
+    /// fences are `version + 1`), else `i64::MAX`.
+    fence_max: i64,
+    /// The longest contender id the `owner_id` column holds (with a hold's prefix).
+    max_contender: usize,
+    /// The width of the `mutex` column (names are also bounded by
+    /// `SqlConfig::max_name_len`).
+    max_name: usize,
+}
+
+impl Table {
+    /// The table of `shape`, with or without simba's waiter columns.
+    fn new(kind: Backend, name: &str, shape: &Shape, waiter_columns: bool, one: bool) -> Table {
+        let fence_max = shape.fence_max.unwrap_or(i64::MAX);
+        let rule = if fence_max < i64::MAX {
+            FenceRule::Counter
+        } else {
+            FenceRule::Clock
+        };
+        let columns = if waiter_columns {
+            Columns::All
+        } else {
+            Columns::Lease
+        };
+        Table {
+            st: Statements::new(kind, name, rule, columns),
+            one_statement: one,
+            fence_max,
+            max_contender: shape.max_contender_len(),
+            max_name: shape.name_len,
+        }
+    }
+
+    /// Whether fences are `version + 1` (a narrow `version` column).
+    fn counter_fence(&self) -> bool {
+        self.fence_max < i64::MAX
+    }
+
+    /// Whether `other` runs other statements or bounds than this one.
+    fn differs(&self, other: &Table) -> bool {
+        (self.st.waiter_columns, self.one_statement, self.fence_max)
+            != (
+                other.st.waiter_columns,
+                other.one_statement,
+                other.fence_max,
+            )
+            || (self.max_contender, self.max_name) != (other.max_contender, other.max_name)
+    }
 }
 
 /// SQLite's turns: calls queue in `line` (first come first) and then take `turn`; a
@@ -258,7 +300,7 @@ impl Inner {
         let missing_column = lower.contains("no such column")
             || lower.contains("unknown column")
             || (lower.contains("column") && lower.contains("does not exist"));
-        let fence_full = self.counter_fence() && schema::fence_exhausted(&text);
+        let fence_full = self.table().counter_fence() && schema::fence_exhausted(&text);
         let permanent = missing_table || missing_column || fence_full || lower.contains("syntax");
         let hint = if fence_full {
             format!(
@@ -318,12 +360,11 @@ impl Inner {
         use crate::sqlite::Refused;
         match self.gates.check_db_file(mutex) {
             Ok(job) => Ok(job),
-            Err(Refused::Missing(_)) if missing_ok => Ok(None),
-            Err(Refused::HardLinked(reason) | Refused::Missing(reason)) => {
-                Err(Error::config("url", reason))
+            Err(Refused::Missing { .. }) if missing_ok => Ok(None),
+            Err(e @ (Refused::HardLinked { .. } | Refused::Missing { .. })) => {
+                Err(Error::config("url", e.to_string()))
             }
-            Err(e @ (Refused::Io(_) | Refused::Deleted)) => {
-                let e = e.text();
+            Err(e @ (Refused::Io { .. } | Refused::Deleted)) => {
                 debug!("cannot check the SQLite database file: {e}");
                 Ok(None)
             }
@@ -340,24 +381,22 @@ impl Inner {
     }
 
     fn call<'a>(&'a self, mutex: &'a str) -> Call<'a> {
-        let st = self.st();
+        let table = self.table();
         Call {
-            st,
+            st: &table.st,
             mutex,
-            one: st
+            one: table
+                .st
                 .one_statement
                 .as_ref()
-                .filter(|_| self.one_statement.load(Ordering::Relaxed)),
+                .filter(|_| table.one_statement),
         }
     }
 
     fn check_name(&self, mutex: &str) -> Result<()> {
         check_common_mutex_name(mutex)?;
         let chars = mutex.chars().count();
-        let max = self
-            .config
-            .max_name_len()
-            .min(self.max_name.load(Ordering::Relaxed));
+        let max = self.config.max_name_len().min(self.table().max_name);
         if chars > max {
             let short: String = mutex.chars().take(64).collect();
             return Err(Error::InvalidName {
@@ -379,7 +418,7 @@ impl Inner {
 
     fn check_contender(&self, contender: &str) -> Result<()> {
         check_common_contender_id(contender)?;
-        let max = self.max_contender.load(Ordering::Relaxed);
+        let max = self.table().max_contender;
         if contender.chars().count() > max {
             return Err(Error::InvalidContenderId {
                 id: contender.chars().take(64).collect(),
@@ -394,21 +433,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Whether fences are `version + 1` (a narrow `version` column).
-    fn counter_fence(&self) -> bool {
-        self.fence_max.load(Ordering::Relaxed) < i64::MAX
-    }
-
-    /// The statements for this table's columns and fence rule.
-    fn st(&self) -> &Statements {
-        let counter = self.counter_fence();
-        if self.lease_only.load(Ordering::Relaxed) {
-            &self.st_lease[usize::from(counter)]
-        } else if counter {
-            &self.st_counter
-        } else {
-            &self.st
-        }
+    /// What the store knows of its table (see [`Table`]).
+    fn table(&self) -> &Table {
+        self.table.get().unwrap_or(&self.default_table)
     }
 
     /// The reply from the row ([`owner_reply`] for this store's backend).
@@ -533,10 +560,7 @@ impl SqlStore {
     pub fn connect_lazy(config: SqlConfig) -> Result<SqlStore> {
         let target = config.target()?;
         let kind = target.backend();
-        let st = Statements::new(kind, config.table(), FenceRule::Clock, Columns::All);
-        let st_counter = Statements::new(kind, config.table(), FenceRule::Counter, Columns::All);
-        let st_lease = [FenceRule::Clock, FenceRule::Counter]
-            .map(|rule| Statements::new(kind, config.table(), rule, Columns::Lease));
+        let default_table = Table::new(kind, config.table(), &Shape::default(), true, false);
         let channel = channel_name(config.table());
         let dialect = Dialect::new(&target, &config, &channel)?;
         let gates = Arc::new(Gates::new(
@@ -562,14 +586,8 @@ impl SqlStore {
                 gates,
                 config,
                 dialect,
-                st,
-                st_counter,
-                st_lease,
-                lease_only: AtomicBool::new(false),
-                one_statement: AtomicBool::new(false),
-                fence_max: AtomicI64::new(i64::MAX),
-                max_contender: AtomicUsize::new(Shape::default().max_contender_len()),
-                max_name: AtomicUsize::new(usize::MAX),
+                table: OnceLock::new(),
+                default_table,
                 foreign: std::sync::Mutex::new(std::collections::HashSet::new()),
             }),
         })
@@ -619,7 +637,7 @@ impl SqlStore {
                 .await
         };
         if ddl {
-            let st = &inner.st;
+            let st = &inner.default_table.st;
             inner
                 .bounded::<()>("migrate", limit, async {
                     on_conn!(inner, |c| c.batch(&st.migrate))
@@ -706,7 +724,7 @@ impl SqlStore {
                 statements.join("; ")
             );
         }
-        inner.lease_only.store(lease_only, Ordering::Relaxed);
+        let mut one = false;
         if inner.kind == Backend::Mysql && inner.config.one_statement_acquire() {
             let version = inner
                 .bounded::<Vec<crate::conn::TextRow>>("migrate", limit, async {
@@ -714,23 +732,20 @@ impl SqlStore {
                 })
                 .await?;
             let version = version.first().map_or("", |r| r.value.as_str());
-            let one = returning_acquire(version);
+            one = returning_acquire(version);
             debug!(
                 version,
                 one_statement = one,
                 "MySQL / MariaDB: an acquisition in one statement where the server is MariaDB ≥ 10.5"
             );
-            inner.one_statement.store(one, Ordering::Relaxed);
         }
-        inner
-            .fence_max
-            .store(found.shape.fence_max.unwrap_or(i64::MAX), Ordering::Relaxed);
-        inner
-            .max_contender
-            .store(found.shape.max_contender_len(), Ordering::Relaxed);
-        inner
-            .max_name
-            .store(found.shape.name_len, Ordering::Relaxed);
+        let table = Table::new(
+            inner.kind,
+            inner.config.table(),
+            &found.shape,
+            !lease_only,
+            one,
+        );
         if found.shape != Shape::default() {
             info!(
                 backend = inner.kind.name(),
@@ -743,12 +758,24 @@ impl SqlStore {
                 found.shape.max_contender_len()
             );
         }
-        let st = inner.st();
         inner
             .bounded::<()>("migrate", limit, async {
-                on_conn!(inner, |c| c.batch(&st.check))
+                on_conn!(inner, |c| c.batch(&table.st.check))
             })
             .await?;
+        if let Err(found) = inner.table.set(table)
+            && inner.table().differs(&found)
+        {
+            warn!(
+                backend = inner.kind.name(),
+                table = inner.config.table(),
+                "the table changed since this store's first migration: the store keeps \
+                 running the statements it chose then ({:?}); a new store (a restart) uses \
+                 the table as it is now ({:?})",
+                inner.table(),
+                found
+            );
+        }
         self.permit_ops().migrate(limit, ddl).await
     }
 
@@ -783,7 +810,7 @@ impl SqlStore {
     /// always are (`UPDATE … RETURNING` joined with the row), SQLite's run on the
     /// connection's thread in one hop; this tells only MariaDB from MySQL.
     pub fn one_statement_acquire(&self) -> bool {
-        self.inner.one_statement.load(Ordering::Relaxed)
+        self.inner.table().one_statement
     }
 
     /// The backend this store talks to.
@@ -1013,7 +1040,7 @@ impl LeaseStore for SqlStore {
             }
             // SQLite stores any integer whatever the declared type: a narrow `version` is
             // checked here (MySQL and PostgreSQL refuse the write themselves).
-            let max = inner.fence_max.load(Ordering::Relaxed);
+            let max = inner.table().fence_max;
             if owns && i64::try_from(reply.owner.fence).unwrap_or(i64::MAX) > max {
                 let _ = self.release(mutex, contender_id).await;
                 return Err(permanent(

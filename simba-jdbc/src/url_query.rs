@@ -4,8 +4,6 @@
 
 use simba_core::{Error, Result};
 
-use crate::config::redact_url;
-
 /// Takes the query options named in `names` out of a server URL (the options this crate
 /// reads itself, which the driver would refuse): gives each, `%`-decoded and not empty, to
 /// `take` in the URL's order, and returns the URL without them (the other options in
@@ -81,6 +79,21 @@ fn percent_decode(value: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// `url` with every secret replaced by `***`, for errors and logs: the userinfo password
+/// (`mysql://user:password@…`, `postgres://user:password@…`) and every parameter named like
+/// a password (`password=`, `pass=`, `sslpassword=`, …), in URLs and in PostgreSQL's
+/// `key=value` connection strings alike.
+///
+/// ```
+/// assert_eq!(
+///     simba_jdbc::redact_url("postgres://app:hunter2@db/x?sslmode=require&password=hunter2"),
+///     "postgres://app:***@db/x?sslmode=require&password=***",
+/// );
+/// ```
+pub fn redact_url(url: &str) -> String {
+    simba_core::redact_url_with(url, simba_core::is_secret_key)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 
-use crate::config::redact_url;
+use crate::url_query::redact_url;
 use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
 /// The URL options this crate reads itself (mysql_async refuses them): removed from what
@@ -245,6 +245,12 @@ pub(crate) async fn diesel(
         .await
         .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
     diesel_async::AsyncMysqlConnection::try_from(conn).await
+}
+
+/// Checks a MySQL URL without connecting: the TLS options are this crate's (mysql_async
+/// refuses them); [`opts`] checks both.
+pub(crate) fn check_url(url: &str) -> Result<()> {
+    opts(url).map(|_| ())
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! MySQL / MariaDB: the connections of a store (`mysql_async` through diesel-async, with
 //! the URL's TLS options), its pool, and its native lock (`GET_LOCK`).
 
-mod connect;
+pub(crate) mod connect;
 pub(crate) mod lock;
 
 use diesel_async::pooled_connection::deadpool::Pool as DeadPool;
@@ -17,7 +17,7 @@ pub(crate) use connect::{classify, diesel, opts};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
-use crate::dialect::{pool_error, pools};
+use crate::pool::{pool_error, pools};
 
 // Statements of fixed text stay prepared on their connection: diesel-async prepares and
 // closes an uncached one on every call, a round trip more than executing a cached one.
@@ -26,7 +26,7 @@ impl_sql_conn!(AsyncMysqlConnection, diesel::mysql::Mysql, prepared {});
 /// What a MySQL / MariaDB store holds: its pool, and the URL its lock sessions connect to.
 pub(crate) struct Store {
     pub(crate) pool: DeadPool<AsyncMysqlConnection>,
-    /// The connections of renewal batches (`crate::dialect::split_pool`).
+    /// The connections of renewal batches (`crate::pool::split_pool`).
     pub(crate) renew: Option<DeadPool<AsyncMysqlConnection>>,
     pub(crate) url: String,
 }
@@ -84,10 +84,4 @@ impl Store {
     pub(crate) fn tls_failure(&self, msg: &str) -> Option<(String, TlsFailure)> {
         classify(msg).map(|tls| (format!("{msg}; {tls}"), tls))
     }
-}
-
-/// Checks a MySQL URL without connecting: the TLS options are this crate's (mysql_async
-/// refuses them); [`opts`] checks both.
-pub(crate) fn check_url(url: &str) -> Result<()> {
-    opts(url).map(|_| ())
 }

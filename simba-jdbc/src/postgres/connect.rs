@@ -10,7 +10,7 @@ use simba_core::tls::{TlsFailure, TlsProblem};
 use simba_core::{Error, Result};
 use tokio_postgres::{CancelToken, Client, Connection, Socket};
 
-use crate::config::redact_url;
+use crate::url_query::redact_url;
 use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
 /// The URL options this crate reads itself (tokio-postgres refuses all but `sslmode`,
@@ -437,6 +437,43 @@ mod rustls_tls {
             ChannelBinding::none()
         }
     }
+}
+
+/// Checks what tokio-postgres would refuse only when connecting (no host, more ports than
+/// hosts), so that a bad URL is an [`Error::InvalidConfig`] naming the problem rather than
+/// a connection failure that says "invalid configuration".
+pub(crate) fn check_url(url: &str) -> Result<()> {
+    let bad = |what: String| {
+        Err(Error::config(
+            "url",
+            format!(
+                "`{}` is not a valid PostgreSQL URL: {what}; write \
+                 postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+                redact_url(url)
+            ),
+        ))
+    };
+    // The TLS options are this crate's (tokio-postgres knows only some of them).
+    let (stripped, _) = split_url(url)?;
+    let config = match stripped.parse::<tokio_postgres::Config>() {
+        Ok(c) => c,
+        Err(e) => {
+            // tokio-postgres keeps the detail ("invalid value for option `port`") in the
+            // source, not in its message.
+            return match std::error::Error::source(&e) {
+                Some(cause) => bad(format!("{e} ({cause})")),
+                None => bad(e.to_string()),
+            };
+        }
+    };
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        return bad("it names no host".to_owned());
+    }
+    let (hosts, ports) = (config.get_hosts().len(), config.get_ports().len());
+    if ports > 1 && ports != hosts {
+        return bad(format!("{hosts} hosts but {ports} ports"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

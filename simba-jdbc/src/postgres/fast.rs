@@ -105,7 +105,7 @@ impl Fast {
     /// one has [`BUSY`] in flight (and fewer than [`MAX_CONNS`] are open). Call
     /// [`Handle::finish`] when the call has its answer: a handle dropped before retires
     /// its connection.
-    pub(crate) async fn handle(&self) -> Result<Handle, String> {
+    pub(crate) async fn handle(&self) -> Result<Handle, HandleError> {
         let mut conns = self.conns.lock().await;
         conns.retain(|c| c.usable());
         let least = conns
@@ -117,7 +117,7 @@ impl Fast {
         {
             return Ok(Handle::new(c));
         }
-        let (client, connection) = self.pg.connect().await.map_err(|e| e.to_string())?;
+        let (client, connection) = self.pg.connect().await?;
         let driver = tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -128,13 +128,24 @@ impl Fast {
             in_flight: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
         });
-        c.client
-            .batch_execute(&self.setup)
-            .await
-            .map_err(|e| e.to_string())?;
+        c.client.batch_execute(&self.setup).await?;
         conns.push(c.clone());
         Ok(Handle::new(c))
     }
+}
+
+/// Why a connection of the executor could not be had (or a statement on it failed).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HandleError {
+    /// Connecting failed (the TLS failure, if any, is its source).
+    #[error(transparent)]
+    Connect(#[from] super::ConnectError),
+    /// The new connection's setup failed, or a statement on it.
+    #[error(transparent)]
+    Statement(#[from] tokio_postgres::Error),
+    /// A statement could not be prepared.
+    #[error(transparent)]
+    Prepare(#[from] diesel::result::Error),
 }
 
 /// The most payloads one NOTIFY statement carries.
@@ -220,18 +231,16 @@ impl Notifier {
 }
 
 /// One statement that sends every payload of `payloads` on `channel`.
-async fn notify_all(fast: &Fast, channel: &str, payloads: &[String]) -> Result<(), String> {
+async fn notify_all(fast: &Fast, channel: &str, payloads: &[String]) -> Result<(), HandleError> {
     let handle = fast.handle().await?;
     let st = handle
         .statement("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     handle
         .conn
         .client
         .execute(&st, &[&channel, &payloads])
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     handle.finish();
     Ok(())
 }

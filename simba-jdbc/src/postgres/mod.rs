@@ -2,7 +2,7 @@
 //! path for the statements of a handoff, its push (LISTEN/NOTIFY) and its native lock
 //! (advisory locks).
 
-mod connect;
+pub(crate) mod connect;
 mod fast;
 mod listen;
 pub(crate) mod lock;
@@ -14,23 +14,23 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use simba_core::Result;
 use simba_core::tls::TlsFailure;
-use simba_core::{Error, Result};
 
-pub(crate) use connect::{ConnectError, Connector, split_url};
+pub(crate) use connect::{ConnectError, Connector};
 pub(crate) use fast::{Fast, Notifier};
 pub(crate) use listen::{Listener, acquired_payload, released_payload};
 
-use crate::config::{Backend, SqlConfig, redact_url};
+use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;
-use crate::dialect::{pool_error, pools};
+use crate::pool::{pool_error, pools};
 
 impl_sql_conn!(AsyncPgConnection, diesel::pg::Pg, bind_all {});
 
 /// What a PostgreSQL store holds.
 pub(crate) struct Store {
     pub(crate) pool: DeadPool<AsyncPgConnection>,
-    /// The connections of renewal batches (`crate::dialect::split_pool`).
+    /// The connections of renewal batches (`crate::pool::split_pool`).
     pub(crate) renew: Option<DeadPool<AsyncPgConnection>>,
     /// Opens every connection of the store (TLS set up once).
     pub(crate) pg: Arc<Connector>,
@@ -99,41 +99,4 @@ impl Store {
         };
         Some((message, tls))
     }
-}
-
-/// Checks what tokio-postgres would refuse only when connecting (no host, more ports than
-/// hosts), so that a bad URL is an [`Error::InvalidConfig`] naming the problem rather than
-/// a connection failure that says "invalid configuration".
-pub(crate) fn check_url(url: &str) -> Result<()> {
-    let bad = |what: String| {
-        Err(Error::config(
-            "url",
-            format!(
-                "`{}` is not a valid PostgreSQL URL: {what}; write \
-                 postgres://USER:PASSWORD@HOST:PORT/DATABASE",
-                redact_url(url)
-            ),
-        ))
-    };
-    // The TLS options are this crate's (tokio-postgres knows only some of them).
-    let (stripped, _) = split_url(url)?;
-    let config = match stripped.parse::<tokio_postgres::Config>() {
-        Ok(c) => c,
-        Err(e) => {
-            // tokio-postgres keeps the detail ("invalid value for option `port`") in the
-            // source, not in its message.
-            return match std::error::Error::source(&e) {
-                Some(cause) => bad(format!("{e} ({cause})")),
-                None => bad(e.to_string()),
-            };
-        }
-    };
-    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-        return bad("it names no host".to_owned());
-    }
-    let (hosts, ports) = (config.get_hosts().len(), config.get_ports().len());
-    if ports > 1 && ports != hosts {
-        return bad(format!("{hosts} hosts but {ports} ports"));
-    }
-    Ok(())
 }

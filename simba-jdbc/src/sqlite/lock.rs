@@ -35,6 +35,9 @@ use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 use tokio::task::JoinHandle;
 
+use super::Refused;
+use crate::lock_error::LockError;
+
 /// The first byte simba locks in the database file: 2⁴⁰, far above SQLite's lock bytes
 /// (`0x40000000` to `0x400001ff`), which stay below every slot whatever SQLite's page
 /// size.
@@ -112,28 +115,6 @@ pub(crate) fn identity_mark(dev: u64, ino: u64) -> i64 {
     2 + i64::try_from(h % span).unwrap_or(0)
 }
 
-/// Why the database file cannot be locked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refused {
-    /// The file has more than one name: a configuration error.
-    HardLinked(String),
-    /// The file does not exist: a configuration error (or not migrated yet).
-    Missing(String),
-    /// Anything else (out of descriptors, permissions): reported as it is.
-    Io(String),
-    /// A description of a file that has no name any more.
-    Deleted,
-}
-
-impl Refused {
-    pub(crate) fn text(&self) -> &str {
-        match self {
-            Refused::HardLinked(t) | Refused::Missing(t) | Refused::Io(t) => t,
-            Refused::Deleted => "the database file was deleted",
-        }
-    }
-}
-
 /// The database file of a store: its path as configured, and the file it named when the
 /// store first locked.
 #[derive(Debug)]
@@ -188,17 +169,7 @@ impl DbFile {
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
             .open(&self.path)
-            .map_err(|e| {
-                let text = format!("SQLite database file {}: {e}", self.path.display());
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    Refused::Missing(format!(
-                        "{text}; simba locks in the database file, which must exist (run \
-                         `migrate` first, and check the path)"
-                    ))
-                } else {
-                    Refused::Io(text)
-                }
-            })?;
+            .map_err(|e| Refused::opening(&self.path, e))?;
         // From here on the descriptor is never closed.
         let desc = Desc(ManuallyDrop::new(file));
         let meta = self.check_links(&desc)?;
@@ -219,18 +190,19 @@ impl DbFile {
 
     /// `fstat` of the description: refused if the file has other names.
     fn check_links(&self, desc: &Desc) -> Result<std::fs::Metadata, Refused> {
-        let meta = desc
-            .0
-            .metadata()
-            .map_err(|e| Refused::Io(format!("fstat of {}: {e}", self.path.display())))?;
+        let meta = desc.0.metadata().map_err(|source| Refused::Io {
+            what: "fstat",
+            path: self.path.clone(),
+            source,
+        })?;
         if meta.nlink() == 0 {
             return Err(Refused::Deleted);
         }
         if meta.nlink() > 1 {
-            return Err(Refused::HardLinked(super::hard_link_text(
-                &self.path,
-                meta.nlink(),
-            )));
+            return Err(Refused::HardLinked {
+                path: self.path.clone(),
+                links: meta.nlink(),
+            });
         }
         Ok(meta)
     }
@@ -365,21 +337,28 @@ impl Drop for FileLock {
     }
 }
 
-/// Error text of a lock call on `what` of `key`.
-fn failed(key: &FileKey, what: &str, e: Errno) -> String {
+/// The error of a lock call on `what` of `key`.
+fn failed(key: &FileKey, what: &'static str, e: Errno) -> LockError {
     let byte = match what {
         "entry" => key.entry,
         "job" => job_byte(key.entry),
         _ => key.lock,
     };
-    format!(
-        "database file {} ({what} byte {byte}): {e}",
-        key.db.path.display()
-    )
+    LockError::Byte {
+        path: key.db.path.clone(),
+        what,
+        byte,
+        source: Box::new(e),
+    }
 }
 
 /// One non-blocking attempt at a byte: `Ok(false)` if another description holds it.
-fn try_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Result<bool, String> {
+fn try_byte(
+    file: &File,
+    key: &FileKey,
+    what: &'static str,
+    offset: libc::off_t,
+) -> Result<bool, LockError> {
     let lock = range(libc::F_WRLCK, offset, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLK(&lock)) {
@@ -392,7 +371,12 @@ fn try_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Resu
 }
 
 /// A blocking wait for a byte (the kernel frees it when its holder unlocks it, or dies).
-fn wait_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Result<(), String> {
+fn wait_byte(
+    file: &File,
+    key: &FileKey,
+    what: &'static str,
+    offset: libc::off_t,
+) -> Result<(), LockError> {
     let lock = range(libc::F_WRLCK, offset, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLKW(&lock)) {
@@ -404,7 +388,7 @@ fn wait_byte(file: &File, key: &FileKey, what: &str, offset: libc::off_t) -> Res
 }
 
 /// Lets the entry byte go, keeping the lock byte (the same description holds both).
-fn leave_entry(file: &File, key: &FileKey) -> Result<(), String> {
+fn leave_entry(file: &File, key: &FileKey) -> Result<(), LockError> {
     let unlock = range(libc::F_UNLCK, key.entry, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_SETLK(&unlock)) {
@@ -420,9 +404,9 @@ fn leave_entry(file: &File, key: &FileKey) -> Result<(), String> {
 fn held_elsewhere(
     file: &File,
     key: &FileKey,
-    what: &str,
+    what: &'static str,
     offset: libc::off_t,
-) -> Result<bool, String> {
+) -> Result<bool, LockError> {
     let mut probe = range(libc::F_WRLCK, offset, 1);
     loop {
         match fcntl(file, FcntlArg::F_OFD_GETLK(&mut probe)) {
@@ -435,8 +419,8 @@ fn held_elsewhere(
 }
 
 /// A description for `key`, wrapped so that any way out unlocks and gives it back.
-fn start(key: &FileKey) -> Result<FileLock, String> {
-    let (inode, desc) = key.db.take().map_err(|r| r.text().to_owned())?;
+fn start(key: &FileKey) -> Result<FileLock, LockError> {
+    let (inode, desc) = key.db.take()?;
     Ok(FileLock {
         inode,
         desc: Slot::Own(desc),
@@ -452,10 +436,10 @@ fn start(key: &FileKey) -> Result<FileLock, String> {
 /// the kernel then queues that waiter again and wakes every request queued behind it,
 /// which race for the byte, so a later waiter could go first (seen under load as the third
 /// waiter served before the second).
-pub(crate) fn try_lock(key: &FileKey) -> Result<Option<FileLock>, String> {
+pub(crate) fn try_lock(key: &FileKey) -> Result<Option<FileLock>, LockError> {
     let held = start(key)?;
     let Some(file) = held.file() else {
-        return Err("no description".to_owned());
+        return Err(LockError::Mismatch("a lock without its description"));
     };
     if held_elsewhere(file, key, "entry", key.entry)? || !try_byte(file, key, "lock", key.lock)? {
         return Ok(None);
@@ -467,10 +451,10 @@ pub(crate) fn try_lock(key: &FileKey) -> Result<Option<FileLock>, String> {
 /// another), then, holding it, for the lock byte; the entry is let go once the lock is
 /// held. So at most one process waits on the lock byte at a time, and one that just
 /// unlocked it cannot take it back before that waiter.
-pub(crate) fn lock(key: &FileKey) -> Result<FileLock, String> {
+pub(crate) fn lock(key: &FileKey) -> Result<FileLock, LockError> {
     let held = start(key)?;
     let Some(file) = held.file() else {
-        return Err("no description".to_owned());
+        return Err(LockError::Mismatch("a lock without its description"));
     };
     wait_byte(file, key, "entry", key.entry)?;
     wait_byte(file, key, "lock", key.lock)?;
@@ -498,13 +482,13 @@ impl FileKey {
     /// never wait (a few microseconds). A hop to a blocking thread cost more than the call,
     /// and 10,000 acquisitions at once grew the blocking pool by hundreds of threads
     /// (their stacks and malloc arenas: about 20 MB of the scale bench's resident memory).
-    pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, String> {
+    pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, LockError> {
         try_lock(self)
     }
 
     /// A blocking wait for the lock ([`lock`]) on a thread of its own: it cannot be
     /// interrupted, so the caller follows its task.
-    pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, String>> {
+    pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, LockError>> {
         let key = self.clone();
         tokio::task::spawn_blocking(move || lock(&key))
     }
@@ -654,12 +638,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let d = db(&dir);
         let key = FileKey::new(&d, 11);
-        assert_eq!(d.check_job(&key), Ok(None));
+        assert_eq!(d.check_job(&key).map_err(|e| e.to_string()), Ok(None));
         let mut held = try_lock(&key)
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("free lock not taken"));
         // The owner's own lock is not the job's.
-        assert_eq!(d.check_job(&key), Ok(None));
+        assert_eq!(d.check_job(&key).map_err(|e| e.to_string()), Ok(None));
         let anchor = held.anchor().unwrap_or_else(|| panic!("no description"));
         let offset = anchor.job_byte().unwrap_or_else(|| panic!("no job byte"));
         assert_eq!(offset, u64::try_from(job_byte(key.entry)).unwrap_or(0));
@@ -672,12 +656,16 @@ mod tests {
         let byte = range(libc::F_WRLCK, libc::off_t::try_from(offset).unwrap_or(0), 1);
         fcntl(&job, FcntlArg::F_OFD_SETLK(&byte)).unwrap_or_else(|e| panic!("{e}"));
         let mark = d.check().unwrap_or_else(|e| panic!("{e:?}"));
-        assert_eq!(d.check_job(&key), Ok(Some(mark)));
+        assert_eq!(d.check_job(&key).map_err(|e| e.to_string()), Ok(Some(mark)));
         // Another mutex's job byte is free.
-        assert_eq!(d.check_job(&FileKey::new(&d, 12)), Ok(None));
+        assert_eq!(
+            d.check_job(&FileKey::new(&d, 12))
+                .map_err(|e| e.to_string()),
+            Ok(None)
+        );
         let free = range(libc::F_UNLCK, libc::off_t::try_from(offset).unwrap_or(0), 1);
         fcntl(&job, FcntlArg::F_OFD_SETLK(&free)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(d.check_job(&key), Ok(None));
+        assert_eq!(d.check_job(&key).map_err(|e| e.to_string()), Ok(None));
         drop(held);
     }
 
@@ -687,12 +675,15 @@ mod tests {
         let d = db(&dir);
         std::fs::hard_link(&d.path, dir.path().join("h.db")).unwrap_or_else(|e| panic!("{e}"));
         match d.check() {
-            Err(Refused::HardLinked(t)) => assert!(t.contains("2 hard links"), "{t}"),
+            Err(e @ Refused::HardLinked { links: 2, .. }) => {
+                let t = e.to_string();
+                assert!(t.contains("2 hard links"), "{t}");
+            }
             other => panic!("{other:?}"),
         }
         assert!(try_lock(&FileKey::new(&d, 1)).is_err());
         let missing = DbFile::new(&dir.path().join("none.db").display().to_string());
-        assert!(matches!(missing.check(), Err(Refused::Missing(_))));
+        assert!(matches!(missing.check(), Err(Refused::Missing { .. })));
     }
 
     #[test]

@@ -9,18 +9,27 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
+use super::Refused;
 use super::open_lock_file as open;
+use crate::lock_error::LockError;
 
-fn try_one(file: &File, path: &Path) -> Result<bool, String> {
+fn failed(path: &Path, source: std::io::Error) -> LockError {
+    LockError::File {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn try_one(file: &File, path: &Path) -> Result<bool, LockError> {
     match file.try_lock() {
         Ok(()) => Ok(true),
         Err(TryLockError::WouldBlock) => Ok(false),
-        Err(TryLockError::Error(e)) => Err(format!("lock file {}: {e}", path.display())),
+        Err(TryLockError::Error(e)) => Err(failed(path, e)),
     }
 }
 
 /// The lock without waiting, unless someone waits for it (holds the entry file).
-pub(crate) fn try_lock(main: &Path, entry: &Path) -> Result<Option<FileLock>, String> {
+pub(crate) fn try_lock(main: &Path, entry: &Path) -> Result<Option<FileLock>, LockError> {
     let gate = open(entry)?;
     if !try_one(&gate, entry)? {
         return Ok(None);
@@ -33,13 +42,11 @@ pub(crate) fn try_lock(main: &Path, entry: &Path) -> Result<Option<FileLock>, St
 /// one another), then, holding it, for the lock file itself; the entry is let go once
 /// the lock is held. So at most one process waits on the lock file at a time, and one
 /// that just unlocked it cannot take it back before that waiter.
-pub(crate) fn lock(main: &Path, entry: &Path) -> Result<FileLock, String> {
+pub(crate) fn lock(main: &Path, entry: &Path) -> Result<FileLock, LockError> {
     let gate = open(entry)?;
-    gate.lock()
-        .map_err(|e| format!("lock file {}: {e}", entry.display()))?;
+    gate.lock().map_err(|e| failed(entry, e))?;
     let file = open(main)?;
-    file.lock()
-        .map_err(|e| format!("lock file {}: {e}", main.display()))?;
+    file.lock().map_err(|e| failed(main, e))?;
     drop(gate);
     Ok(FileLock(file))
 }
@@ -69,29 +76,6 @@ impl FileLock {
     }
 }
 
-/// Why the database file cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refused {
-    /// The file has more than one name.
-    HardLinked(String),
-    /// The file does not exist.
-    Missing(String),
-    /// Anything else.
-    Io(String),
-    /// Not used here (Linux: a description of a deleted file).
-    #[allow(dead_code)]
-    Deleted,
-}
-
-impl Refused {
-    pub(crate) fn text(&self) -> &str {
-        match self {
-            Refused::HardLinked(t) | Refused::Missing(t) | Refused::Io(t) => t,
-            Refused::Deleted => "the database file was deleted",
-        }
-    }
-}
-
 /// The database file of a store.
 #[derive(Debug)]
 pub(crate) struct DbFile {
@@ -109,22 +93,15 @@ impl DbFile {
 
     /// Checks that the database file exists and (on Unix) has one name; the mark is 0.
     pub(crate) fn check(&self) -> Result<i64, Refused> {
-        let meta = std::fs::metadata(&self.path).map_err(|e| {
-            let text = format!("SQLite database file {}: {e}", self.path.display());
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Refused::Missing(text)
-            } else {
-                Refused::Io(text)
-            }
-        })?;
+        let meta = std::fs::metadata(&self.path).map_err(|e| Refused::opening(&self.path, e))?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::MetadataExt;
             if meta.nlink() > 1 {
-                return Err(Refused::HardLinked(super::hard_link_text(
-                    &self.path,
-                    meta.nlink(),
-                )));
+                return Err(Refused::HardLinked {
+                    path: self.path.clone(),
+                    links: meta.nlink(),
+                });
             }
         }
         let _ = meta;
@@ -150,16 +127,14 @@ impl FileKey {
     }
 
     /// One non-blocking attempt at the lock ([`try_lock`]), on a blocking thread.
-    pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, String> {
+    pub(crate) async fn try_lock(&self) -> Result<Option<FileLock>, LockError> {
         let (main, entry) = (self.main.clone(), self.entry.clone());
-        tokio::task::spawn_blocking(move || try_lock(&main, &entry))
-            .await
-            .map_err(|e| format!("lock file task: {e}"))?
+        tokio::task::spawn_blocking(move || try_lock(&main, &entry)).await?
     }
 
     /// A blocking wait for the lock ([`lock`]) on a thread of its own: it cannot be
     /// interrupted, so the caller follows its task.
-    pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, String>> {
+    pub(crate) fn wait(&self) -> JoinHandle<Result<FileLock, LockError>> {
         let (main, entry) = (self.main.clone(), self.entry.clone());
         tokio::task::spawn_blocking(move || lock(&main, &entry))
     }

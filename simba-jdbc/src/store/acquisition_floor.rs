@@ -12,9 +12,9 @@ use simba_core::{Error, Result};
 use tracing::debug;
 
 use super::{Failure, Inner, SqlStore};
+use crate::conn::Pass;
 use crate::conn::{Call, Checked, OwnerRow};
 use crate::dialect::{on_pool, with_fast};
-use crate::gate::Pass;
 
 /// The two contenders that take the floor's row from one another.
 const OWNERS: [&str; 2] = ["simba-bench-floor-a", "simba-bench-floor-b"];

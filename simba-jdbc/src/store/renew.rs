@@ -6,7 +6,7 @@
 //! renewal costs what it did alone, plus one task hop); otherwise it waits in the queue, and
 //! the next batch to start takes every queued call of the same lease, up to [`MAX_BATCH`].
 //! A batch is two statements on one of the store's renewal connections (the pool keeps one
-//! per lane apart for them, `crate::dialect::split_pool`, so a batch never waits for a
+//! per lane apart for them, `crate::pool::split_pool`, so a batch never waits for a
 //! connection behind thousands of acquisitions; on SQLite it also takes the next turn,
 //! ahead of the queued calls): one `UPDATE` that renews every pair
 //! whose row the contender owns within its lease (the single renewal's `WHERE`, pair by
@@ -45,7 +45,8 @@ use tracing::debug;
 use super::{Failure, Inner, owner_reply};
 use crate::config::Backend;
 use crate::conn::{Arg, BatchRow, Checked, OwnerRow, SqlConn};
-use crate::dialect::{on_pool, renewal_lanes};
+use crate::dialect::on_pool;
+use crate::pool::renewal_lanes;
 
 /// The most renewals one statement carries (3 bound values each: far below every
 /// database's limit on bound values, and a statement of a few milliseconds).
@@ -81,7 +82,7 @@ struct Queue {
 pub(super) struct Renewals {
     queue: StdMutex<Queue>,
     /// Batches that may run at once ([`renewal_lanes`]), each on a connection of its own
-    /// when the pool is split ([`split_pool`](crate::dialect::split_pool)).
+    /// when the pool is split ([`split_pool`](crate::pool::split_pool)).
     lanes: usize,
     calls: AtomicU64,
     batches: AtomicU64,
@@ -192,7 +193,7 @@ async fn renew_batch(inner: &Inner, batch: Vec<Pending>) {
     };
     let ttl = lease.ttl_ms();
     let total = ttl.saturating_add(lease.transition_ms());
-    let (update, select) = inner.st.renew_batch(n);
+    let (update, select) = inner.table().st.renew_batch(n);
     let mut update_args = Vec::with_capacity(2 + 3 * n);
     update_args.push(Arg::Int(ttl));
     update_args.push(Arg::Int(total));
