@@ -2,7 +2,8 @@
 //! and each dialect's `lock` module). The queue never hands one to a user: it logs it and
 //! lets the contenders go by the row and the lease until the lock works again, so what
 //! matters is that the log names the call, the lock and the cause, and that the kind of
-//! failure stays a value, not a sentence.
+//! failure stays a value, not a sentence. [`Refused`]: why SQLite's database file cannot be
+//! locked (the store makes a configuration error of some).
 
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ pub(crate) enum LockError {
     /// The database file cannot be locked at all (missing, hard-linked, unreadable).
     #[cfg(feature = "sqlite")]
     #[error(transparent)]
-    Database(#[from] crate::sqlite::Refused),
+    Database(#[from] Refused),
     /// The task of a blocking lock call ended without an answer.
     #[error("lock task: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -79,6 +80,65 @@ impl LockError {
         LockError::Session {
             backend,
             source: Box::new(source),
+        }
+    }
+}
+
+/// Why the database file cannot be locked.
+#[cfg(feature = "sqlite")]
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    /// The file has more than one name: a configuration error.
+    #[error(
+        "the SQLite database file {} has {links} hard links: SQLite names its WAL and \
+         journal after the path it was opened by, so processes that open the file by \
+         different names write different WALs and can each believe they own a mutex \
+         (SQLite's documentation warns against hard-linking a database). Give the file one \
+         name (remove the other links) and use a symlink where a second path is needed",
+        path.display()
+    )]
+    HardLinked {
+        path: std::path::PathBuf,
+        links: u64,
+    },
+    /// The file does not exist: a configuration error (or not migrated yet).
+    #[error(
+        "SQLite database file {}: {source}; simba locks in the database file, which must \
+         exist (run `migrate` first, and check the path)",
+        path.display()
+    )]
+    Missing {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Anything else (out of descriptors, permissions): reported as it is.
+    #[error("{what} of the SQLite database file {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A description of a file that has no name any more (Linux).
+    #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
+    #[error("the database file was deleted")]
+    Deleted,
+}
+
+#[cfg(feature = "sqlite")]
+impl Refused {
+    /// The refusal of opening `path`, by the kind of `source`.
+    pub(crate) fn opening(path: &std::path::Path, source: std::io::Error) -> Refused {
+        let path = path.to_owned();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Refused::Missing { path, source }
+        } else {
+            Refused::Io {
+                what: "open",
+                path,
+                source,
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 //! MySQL / MariaDB's native lock: `GET_LOCK` / `RELEASE_LOCK` on a named user lock, for
-//! the wait queue (`crate::gate`).
+//! the store's wait queue.
 
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;

@@ -1,6 +1,6 @@
 //! PostgreSQL's native lock: session advisory locks (`pg_try_advisory_lock` /
 //! `pg_advisory_lock` / `pg_advisory_unlock`) on a 64-bit key, for the wait queue
-//! (`crate::gate`).
+//! (the store's wait queue).
 
 use tokio_postgres::{AsyncMessage, Client, Statement};
 

@@ -1,7 +1,7 @@
 //! SQLite's native lock on Linux: open file description (OFD) byte-range locks on the
 //! database file itself, two bytes per mutex far above SQLite's own lock bytes: the lock
 //! byte and, before it, an "entry" byte that keeps the order (see the crate README), for
-//! the wait queue (`crate::gate`). A third byte per mutex, in a region of its own, is
+//! the store's wait queue. A third byte per mutex, in a region of its own, is
 //! the *job* byte: held by the processes of a job that runs for the owner (`simba exec`'s
 //! command, see [`DbFile::check_job`]), never by simba's own processes.
 //!

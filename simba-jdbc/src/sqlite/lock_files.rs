@@ -1,6 +1,6 @@
 //! SQLite's native lock outside Linux: `flock` on a lock file per mutex next to the
 //! database file, behind a second "entry" lock file that keeps the order (see the crate
-//! README), for the wait queue (`crate::gate`). These files are left in place: deleting
+//! README), for the store's wait queue. These files are left in place: deleting
 //! one races with a process about to lock it.
 
 use std::fs::{File, TryLockError};

@@ -9,7 +9,6 @@ pub(crate) mod lock;
 pub(crate) mod lock;
 mod thread;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use diesel_async::pooled_connection::deadpool::Pool as DeadPool;
@@ -19,6 +18,7 @@ use diesel_async::pooled_connection::{
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use simba_core::Result;
 
+pub(crate) use crate::lock_error::Refused;
 pub(crate) use lock::{DbFile, FileKey, FileLock, sweep_earlier};
 
 use crate::config::{Backend, SqlConfig};
@@ -133,64 +133,12 @@ fn is_busy(e: &diesel::result::Error) -> bool {
     text.contains("locked") || text.contains("busy")
 }
 
-/// Why the database file cannot be locked.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum Refused {
-    /// The file has more than one name: a configuration error.
-    #[error(
-        "the SQLite database file {} has {links} hard links: SQLite names its WAL and \
-         journal after the path it was opened by, so processes that open the file by \
-         different names write different WALs and can each believe they own a mutex \
-         (SQLite's documentation warns against hard-linking a database). Give the file one \
-         name (remove the other links) and use a symlink where a second path is needed",
-        path.display()
-    )]
-    HardLinked { path: PathBuf, links: u64 },
-    /// The file does not exist: a configuration error (or not migrated yet).
-    #[error(
-        "SQLite database file {}: {source}; simba locks in the database file, which must \
-         exist (run `migrate` first, and check the path)",
-        path.display()
-    )]
-    Missing {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// Anything else (out of descriptors, permissions): reported as it is.
-    #[error("{what} of the SQLite database file {}: {source}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A description of a file that has no name any more (Linux).
-    #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
-    #[error("the database file was deleted")]
-    Deleted,
-}
-
-impl Refused {
-    /// The refusal of opening `path`, by the kind of `source`.
-    pub(crate) fn opening(path: &Path, source: std::io::Error) -> Refused {
-        let path = path.to_owned();
-        if source.kind() == std::io::ErrorKind::NotFound {
-            Refused::Missing { path, source }
-        } else {
-            Refused::Io {
-                what: "open",
-                path,
-                source,
-            }
-        }
-    }
-}
-
 /// Opens (creating it if needed) a lock file (outside Linux). std opens with O_CLOEXEC:
 /// a child process (simba exec's command) never inherits the lock.
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn open_lock_file(path: &Path) -> std::result::Result<std::fs::File, crate::lock_error::LockError> {
+fn open_lock_file(
+    path: &std::path::Path,
+) -> std::result::Result<std::fs::File, crate::lock_error::LockError> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
