@@ -232,7 +232,7 @@ pub(crate) fn notify_released(_mutex: &str, _me: &str) -> String {
 
 /// Evaluates `$body` with `$pool` bound to the store's pool (`&deadpool::Pool<C>` of the
 /// dialect's connection type `C`): `$body` is compiled once per dialect.
-/// With `renew` first, the connections of renewal batches ([`split_pool`]; the pool itself
+/// With `renew` first, the connections of renewal batches ([`split_pool`](crate::pool::split_pool); the pool itself
 /// when it is not split).
 macro_rules! on_pool {
     (@pick $dialect:expr, |$d:ident| $which:expr, |$pool:ident| $body:expr) => {{

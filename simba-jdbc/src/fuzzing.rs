@@ -5,7 +5,7 @@ use simba_core::fuzzing::{PLANTED, url_parts};
 use simba_core::{ContendPeriod, Error, MutexOwner};
 
 use crate::config::{Backend, SqlConfig};
-use crate::conn::OwnerRow;
+use crate::rows::OwnerRow;
 use crate::store::owner_reply;
 
 /// URL parsing never panics; a password planted in the userinfo and in `password=` never

@@ -7,6 +7,7 @@
     allow(unused)
 )]
 
+mod call;
 mod config;
 mod conn;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
@@ -24,6 +25,7 @@ mod native;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rows;
 mod schema;
 mod sql;
 #[cfg(feature = "sqlite")]

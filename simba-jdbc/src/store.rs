@@ -10,10 +10,12 @@ use simba_core::events::EventReceiver;
 use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_common_mutex_name};
 use tracing::{debug, info, warn};
 
+use crate::call::{Call, Pass};
 use crate::config::{Backend, SqlConfig, Target, redact_url};
-use crate::conn::{Arg, Call, Checked, OwnerRow, Pass, SqlConn};
+use crate::conn::{Arg, Checked, SqlConn};
 use crate::dialect::{Dialect, notify_acquired, notify_released, on_pool, with_fast};
 use crate::gate::Gates;
+use crate::rows::OwnerRow;
 use crate::schema::{self, Shape};
 use crate::sql::{Columns, FenceRule, Statements};
 
@@ -727,7 +729,7 @@ impl SqlStore {
         let mut one = false;
         if inner.kind == Backend::Mysql && inner.config.one_statement_acquire() {
             let version = inner
-                .bounded::<Vec<crate::conn::TextRow>>("migrate", limit, async {
+                .bounded::<Vec<crate::rows::TextRow>>("migrate", limit, async {
                     on_conn!(inner, |c| c.load_text("SELECT VERSION() AS value"))
                 })
                 .await?;

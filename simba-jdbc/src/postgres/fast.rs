@@ -27,7 +27,8 @@ use tokio_postgres::{Client, Statement};
 use tracing::debug;
 
 use super::Connector;
-use crate::conn::{Arg, BatchRow, OwnerRow, SqlConn};
+use crate::conn::{Arg, SqlConn};
+use crate::rows::{BatchRow, OwnerRow, TextRow};
 use crate::schema::ColumnRow;
 
 /// The most connections of a store's fast path.
@@ -443,9 +444,9 @@ impl SqlConn for Handle {
     fn load_text<'a>(
         &'a mut self,
         sql: &'a str,
-    ) -> impl Future<Output = QueryResult<Vec<crate::conn::TextRow>>> + Send + 'a {
+    ) -> impl Future<Output = QueryResult<Vec<TextRow>>> + Send + 'a {
         self.unprepared(sql, &[], |r| {
-            Ok(crate::conn::TextRow {
+            Ok(TextRow {
                 value: get(r, "value")?,
             })
         })

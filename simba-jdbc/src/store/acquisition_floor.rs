@@ -12,9 +12,10 @@ use simba_core::{Error, Result};
 use tracing::debug;
 
 use super::{Failure, Inner, SqlStore};
-use crate::conn::Pass;
-use crate::conn::{Call, Checked, OwnerRow};
+use crate::call::{Call, Pass};
+use crate::conn::Checked;
 use crate::dialect::{on_pool, with_fast};
+use crate::rows::OwnerRow;
 
 /// The two contenders that take the floor's row from one another.
 const OWNERS: [&str; 2] = ["simba-bench-floor-a", "simba-bench-floor-b"];

@@ -44,9 +44,10 @@ use tracing::debug;
 // `Failure`, `Checked`, `on_pool!` and `debug!` are named by the `run!` expansion.
 use super::{Failure, Inner, owner_reply};
 use crate::config::Backend;
-use crate::conn::{Arg, BatchRow, Checked, OwnerRow, SqlConn};
+use crate::conn::{Arg, Checked, SqlConn};
 use crate::dialect::on_pool;
 use crate::pool::renewal_lanes;
+use crate::rows::{BatchRow, OwnerRow};
 
 /// The most renewals one statement carries (3 bound values each: far below every
 /// database's limit on bound values, and a statement of a few milliseconds).
