@@ -1,6 +1,5 @@
-//! [`ZkPermitStore`]: semaphores on ZooKeeper, as the permit operations of the store
-//! contract ([`LeaseStore::permit_acquire`] and the rest), run by simba-core's one lease
-//! engine through [`Semaphore`](simba_core::Semaphore).
+//! [`ZkPermitStore`]: semaphores on ZooKeeper, as a [`PermitStore`], run by simba-core's
+//! one lease engine through [`Semaphore`](simba_core::Semaphore).
 //!
 //! Layout: the semaphore `s` is the container node `{root}/%semaphores/{s}` whose data is
 //! the permit count N (text); each contender is an ephemeral sequential child
@@ -17,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use simba_core::backend::{Lease, LeaseReply, PermitHolders, PermitStore, StoreEvent};
 use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, LeaseConfig, MutexOwner, Result};
 use zookeeper_async::{CreateMode, Stat, WatchedEvent, ZkError};
@@ -39,10 +38,9 @@ const SEQ_DIGITS: usize = 10;
 
 /// The store of ZooKeeper semaphores over one session (see the crate docs, *Semaphores*).
 ///
-/// Only the permit operations are implemented: a ZooKeeper mutex is a
-/// [`ZkFactory`](crate::ZkFactory) service (a session-bound latch, no lease), so the mutex
-/// operations of [`LeaseStore`] refuse with [`Error::Unsupported`]. Cloning shares the
-/// session. Make one with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or
+/// It implements [`PermitStore`] only: a ZooKeeper mutex is a
+/// [`ZkFactory`](crate::ZkFactory) service (a session-bound latch, no lease), not a
+/// [`LeaseStore`](simba_core::backend::LeaseStore). Cloning shares the session. Make one with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or
 /// a [`Semaphore`](simba_core::Semaphore) at once with
 /// [`ZkFactory::semaphore`](crate::ZkFactory::semaphore).
 #[derive(Clone)]
@@ -757,34 +755,9 @@ impl Inner {
     }
 }
 
-fn mutex_unsupported() -> Error {
-    Error::unsupported(
-        BACKEND,
-        "mutexes through the permit store",
-        "ZkPermitStore implements the permit operations only; a ZooKeeper mutex is a \
-         ZkFactory service (a session-bound latch)",
-    )
-}
-
-impl LeaseStore for ZkPermitStore {
+impl PermitStore for ZkPermitStore {
     fn backend(&self) -> &'static str {
         BACKEND
-    }
-
-    async fn acquire(&self, _: &str, _: &str, _: Lease) -> Result<LeaseReply> {
-        Err(mutex_unsupported())
-    }
-
-    async fn release(&self, _: &str, _: &str) -> Result<bool> {
-        Err(mutex_unsupported())
-    }
-
-    async fn release_after(&self, _: &str, _: &str, _: Duration) -> Result<bool> {
-        Err(mutex_unsupported())
-    }
-
-    async fn owner(&self, _: &str) -> Result<LeaseReply> {
-        Err(mutex_unsupported())
     }
 
     async fn permit_acquire(
