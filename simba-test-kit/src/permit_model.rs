@@ -349,7 +349,7 @@ pub async fn differential<S: PermitStore>(
                     return Err(fail(
                         i,
                         format!(
-                            "the store says {got:?}, the rule {expected:?} (model holders {:?}, \
+                            "the store says {got:?}, the rule {expected:?} (the model after it: holders {:?}, \
                              waiters {:?})",
                             model.holders(),
                             model.waiters()
