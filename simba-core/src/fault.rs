@@ -118,12 +118,14 @@ impl<S> FaultStore<S> {
     pub fn inner(&self) -> &S {
         &self.inner
     }
+}
 
-    async fn run<T>(
+impl<S: Sync> FaultStore<S> {
+    async fn run<T: Send>(
         &self,
         backend: &'static str,
         op: Op,
-        call: impl Future<Output = Result<T>>,
+        call: impl Future<Output = Result<T>> + Send,
     ) -> Result<T> {
         match self.control.enter(op) {
             Behavior::Pass => call.await,
