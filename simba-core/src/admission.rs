@@ -177,8 +177,10 @@ pub struct Admission {
 ///     fence_floor: 0,
 /// };
 /// // One permit is free and owed to `w`: a newcomer waits behind it.
-/// assert!(matches!(admit_permit(&state, &ask("new")).decision, PermitDecision::Wait { queued: None, .. }));
-/// assert!(matches!(admit_permit(&state, &ask("w")).decision, PermitDecision::Take { fence: 8, queued: Some(0), .. }));
+/// let newcomer = admit_permit(&state, &ask("new")).decision;
+/// assert!(matches!(newcomer, PermitDecision::Wait { queued: None, .. }));
+/// let first = admit_permit(&state, &ask("w")).decision;
+/// assert!(matches!(first, PermitDecision::Take { fence: 8, queued: Some(0), .. }));
 /// ```
 pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> Admission {
     let now = request.now;

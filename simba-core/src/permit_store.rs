@@ -61,9 +61,9 @@ pub struct PermitHolders {
 ///   (owner-checked and atomic) and returns whether it did; it also takes `c` out of the
 ///   queue. It wakes one waiter per freed permit, the earliest first (where the store can
 ///   push; a store that pushes may drop from the queue a waiter that no push reaches, as
-///   gone, and wake the next). A release by a contender that holds no permit only takes it out of the queue:
-///   it returns `false` and frees nothing — a stale release never frees another holder's
-///   permit. Safe to run twice (the second run returns `false`).
+///   gone, and wake the next). A release by a contender that holds no permit only takes
+///   it out of the queue: it returns `false` and frees nothing — a stale release never
+///   frees another holder's permit. Safe to run twice (the second run returns `false`).
 /// - `permit_owners(s)` reads the holders within their lease and the count they agreed on
 ///   (`None` with no holder).
 /// - `permit_subscribe(s, c)` may return a channel of

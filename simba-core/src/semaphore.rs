@@ -2,9 +2,9 @@
 //!
 //! There is no second engine here. [`Permits`] presents one permit holder of a store's
 //! semaphore as the owner of a mutex to the lease engine ([`LeaseServiceFactory`]), through
-//! the permit store contract ([`PermitStore`]), and each acquisition runs through a [`Locker`] of its own: the local lease
-//! deadline, the suspect/lost logic, renewals, the honest give-up of `acquire_timeout` and
-//! the release on drop are the mutex's, unchanged.
+//! the permit store contract ([`PermitStore`]), and each acquisition runs through a
+//! [`Locker`] of its own: the local lease deadline, the suspect/lost logic, renewals, the
+//! honest give-up of `acquire_timeout` and the release on drop are the mutex's, unchanged.
 
 use std::collections::HashMap;
 use std::fmt;

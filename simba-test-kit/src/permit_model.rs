@@ -349,8 +349,8 @@ pub async fn differential<S: PermitStore>(
                     return Err(fail(
                         i,
                         format!(
-                            "the store says {got:?}, the rule {expected:?} (the model after it: holders {:?}, \
-                             waiters {:?})",
+                            "the store says {got:?}, the rule {expected:?} (the model after \
+                             it: holders {:?}, waiters {:?})",
                             model.holders(),
                             model.waiters()
                         ),

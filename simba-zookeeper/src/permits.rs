@@ -11,9 +11,9 @@
 //! it a holder (version 0 to 1): zxids only grow, so a permit taken later has a greater
 //! fence than every permit taken before it, whatever the order the nodes were made in.
 //! Later renewals keep it in the data (a node written by an older simba, whose fence was
-//! its `czxid`, keeps that). Lease ends are compared with the server's clock: the `mtime` of a write to
-//! `{root}/%semaphores` (a name [`encode_name`] never makes: its `%` is not followed by
-//! two hex digits).
+//! its `czxid`, keeps that). Lease ends are compared with the server's clock: the `mtime`
+//! of a write to `{root}/%semaphores` (a name [`encode_name`] never makes: its `%` is not
+//! followed by two hex digits).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,8 +44,9 @@ const SEQ_DIGITS: usize = 10;
 ///
 /// It implements [`PermitStore`] only: a ZooKeeper mutex is a
 /// [`ZkFactory`](crate::ZkFactory) service (a session-bound latch, no lease), not a
-/// [`LeaseStore`](simba_core::backend::LeaseStore). Cloning shares the session. Make one with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or
-/// a [`Semaphore`](simba_core::Semaphore) at once with
+/// [`LeaseStore`](simba_core::backend::LeaseStore). Cloning shares the session. Make one
+/// with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or a
+/// [`Semaphore`](simba_core::Semaphore) at once with
 /// [`ZkFactory::semaphore`](crate::ZkFactory::semaphore).
 #[derive(Clone)]
 pub struct ZkPermitStore {

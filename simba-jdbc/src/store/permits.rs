@@ -1,5 +1,5 @@
-//! Semaphores: the permit operations of the store contract over a second table,
-//! `{table}_permits` (see the crate README, *Semaphores*).
+//! Semaphores: the [`PermitStore`](simba_core::backend::PermitStore) operations over a
+//! second table, `{table}_permits` (see the crate README, *Semaphores*).
 //!
 //! One row per semaphore (`contender = ''`: the agreed permit count, the last ticket and the
 //! last fence) and one row per holder or waiter (its ticket, lease times and fence; a
