@@ -1,4 +1,4 @@
-//! A [`LeaseStore`] wrapper whose calls can be made to fail, stall or hang: for tests of the
+//! A [`LeaseStore`] and [`PermitStore`] wrapper whose calls can be made to fail, stall or hang: for tests of the
 //! engine and of code built on it. Test tooling, behind the `test-util` feature.
 
 use std::future::Future;
@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::events::EventReceiver;
-use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders};
+use crate::permit_store::{PermitHolders, PermitStore};
+use crate::store::{Lease, LeaseReply, LeaseStore};
 
 /// A store operation, to aim a fault at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,7 +100,7 @@ pub struct FaultStore<S> {
     control: FaultControl,
 }
 
-impl<S: LeaseStore> FaultStore<S> {
+impl<S> FaultStore<S> {
     /// Wraps `inner`; every call passes until told otherwise.
     pub fn new(inner: S) -> Self {
         FaultStore {
@@ -117,12 +118,19 @@ impl<S: LeaseStore> FaultStore<S> {
     pub fn inner(&self) -> &S {
         &self.inner
     }
+}
 
-    async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
+impl<S: Sync> FaultStore<S> {
+    async fn run<T: Send>(
+        &self,
+        backend: &'static str,
+        op: Op,
+        call: impl Future<Output = Result<T>> + Send,
+    ) -> Result<T> {
         match self.control.enter(op) {
             Behavior::Pass => call.await,
             Behavior::Fail => Err(Error::backend(
-                self.inner.backend(),
+                backend,
                 format!("injected failure of {op:?}"),
             )),
             Behavior::Delay(d) => {
@@ -150,22 +158,35 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
     }
 
     async fn acquire(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
-        self.run(Op::Acquire, self.inner.acquire(mutex, contender_id, lease))
-            .await
+        self.run(
+            self.inner.backend(),
+            Op::Acquire,
+            self.inner.acquire(mutex, contender_id, lease),
+        )
+        .await
     }
 
     async fn guard(&self, mutex: &str, contender_id: &str, lease: Lease) -> Result<LeaseReply> {
-        self.run(Op::Guard, self.inner.guard(mutex, contender_id, lease))
-            .await
+        self.run(
+            self.inner.backend(),
+            Op::Guard,
+            self.inner.guard(mutex, contender_id, lease),
+        )
+        .await
     }
 
     async fn release(&self, mutex: &str, contender_id: &str) -> Result<bool> {
-        self.run(Op::Release, self.inner.release(mutex, contender_id))
-            .await
+        self.run(
+            self.inner.backend(),
+            Op::Release,
+            self.inner.release(mutex, contender_id),
+        )
+        .await
     }
 
     async fn release_after(&self, mutex: &str, contender_id: &str, hold: Duration) -> Result<bool> {
         self.run(
+            self.inner.backend(),
             Op::ReleaseAfter,
             self.inner.release_after(mutex, contender_id, hold),
         )
@@ -173,19 +194,36 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
     }
 
     async fn owner(&self, mutex: &str) -> Result<LeaseReply> {
-        self.run(Op::Owner, self.inner.owner(mutex)).await
+        self.run(self.inner.backend(), Op::Owner, self.inner.owner(mutex))
+            .await
     }
 
     async fn subscribe(&self, mutex: &str, contender_id: &str) -> Result<Option<EventReceiver>> {
-        self.run(Op::Subscribe, self.inner.subscribe(mutex, contender_id))
-            .await
+        self.run(
+            self.inner.backend(),
+            Op::Subscribe,
+            self.inner.subscribe(mutex, contender_id),
+        )
+        .await
     }
 
     async fn leave(&self, mutex: &str, contender_id: &str) -> Result<()> {
         self.inner.leave(mutex, contender_id).await
     }
+}
 
-    // Permits fail as the mutex calls of the same kind do.
+/// Permits fail as the mutex calls of the same kind do.
+impl<S: PermitStore> PermitStore for FaultStore<S> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn check_semaphore_name(&self, semaphore: &str) -> Result<()> {
+        self.inner.check_semaphore_name(semaphore)
+    }
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        self.inner.check_contender_id(contender_id)
+    }
+
     async fn permit_acquire(
         &self,
         semaphore: &str,
@@ -196,7 +234,7 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
         let call = self
             .inner
             .permit_acquire(semaphore, contender_id, permits, lease);
-        self.run(Op::Acquire, call).await
+        self.run(self.inner.backend(), Op::Acquire, call).await
     }
 
     async fn permit_guard(
@@ -209,17 +247,21 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
         let call = self
             .inner
             .permit_guard(semaphore, contender_id, permits, lease);
-        self.run(Op::Guard, call).await
+        self.run(self.inner.backend(), Op::Guard, call).await
     }
 
     async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
         let call = self.inner.permit_release(semaphore, contender_id);
-        self.run(Op::Release, call).await
+        self.run(self.inner.backend(), Op::Release, call).await
     }
 
     async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
-        self.run(Op::Owner, self.inner.permit_owners(semaphore))
-            .await
+        self.run(
+            self.inner.backend(),
+            Op::Owner,
+            self.inner.permit_owners(semaphore),
+        )
+        .await
     }
 
     async fn permit_subscribe(
@@ -228,7 +270,7 @@ impl<S: LeaseStore> LeaseStore for FaultStore<S> {
         contender_id: &str,
     ) -> Result<Option<EventReceiver>> {
         let call = self.inner.permit_subscribe(semaphore, contender_id);
-        self.run(Op::Subscribe, call).await
+        self.run(self.inner.backend(), Op::Subscribe, call).await
     }
 
     async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {

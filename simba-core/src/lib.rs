@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admission;
 pub mod backend;
 pub mod connect;
 mod error;
@@ -22,6 +23,7 @@ pub mod metrics;
 mod model;
 mod multi;
 mod owner;
+mod permit_store;
 mod redact;
 mod rt;
 mod scheduler;

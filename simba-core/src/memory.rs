@@ -1,4 +1,5 @@
-//! An in-memory [`LeaseStore`]: for unit tests and for coordinating tasks of one process.
+//! An in-memory [`LeaseStore`] and [`PermitStore`]: for unit tests and for coordinating
+//! tasks of one process.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -6,11 +7,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use crate::admission::{
+    AdmissionHolder, AdmissionWaiter, PermitDecision, PermitRequest, SemaphoreState, admit_permit,
+};
 use crate::error::Error;
 use crate::error::Result;
 use crate::events::{self, EventReceiver, EventSender, TrySendError};
 use crate::owner::{MutexOwner, held_owner_id};
-use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, hold_millis};
+use crate::permit_store::{PermitHolders, PermitStore};
+use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 
 #[derive(Default)]
 struct Entry {
@@ -35,13 +40,123 @@ struct Permits {
 /// waiters ahead of it were woken and should take theirs by then).
 pub(crate) const PERMIT_TURN_MS: i64 = 250;
 
-/// How long a queued waiter stays in line without calling again: it calls again by the
-/// time its last answer said (`look_at`), so a lease and two seconds more is generous.
-fn waiter_keep(now: i64, look_at: i64, lease: Lease) -> i64 {
-    look_at.max(now) + lease.ttl_ms() + lease.transition_ms() + 2000
+/// Keeps the items of `items` whose index is not in `drop` (ascending).
+fn drop_indices<T>(items: &mut Vec<T>, drop: &[usize]) {
+    let mut i = 0;
+    items.retain(|_| {
+        let keep = drop.binary_search(&i).is_err();
+        i += 1;
+        keep
+    });
 }
 
 impl Permits {
+    /// Decides and applies `contender_id`'s acquisition by the core rule
+    /// ([`admit_permit`]).
+    fn acquire(
+        &mut self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+        now: i64,
+    ) -> Result<LeaseReply> {
+        let holders: Vec<AdmissionHolder<'_>> = self
+            .holders
+            .iter()
+            .map(|h| AdmissionHolder {
+                contender_id: &h.owner_id,
+                transition_at: h.transition_at,
+                fence: h.fence,
+            })
+            .collect();
+        let waiters: Vec<AdmissionWaiter<'_>> = self
+            .queue
+            .iter()
+            .map(|(id, until)| AdmissionWaiter {
+                contender_id: id,
+                keep_until: *until,
+            })
+            .collect();
+        let state = SemaphoreState {
+            permits: self.permits,
+            last_fence: self.fence,
+            holders: &holders,
+            waiters: &waiters,
+        };
+        let request = PermitRequest {
+            contender_id,
+            permits,
+            lease,
+            now,
+            turn_ms: PERMIT_TURN_MS,
+            poll_ms: None,
+            fence_floor: 0,
+        };
+        let admission = admit_permit(&state, &request);
+        let mut stale = admission.stale_waiters;
+        let reply = match admission.decision {
+            PermitDecision::Mismatch { existing } => {
+                return Err(Error::PermitsMismatch {
+                    semaphore: semaphore.to_owned(),
+                    asked: permits,
+                    existing,
+                });
+            }
+            PermitDecision::Renew {
+                holder,
+                queued,
+                ttl_at,
+                transition_at,
+            } => {
+                let h = &mut self.holders[holder];
+                h.ttl_at = ttl_at;
+                h.transition_at = transition_at;
+                stale.extend(queued);
+                LeaseReply {
+                    owner: h.clone(),
+                    now,
+                }
+            }
+            PermitDecision::Take {
+                fence,
+                queued,
+                ttl_at,
+                transition_at,
+            } => {
+                stale.extend(queued);
+                self.fence = fence;
+                self.permits = permits;
+                let owner = MutexOwner {
+                    owner_id: contender_id.to_owned(),
+                    acquired_at: now,
+                    ttl_at,
+                    transition_at,
+                    fence,
+                };
+                self.holders.push(owner.clone());
+                LeaseReply { owner, now }
+            }
+            PermitDecision::Wait {
+                queued,
+                look_at,
+                keep_until,
+            } => {
+                match queued {
+                    Some(i) => self.queue[i].1 = keep_until,
+                    None => self.queue.push((contender_id.to_owned(), keep_until)),
+                }
+                LeaseReply::look_again_at(look_at, now)
+            }
+        };
+        // The indices are the state's, read before the new holder or waiter was added at
+        // the end.
+        stale.sort_unstable();
+        drop_indices(&mut self.holders, &admission.expired_holders);
+        drop_indices(&mut self.queue, &stale);
+        Ok(reply)
+    }
+
     fn prune(&mut self, now: i64) {
         self.holders.retain(|h| h.is_in_lease(now));
         self.queue.retain(|(_, until)| *until > now);
@@ -166,10 +281,17 @@ impl MemoryStore {
     }
 
     fn with_permits<T>(&self, semaphore: &str, f: impl FnOnce(&mut Permits, i64) -> T) -> T {
+        self.with_semaphore(semaphore, |p, now| {
+            p.prune(now);
+            f(p, now)
+        })
+    }
+
+    /// As `with_permits`, without dropping what is past its time first.
+    fn with_semaphore<T>(&self, semaphore: &str, f: impl FnOnce(&mut Permits, i64) -> T) -> T {
         let now = self.now();
         let mut map = self.semaphores.lock().unwrap_or_else(|p| p.into_inner());
         let entry = map.entry(semaphore.to_owned()).or_default();
-        entry.prune(now);
         f(entry, now)
     }
 
@@ -290,6 +412,12 @@ impl LeaseStore for MemoryStore {
         });
         Ok(Some(rx))
     }
+}
+
+impl PermitStore for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
 
     async fn permit_acquire(
         &self,
@@ -298,54 +426,8 @@ impl LeaseStore for MemoryStore {
         permits: u32,
         lease: Lease,
     ) -> Result<LeaseReply> {
-        self.with_permits(semaphore, |p, now| {
-            if let Some(owner) = Self::renew_permit(p, contender_id, lease, now) {
-                p.queue.retain(|(id, _)| id != contender_id);
-                return Ok(LeaseReply { owner, now });
-            }
-            if p.holders.is_empty() {
-                p.permits = permits;
-            } else if p.permits != permits {
-                return Err(Error::PermitsMismatch {
-                    semaphore: semaphore.to_owned(),
-                    asked: permits,
-                    existing: p.permits,
-                });
-            }
-            let place = p.queue.iter().position(|(id, _)| id == contender_id);
-            let free = p.free();
-            if place.unwrap_or(p.queue.len()) < free {
-                if let Some(i) = place {
-                    p.queue.remove(i);
-                }
-                p.fence += 1;
-                let owner = MutexOwner {
-                    owner_id: contender_id.to_owned(),
-                    acquired_at: now,
-                    ttl_at: now + lease.ttl_ms(),
-                    transition_at: now + lease.ttl_ms() + lease.transition_ms(),
-                    fence: p.fence,
-                };
-                p.holders.push(owner.clone());
-                return Ok(LeaseReply { owner, now });
-            }
-            // Full (look again when the first lease ends), or free but owed to earlier
-            // waiters (look again soon).
-            let look_at = if free > 0 {
-                now + PERMIT_TURN_MS
-            } else {
-                p.holders
-                    .iter()
-                    .map(|h| h.transition_at)
-                    .min()
-                    .unwrap_or(now)
-            };
-            let keep = waiter_keep(now, look_at, lease);
-            match place {
-                Some(i) => p.queue[i].1 = keep,
-                None => p.queue.push((contender_id.to_owned(), keep)),
-            }
-            Ok(LeaseReply::look_again_at(look_at, now))
+        self.with_semaphore(semaphore, |p, now| {
+            p.acquire(semaphore, contender_id, permits, lease, now)
         })
     }
 

@@ -2,10 +2,9 @@
 //!
 //! There is no second engine here. [`Permits`] presents one permit holder of a store's
 //! semaphore as the owner of a mutex to the lease engine ([`LeaseServiceFactory`]), through
-//! the permit operations of the store contract ([`LeaseStore::permit_acquire`] and the
-//! rest), and each acquisition runs through a [`Locker`] of its own: the local lease
-//! deadline, the suspect/lost logic, renewals, the honest give-up of `acquire_timeout` and
-//! the release on drop are the mutex's, unchanged.
+//! the permit store contract ([`PermitStore`]), and each acquisition runs through a
+//! [`Locker`] of its own: the local lease deadline, the suspect/lost logic, renewals, the
+//! honest give-up of `acquire_timeout` and the release on drop are the mutex's, unchanged.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,15 +21,17 @@ use crate::id::generate_contender_id;
 use crate::lease::{LeaseConfig, LeaseServiceFactory};
 use crate::locker::{LockGuard, Locker};
 use crate::owner::MutexOwner;
+use crate::permit_store::{PermitHolders, PermitStore};
 use crate::service::{ContendServiceFactory, ContenderStatus};
-use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders};
+use crate::store::{Lease, LeaseReply, LeaseStore};
 
 /// Why a store refused an acquisition for good (the engine would retry it forever).
 #[derive(Debug, Clone)]
 enum Refusal {
     /// The holders agreed on this other count.
     Mismatch(u32),
-    /// The backend has no semaphores.
+    /// The store cannot do what was asked (ZooKeeper: a lease longer than its session
+    /// keeps safe).
     Unsupported {
         backend: &'static str,
         what: &'static str,
@@ -132,7 +133,7 @@ struct Permits<S> {
     mismatches: Arc<Mismatches>,
 }
 
-impl<S: LeaseStore> LeaseStore for Permits<S> {
+impl<S: PermitStore> LeaseStore for Permits<S> {
     fn backend(&self) -> &'static str {
         self.store.backend()
     }
@@ -199,7 +200,7 @@ impl<S: LeaseStore> LeaseStore for Permits<S> {
     }
 
     fn check_mutex_name(&self, semaphore: &str) -> Result<()> {
-        self.store.check_mutex_name(semaphore)
+        self.store.check_semaphore_name(semaphore)
     }
 
     fn check_contender_id(&self, contender_id: &str) -> Result<()> {
@@ -214,7 +215,7 @@ trait ReadHolders: Send + Sync {
     fn holders<'a>(&'a self, semaphore: &'a str) -> HoldersFuture<'a>;
 }
 
-impl<S: LeaseStore> ReadHolders for Permits<S> {
+impl<S: PermitStore> ReadHolders for Permits<S> {
     fn holders<'a>(&'a self, semaphore: &'a str) -> HoldersFuture<'a> {
         Box::pin(self.store.permit_owners(semaphore))
     }
@@ -239,10 +240,10 @@ enum Wait {
 /// must ask for the same `permits`: while the semaphore has holders, a different count is
 /// refused with [`Error::PermitsMismatch`]. Semaphore names are apart from mutex names.
 ///
-/// Backends: [`MemoryStore`](crate::MemoryStore), Redis (simba-redis), SQL (simba-jdbc:
-/// MariaDB/MySQL, PostgreSQL, SQLite) and ZooKeeper (simba-zookeeper's
-/// `ZkFactory::semaphore`); the others refuse with
-/// [`Error::Unsupported`].
+/// Backends: any [`PermitStore`] — [`MemoryStore`](crate::MemoryStore), Redis
+/// (simba-redis), SQL (simba-jdbc: MariaDB/MySQL, PostgreSQL, SQLite) and ZooKeeper
+/// (simba-zookeeper's `ZkFactory::semaphore`). A backend without semaphores does not
+/// implement [`PermitStore`], so no semaphore can be made over it.
 ///
 /// Waiters queue in the backend first come first served (roughly: a waiter that misses
 /// its turn loses its place to the next), and a release wakes one waiter per freed permit
@@ -302,7 +303,7 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidConfig`] for zero permits or a config that does not validate;
     /// [`Error::InvalidName`] for a bad name.
-    pub fn new<S: LeaseStore>(
+    pub fn new<S: PermitStore>(
         store: S,
         config: LeaseConfig,
         name: &str,
@@ -315,7 +316,7 @@ impl Semaphore {
     ///
     /// # Errors
     /// As [`Semaphore::new`].
-    pub fn from_factory<S: LeaseStore>(
+    pub fn from_factory<S: LeaseStore + PermitStore>(
         factory: &LeaseServiceFactory<S>,
         name: &str,
         permits: u32,
@@ -332,7 +333,7 @@ impl Semaphore {
     ///
     /// # Errors
     /// As [`Semaphore::new`].
-    pub fn from_arc<S: LeaseStore>(
+    pub fn from_arc<S: PermitStore>(
         store: Arc<S>,
         config: LeaseConfig,
         name: &str,
@@ -350,7 +351,7 @@ impl Semaphore {
             permits,
             mismatches: mismatches.clone(),
         });
-        let backend = adapter.backend();
+        let backend = PermitStore::backend(&*adapter.store);
         let factory = LeaseServiceFactory::from_arc(adapter.clone(), config)?;
         let factory: Arc<dyn ContendServiceFactory> = Arc::new(factory);
         factory.check_mutex_name(name)?;
@@ -378,8 +379,9 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::PermitsMismatch`] when the holders agreed on another count;
-    /// [`Error::Unsupported`] from a backend without semaphores; [`Error::Shutdown`] as
-    /// for [`Locker::acquire`]. Other backend errors are retried.
+    /// [`Error::Unsupported`] when the store cannot do what the config asks (ZooKeeper: a
+    /// lease longer than half its session timeout); [`Error::Shutdown`] as for
+    /// [`Locker::acquire`]. Other backend errors are retried.
     ///
     /// # Cancel safety
     /// As [`Locker::acquire`]: dropping the future releases what it may have won, in the
@@ -416,7 +418,7 @@ impl Semaphore {
     /// The holders within their lease, read from the backend, and the count they agreed on.
     ///
     /// # Errors
-    /// The backend's error; [`Error::Unsupported`] from a backend without semaphores.
+    /// The backend's error.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads (the backend drops holders past their lease as it reads).
@@ -713,21 +715,9 @@ mod tests {
         frozen: Arc<AtomicBool>,
     }
 
-    impl LeaseStore for Frozen {
+    impl PermitStore for Frozen {
         fn backend(&self) -> &'static str {
             "memory"
-        }
-        async fn acquire(&self, m: &str, c: &str, lease: Lease) -> Result<LeaseReply> {
-            self.inner.acquire(m, c, lease).await
-        }
-        async fn release(&self, m: &str, c: &str) -> Result<bool> {
-            self.inner.release(m, c).await
-        }
-        async fn release_after(&self, m: &str, c: &str, hold: Duration) -> Result<bool> {
-            self.inner.release_after(m, c, hold).await
-        }
-        async fn owner(&self, m: &str) -> Result<LeaseReply> {
-            self.inner.owner(m).await
         }
         async fn permit_acquire(&self, s: &str, c: &str, n: u32, l: Lease) -> Result<LeaseReply> {
             if self.frozen.load(Ordering::SeqCst) {
@@ -781,47 +771,51 @@ mod tests {
         drop(g2);
     }
 
-    /// A store without the permit operations (their defaults).
-    struct MutexOnly(MemoryStore);
+    /// A store that cannot do what is asked of it (as ZooKeeper refuses a lease longer than
+    /// its session keeps safe).
+    struct Refuses;
 
-    impl LeaseStore for MutexOnly {
+    impl PermitStore for Refuses {
         fn backend(&self) -> &'static str {
-            "mutex-only"
+            "refuses"
         }
-        async fn acquire(&self, m: &str, c: &str, lease: Lease) -> Result<LeaseReply> {
-            self.0.acquire(m, c, lease).await
+        async fn permit_acquire(&self, _: &str, _: &str, _: u32, _: Lease) -> Result<LeaseReply> {
+            Err(Error::unsupported("refuses", "this lease", "too long"))
         }
-        async fn release(&self, m: &str, c: &str) -> Result<bool> {
-            self.0.release(m, c).await
+        async fn permit_release(&self, _: &str, _: &str) -> Result<bool> {
+            Ok(false)
         }
-        async fn release_after(&self, m: &str, c: &str, hold: Duration) -> Result<bool> {
-            self.0.release_after(m, c, hold).await
-        }
-        async fn owner(&self, m: &str) -> Result<LeaseReply> {
-            self.0.owner(m).await
+        async fn permit_owners(&self, _: &str) -> Result<PermitHolders> {
+            Ok(PermitHolders {
+                permits: None,
+                holders: Vec::new(),
+                now: 0,
+            })
         }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_backend_without_permits_refuses_clearly() {
-        let s = Semaphore::new(MutexOnly(MemoryStore::new()), config(), "s", 2).expect("semaphore");
+    async fn a_refusal_for_good_ends_the_wait_typed() {
+        let s = Semaphore::new(Refuses, config(), "s", 2).expect("semaphore");
+        let started = Instant::now();
         for e in [
             s.acquire().await.expect_err("acquire"),
             s.try_acquire().await.expect_err("try"),
-            s.holders().await.expect_err("holders"),
         ] {
             assert!(
                 matches!(
                     e,
                     Error::Unsupported {
-                        backend: "mutex-only",
-                        what: "semaphores",
+                        backend: "refuses",
+                        what: "this lease",
                         ..
                     }
                 ),
                 "{e}"
             );
         }
+        // Not retried until some timeout: the engine's first answer ends it.
+        assert!(started.elapsed() < Duration::from_millis(100));
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
-//! The small contract a lease backend implements: [`LeaseStore`].
+//! The small contract a lease backend implements: [`LeaseStore`] (semaphores have their
+//! own, [`PermitStore`](crate::backend::PermitStore)).
 //!
-//! Redis and SQL backends implement only this; the [`LeaseContendService`](crate::LeaseContendService)
+//! Redis and SQL backends implement only this for their mutexes; the [`LeaseContendService`](crate::LeaseContendService)
 //! engine owns scheduling, state, callbacks, the local lease deadline and reconnects.
 
 use std::future::Future;
@@ -48,7 +49,7 @@ pub struct LeaseReply {
 
 impl LeaseReply {
     /// The reply a store gives a permit contender that may not take a permit yet (see
-    /// *Permits* in [`LeaseStore`]): an unnamed holder whose lease ends at `at`, when the
+    /// [`PermitStore`](crate::backend::PermitStore)): an unnamed holder whose lease ends at `at`, when the
     /// contender should look again unless a push wakes it first; `now` is the store's
     /// clock.
     pub fn look_again_at(at: i64, now: i64) -> LeaseReply {
@@ -104,27 +105,6 @@ pub enum StoreEvent {
     Resync,
 }
 
-/// The holders of a semaphore, from [`LeaseStore::permit_owners`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PermitHolders {
-    /// The permit count the holders agreed on; `None` when there is no holder.
-    pub permits: Option<u32>,
-    /// Each holder within its lease, as a mutex owner (its own fence and lease times),
-    /// in the order they acquired.
-    pub holders: Vec<MutexOwner>,
-    /// The backend's time at which this was read (milliseconds since the Unix epoch).
-    pub now: i64,
-}
-
-/// The error of a permit operation on a backend that has no semaphores.
-fn no_permits(backend: &'static str) -> Error {
-    Error::unsupported(
-        backend,
-        "semaphores",
-        "this backend does not implement the permit operations of the store contract",
-    )
-}
-
 /// The wire protocol of a lease backend.
 ///
 /// # Contract
@@ -163,27 +143,6 @@ fn no_permits(backend: &'static str) -> Error {
 ///   [`check_common_contender_id`](crate::check_common_contender_id), which the engine applies
 ///   first). The engine calls them when it makes a service, so bad input is a typed error
 ///   before anything reaches the backend. The defaults accept everything.
-///
-/// # Permits (semaphores)
-/// A semaphore is a name and a permit count N; its holders are contenders, each with a lease
-/// and a fence of its own. Semaphore names live apart from mutex names (a semaphore and a
-/// mutex of one name are unrelated). The permit operations default to
-/// [`Error::Unsupported`], so a backend without semaphores refuses them clearly.
-/// - `permit_acquire(s, c, n, lease)`: as `acquire`, per permit. If `c` holds a permit of
-///   `s` within its lease, it renews it (same fence, same `acquired_at`). Otherwise, once
-///   the holders past their lease are dropped: if `s` has holders that agreed on another
-///   count than `n`, it fails with [`Error::PermitsMismatch`] (no holder: `n` becomes the
-///   count); if fewer than `n` hold and no earlier waiter is owed the free permit, `c`
-///   becomes a holder with a fence strictly greater than every fence of `s` (across all
-///   its permits); else `c` joins the wait queue (first come, first served) and the reply
-///   names an unnamed holder (empty id, fence 0) whose `transition_at` says when to look
-///   again. Never more than `n` holders within their lease. Atomic, safe to run twice.
-/// - `permit_guard` renews a permit `c` holds and never takes one; the default runs
-///   `permit_acquire`.
-/// - `permit_release(s, c)` frees `c`'s permit (owner-checked, atomic), returns whether it
-///   did, and wakes one waiter per freed permit; a non-holder only leaves the queue.
-/// - `permit_owners(s)` reads the holders within their lease and the agreed count.
-/// - `permit_subscribe` / `permit_leave` as `subscribe` / `leave`, for a semaphore.
 ///
 /// Dropping a returned future halfway may leave its effect applied or not; the engine
 /// tolerates either (it always re-reads, and releases on stop).
@@ -251,79 +210,6 @@ pub trait LeaseStore: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Acquires or renews a permit of `semaphore` (see *Permits* in the trait's docs).
-    ///
-    /// # Errors
-    /// [`Error::PermitsMismatch`] when the holders agreed on another count;
-    /// [`Error::Unsupported`] from a backend without semaphores (the default).
-    fn permit_acquire(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-        permits: u32,
-        lease: Lease,
-    ) -> impl Future<Output = Result<LeaseReply>> + Send {
-        let _ = (semaphore, contender_id, permits, lease);
-        let backend = self.backend();
-        async move { Err(no_permits(backend)) }
-    }
-
-    /// Renews a permit the contender holds (see *Permits* in the trait's docs).
-    fn permit_guard(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-        permits: u32,
-        lease: Lease,
-    ) -> impl Future<Output = Result<LeaseReply>> + Send {
-        self.permit_acquire(semaphore, contender_id, permits, lease)
-    }
-
-    /// Releases the contender's permit; returns whether it held one.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] from a backend without semaphores (the default).
-    fn permit_release(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        let _ = (semaphore, contender_id);
-        let backend = self.backend();
-        async move { Err(no_permits(backend)) }
-    }
-
-    /// Reads the holders of `semaphore`.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] from a backend without semaphores (the default).
-    fn permit_owners(&self, semaphore: &str) -> impl Future<Output = Result<PermitHolders>> + Send {
-        let _ = semaphore;
-        let backend = self.backend();
-        async move { Err(no_permits(backend)) }
-    }
-
-    /// Subscribes `contender_id` to pushed events about `semaphore`, if the store can push
-    /// (the default cannot: waiters poll).
-    fn permit_subscribe(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> impl Future<Output = Result<Option<EventReceiver>>> + Send {
-        let _ = (semaphore, contender_id);
-        async { Ok(None) }
-    }
-
-    /// Tells the store that `contender_id` stopped waiting for a permit of `semaphore`.
-    fn permit_leave(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> impl Future<Output = Result<()>> + Send {
-        let _ = (semaphore, contender_id);
-        async { Ok(()) }
-    }
-
     /// Refuses a contender id this backend cannot accept (see the trait's contract).
     ///
     /// # Errors
@@ -384,48 +270,6 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
     }
     fn check_mutex_name(&self, mutex: &str) -> Result<()> {
         (**self).check_mutex_name(mutex)
-    }
-    fn permit_acquire(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-        permits: u32,
-        lease: Lease,
-    ) -> impl Future<Output = Result<LeaseReply>> + Send {
-        (**self).permit_acquire(semaphore, contender_id, permits, lease)
-    }
-    fn permit_guard(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-        permits: u32,
-        lease: Lease,
-    ) -> impl Future<Output = Result<LeaseReply>> + Send {
-        (**self).permit_guard(semaphore, contender_id, permits, lease)
-    }
-    fn permit_release(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        (**self).permit_release(semaphore, contender_id)
-    }
-    fn permit_owners(&self, semaphore: &str) -> impl Future<Output = Result<PermitHolders>> + Send {
-        (**self).permit_owners(semaphore)
-    }
-    fn permit_subscribe(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> impl Future<Output = Result<Option<EventReceiver>>> + Send {
-        (**self).permit_subscribe(semaphore, contender_id)
-    }
-    fn permit_leave(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> impl Future<Output = Result<()>> + Send {
-        (**self).permit_leave(semaphore, contender_id)
     }
     fn check_contender_id(&self, contender_id: &str) -> Result<()> {
         (**self).check_contender_id(contender_id)

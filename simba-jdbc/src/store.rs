@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, hold_millis};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitStore, hold_millis};
 use simba_core::events::EventReceiver;
 use simba_core::{Error, MutexOwner, Result, check_common_contender_id, check_common_mutex_name};
 use tracing::{debug, info, warn};
@@ -1170,6 +1170,24 @@ impl LeaseStore for SqlStore {
         drop((tx, contending));
         Ok(Some(rx))
     }
+}
+
+impl PermitStore for SqlStore {
+    fn backend(&self) -> &'static str {
+        self.inner.kind.name()
+    }
+
+    /// At most [`SqlConfig::with_max_name_len`] characters (the `semaphore` column holds as
+    /// much).
+    fn check_semaphore_name(&self, semaphore: &str) -> Result<()> {
+        self.inner.check_name(semaphore)
+    }
+
+    /// As [`LeaseStore::check_contender_id`].
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        self.inner.check_contender(contender_id)
+    }
+
     /// One transaction on the permits table (see the crate README, *Semaphores*).
     ///
     /// # Cancel safety

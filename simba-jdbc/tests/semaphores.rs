@@ -31,7 +31,7 @@ mod postgres {
 mod store_level {
     use std::time::Duration;
 
-    use simba_core::backend::{Lease, LeaseStore, StoreEvent};
+    use simba_core::backend::{Lease, PermitStore, StoreEvent};
     use simba_jdbc::SqlStore;
     use simba_test_kit::support::unique_name;
     use tokio::time::timeout;
@@ -153,7 +153,7 @@ mod store_level {
         async fn without_the_table_the_error_holds_its_create_statement() {
             use diesel::Connection;
             use diesel::connection::SimpleConnection;
-            use simba_core::backend::LeaseStore;
+            use simba_core::backend::{LeaseStore, PermitStore};
 
             let h = SqlHarness::sqlite();
             let path = h.url().trim_start_matches("sqlite://").to_owned();

@@ -11,7 +11,7 @@ use fred::types::config::{
 };
 use fred::types::{Builder, Value, scripts::Script};
 use simba_core::backend::{
-    Lease, LeaseReply, LeaseStore, PermitHolders, held_owner_id, hold_millis,
+    Lease, LeaseReply, LeaseStore, PermitHolders, PermitStore, held_owner_id, hold_millis,
 };
 use simba_core::events::EventReceiver;
 use simba_core::{Error, Result, check_common_contender_id, check_common_mutex_name};
@@ -868,6 +868,22 @@ impl LeaseStore for RedisStore {
             subs.request_sweep();
         }
         result.map(|_| ())
+    }
+}
+
+impl PermitStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// The shared rules only, as for a mutex name (`{` and `}` are refused by them).
+    fn check_semaphore_name(&self, semaphore: &str) -> Result<()> {
+        check_name(semaphore)
+    }
+
+    /// No [`MESSAGE_SEPARATOR`] (`@@`).
+    fn check_contender_id(&self, contender_id: &str) -> Result<()> {
+        check_id(contender_id)
     }
 
     /// `sem_acquire.lua` (see the crate docs, *Semaphores*).

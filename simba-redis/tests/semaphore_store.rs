@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{cmd, raw, test_config};
 use fred::types::Value;
-use simba_core::backend::{Lease, LeaseStore, StoreEvent};
+use simba_core::backend::{Lease, LeaseStore, PermitStore, StoreEvent};
 use simba_core::{LeaseConfig, Semaphore};
 use simba_redis::{RedisStore, WaitMode};
 use simba_test_kit::servers::redis;

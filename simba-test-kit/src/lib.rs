@@ -4,6 +4,7 @@ pub mod chaos;
 pub mod connector;
 pub mod history;
 pub mod memory;
+pub mod permit_model;
 pub mod proxy;
 pub mod semaphore_cases;
 pub mod servers;

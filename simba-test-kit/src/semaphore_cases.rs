@@ -1,9 +1,13 @@
-//! Semaphore cases: what every backend with semaphores ([`Semaphore`] over the permit
-//! operations of its [`LeaseStore`](simba_core::backend::LeaseStore)) must keep. Each case takes a [`StoreSource`] — stores
-//! with their own connections, as separate processes would have — and returns `Ok(())` or
-//! a [`CaseError`] saying what went wrong. [`semaphore_tests!`](crate::semaphore_tests)
+//! Semaphore cases: what every backend with semaphores (a [`PermitStore`], and
+//! [`Semaphore`] over it) must keep. Each case takes a [`PermitSource`] — stores with their
+//! own connections, as separate processes would have — and returns `Ok(())` or a
+//! [`CaseError`] saying what went wrong. [`semaphore_tests!`](crate::semaphore_tests)
 //! expands them into one `#[tokio::test]` each, in a module `semaphore`;
 //! [`SEMAPHORE_CASES`] names them.
+//!
+//! The cases named `store_…` hold the [`PermitStore`] contract to its words, calling the
+//! store itself; the others run [`Semaphore`]s over it. `store_admission_follows_the_rule`
+//! runs the differential test of [`permit_model`](crate::permit_model) on a few seeds.
 //!
 //! Some cases have time as their subject (a lease ends, a wake-up comes before a lease
 //! would have ended): their bounds are generous and say why.
@@ -12,15 +16,55 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use simba_core::backend::{BoxFuture, Lease, LeaseReply, PermitStore};
 use simba_core::fault::{Behavior, FaultStore};
 use simba_core::{Error, LeaseConfig, LossReason, Semaphore};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::permit_model::{Run, differential};
 use crate::store_cases::StoreSource;
-use crate::suite::{CaseError, CaseResult};
+use crate::suite::{CaseError, CaseResult, SetupError};
 use crate::support::unique_name;
+
+/// A semaphore backend as the semaphore cases see it. Every [`StoreSource`] whose store is
+/// a [`PermitStore`] is one; a backend whose semaphores are a store of their own
+/// (ZooKeeper) implements it directly.
+pub trait PermitSource: Send + Sync {
+    /// The store type; clones share one store's connections.
+    type Store: PermitStore + Clone + 'static;
+
+    /// The backend's name in failure messages.
+    fn name(&self) -> String;
+
+    /// A new store over the same backend and namespace as every other store of this
+    /// source, with its own connections.
+    fn store(&self) -> BoxFuture<'_, Result<Self::Store, SetupError>>;
+
+    /// Whether the backend pushes releases to waiters, rather than leaving them to poll.
+    fn pushes_release(&self) -> bool;
+}
+
+impl<T> PermitSource for T
+where
+    T: StoreSource,
+    T::Store: PermitStore,
+{
+    type Store = T::Store;
+
+    fn name(&self) -> String {
+        StoreSource::name(self)
+    }
+
+    fn store(&self) -> BoxFuture<'_, Result<Self::Store, SetupError>> {
+        StoreSource::store(self)
+    }
+
+    fn pushes_release(&self) -> bool {
+        StoreSource::pushes_release(self)
+    }
+}
 
 /// The names of every semaphore case, in the order
 /// [`semaphore_tests!`](crate::semaphore_tests) runs them.
@@ -41,7 +85,10 @@ macro_rules! __semaphore_cases {
             never_more_than_n, dead_holder_permit_returns, fences_increase_across_permits,
             permits_mismatch_refused, try_acquire_full_fails_at_once,
             timeout_gives_up_holding_nothing, release_wakes_a_waiter,
-            release_of_a_permit_taken_away_is_lost
+            release_of_a_permit_taken_away_is_lost, store_renewal_keeps_the_fence,
+            store_mismatch_until_all_released, store_queue_is_first_come_first_served,
+            store_release_by_a_non_holder_changes_nothing, store_fences_increase_across_permits,
+            store_admission_follows_the_rule
         }
     };
     (@expand names; $($case:ident),+) => {
@@ -59,7 +106,7 @@ macro_rules! __semaphore_cases {
                         panic!(
                             "semaphore case `{}` failed on {}: {}",
                             stringify!($case),
-                            $crate::store_cases::StoreSource::name(&source),
+                            $crate::semaphore_cases::PermitSource::name(&source),
                             e
                         );
                     }
@@ -72,7 +119,8 @@ macro_rules! __semaphore_cases {
 /// Expands every semaphore case into one `#[tokio::test]` (in a module `semaphore`).
 ///
 /// The argument is an expression evaluated inside each (async) test that yields a value
-/// implementing [`StoreSource`]; it may `.await`.
+/// implementing [`PermitSource`] (every [`StoreSource`] over a [`PermitStore`] does); it
+/// may `.await`.
 ///
 /// ```no_run
 /// simba_test_kit::semaphore_tests!(simba_test_kit::memory::MemoryHarness::memory());
@@ -111,7 +159,7 @@ fn short(pushes: bool) -> LeaseConfig {
     }
 }
 
-async fn semaphore<S: StoreSource>(
+async fn semaphore<S: PermitSource>(
     src: &S,
     config: LeaseConfig,
     name: &str,
@@ -123,7 +171,7 @@ async fn semaphore<S: StoreSource>(
 /// Eight contenders (on four stores) take a 3-permit semaphore five times each; a checker
 /// counts the holders that believe they hold (from the acquisition's return to just
 /// before the release): never more than 3. Every acquisition got its own fence.
-pub async fn never_more_than_n<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn never_more_than_n<S: PermitSource>(src: &S) -> CaseResult {
     const N: usize = 3;
     let name = unique_name("sem_n");
     let mut sems = Vec::new();
@@ -187,7 +235,7 @@ pub async fn never_more_than_n<S: StoreSource>(src: &S) -> CaseResult {
 /// A holder cut off from the backend (every call hangs, as for a killed or partitioned
 /// process) stops believing at its local deadline, and its permit returns at its lease
 /// end: the next contender gets it then, not before the cut-off holder's loss.
-pub async fn dead_holder_permit_returns<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn dead_holder_permit_returns<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_dead");
     let cut = FaultStore::new(src.store().await?);
     let control = cut.control();
@@ -232,7 +280,7 @@ pub async fn dead_holder_permit_returns<S: StoreSource>(src: &S) -> CaseResult {
 
 /// Each new permit's fence is greater than every fence of the semaphore before it, across
 /// its permits and across stores.
-pub async fn fences_increase_across_permits<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn fences_increase_across_permits<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_fence");
     let a = semaphore(src, config(src.pushes_release()), &name, 2).await?;
     let b = semaphore(src, config(src.pushes_release()), &name, 2).await?;
@@ -260,7 +308,7 @@ pub async fn fences_increase_across_permits<S: StoreSource>(src: &S) -> CaseResu
 /// A contender that asks for another count than the holders' is refused with
 /// [`Error::PermitsMismatch`], whether it tries once, waits or waits with a bound; once
 /// nobody holds, the count is the next holder's.
-pub async fn permits_mismatch_refused<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn permits_mismatch_refused<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_mismatch");
     let two = semaphore(src, config(src.pushes_release()), &name, 2).await?;
     let three = semaphore(src, config(src.pushes_release()), &name, 3).await?;
@@ -294,7 +342,7 @@ pub async fn permits_mismatch_refused<S: StoreSource>(src: &S) -> CaseResult {
 }
 
 /// With every permit held, `try_acquire` fails at once with [`Error::WouldBlock`].
-pub async fn try_acquire_full_fails_at_once<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn try_acquire_full_fails_at_once<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_try");
     let s = semaphore(src, config(src.pushes_release()), &name, 2).await?;
     let other = semaphore(src, config(src.pushes_release()), &name, 2).await?;
@@ -321,7 +369,7 @@ pub async fn try_acquire_full_fails_at_once<S: StoreSource>(src: &S) -> CaseResu
 /// `acquire_timeout` on a full semaphore gives up after its wait holding nothing: the
 /// backend lists only the holder, and once it releases, a newcomer's single try gets the
 /// permit (no place in the queue was left behind by the give-up).
-pub async fn timeout_gives_up_holding_nothing<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn timeout_gives_up_holding_nothing<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_timeout");
     let s = semaphore(src, config(src.pushes_release()), &name, 1).await?;
     let other = semaphore(src, config(src.pushes_release()), &name, 1).await?;
@@ -349,7 +397,7 @@ pub async fn timeout_gives_up_holding_nothing<S: StoreSource>(src: &S) -> CaseRe
 
 /// A release wakes a waiter: it gets the permit long before the released lease would have
 /// ended (pushed backends), or within its poll (others).
-pub async fn release_wakes_a_waiter<S: StoreSource>(src: &S) -> CaseResult {
+pub async fn release_wakes_a_waiter<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_wake");
     // A long lease, so that a waiter that was not woken is plainly late.
     let config = LeaseConfig {
@@ -389,8 +437,7 @@ pub async fn release_wakes_a_waiter<S: StoreSource>(src: &S) -> CaseResult {
 /// the holder's id, as an operator deleting its row, key or node would), and the holder's
 /// `release()` must return [`Error::Lost`] with [`LossReason::TakenOver`], its status
 /// showing that loss for its fence.
-pub async fn release_of_a_permit_taken_away_is_lost<S: StoreSource>(src: &S) -> CaseResult {
-    use simba_core::backend::LeaseStore;
+pub async fn release_of_a_permit_taken_away_is_lost<S: PermitSource>(src: &S) -> CaseResult {
     let name = unique_name("sem_taken");
     let s = semaphore(src, config(src.pushes_release()), &name, 2).await?;
     let g = within("acquire", s.acquire()).await??;
@@ -429,4 +476,248 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> Res
     timeout(Duration::from_secs(15), fut)
         .await
         .map_err(|_| CaseError(format!("{what}: not within 15 s")))
+}
+
+/// The lease of the store-level cases: longer than any case runs, so that nothing ends
+/// under one (and within what ZooKeeper's test sessions keep safe: half of 60 s).
+const STORE_LEASE: Lease = Lease {
+    ttl: Duration::from_secs(20),
+    transition: Duration::from_secs(5),
+};
+
+/// `who`'s `permit_acquire`, bounded.
+async fn ask<P: PermitStore>(
+    store: &P,
+    semaphore: &str,
+    who: &str,
+    permits: u32,
+) -> Result<Result<LeaseReply, Error>, CaseError> {
+    within(
+        &format!("{who}'s acquisition"),
+        store.permit_acquire(semaphore, who, permits, STORE_LEASE),
+    )
+    .await
+}
+
+/// `who`'s `permit_acquire`, which must give it a permit (new or renewed).
+async fn take<P: PermitStore>(
+    store: &P,
+    semaphore: &str,
+    who: &str,
+    permits: u32,
+) -> Result<LeaseReply, CaseError> {
+    let reply = ask(store, semaphore, who, permits).await??;
+    check(reply.owner.owner_id == who, || {
+        format!("{who} did not get a permit: {:?}", reply.owner)
+    })?;
+    Ok(reply)
+}
+
+/// `who`'s `permit_acquire`, which must make it wait (an unnamed holder, a time to look
+/// again).
+async fn waits<P: PermitStore>(store: &P, semaphore: &str, who: &str, permits: u32) -> CaseResult {
+    let reply = ask(store, semaphore, who, permits).await??;
+    check(
+        reply.owner.owner_id.is_empty() && reply.owner.fence == 0,
+        || format!("{who} should wait, got {:?}", reply.owner),
+    )
+}
+
+/// The ids of the holders the store lists, sorted.
+async fn holder_ids<P: PermitStore>(store: &P, semaphore: &str) -> Result<Vec<String>, CaseError> {
+    let read = within("reading the holders", store.permit_owners(semaphore)).await??;
+    let mut ids: Vec<String> = read.holders.into_iter().map(|h| h.owner_id).collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// A holder's `permit_acquire` again, and its `permit_guard`, renew its permit: the same
+/// fence and the same `acquired_at`, a lease that does not end sooner.
+pub async fn store_renewal_keeps_the_fence<S: PermitSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_renew");
+    let store = src.store().await?;
+    let first = take(&store, &name, "a", 2).await?.owner;
+    let again = take(&store, &name, "a", 2).await?.owner;
+    let guarded = within("a's guard", store.permit_guard(&name, "a", 2, STORE_LEASE))
+        .await??
+        .owner;
+    for (how, o) in [("acquire", &again), ("guard", &guarded)] {
+        check(o.owner_id == "a", || format!("{how}: {o:?}"))?;
+        check(
+            o.fence == first.fence && o.acquired_at == first.acquired_at,
+            || format!("{how} renewed {first:?} into {o:?}: another fence or acquired_at"),
+        )?;
+        check(o.transition_at >= first.transition_at, || {
+            format!("{how} shortened the lease: {first:?} then {o:?}")
+        })?;
+    }
+    let listed = within("reading the holders", store.permit_owners(&name)).await??;
+    check(
+        listed.holders.len() == 1 && listed.holders[0].fence == first.fence,
+        || format!("after the renewals the store lists {listed:?}"),
+    )?;
+    within("release", store.permit_release(&name, "a")).await??;
+    Ok(())
+}
+
+/// While anyone holds, a contender asking with another count is refused with
+/// [`Error::PermitsMismatch`] (and gets nothing); once every holder released, the next
+/// count is accepted and becomes the semaphore's.
+pub async fn store_mismatch_until_all_released<S: PermitSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_count");
+    let store = src.store().await?;
+    let other = src.store().await?;
+    let refused = |r: Result<LeaseReply, Error>, when: &str| match r {
+        Err(Error::PermitsMismatch {
+            asked: 3,
+            existing: 2,
+            ..
+        }) => Ok(()),
+        other => Err(CaseError(format!(
+            "{when}: asking 3 of a 2-permit semaphore gave {other:?}, not a mismatch"
+        ))),
+    };
+    take(&store, &name, "a", 2).await?;
+    refused(ask(&other, &name, "c", 3).await?, "while a holds")?;
+    take(&other, &name, "b", 2).await?;
+    refused(ask(&other, &name, "c", 3).await?, "while a and b hold")?;
+    check(
+        within("release a", store.permit_release(&name, "a")).await??,
+        || "a's release freed nothing".into(),
+    )?;
+    refused(ask(&other, &name, "c", 3).await?, "while b still holds")?;
+    check(holder_ids(&store, &name).await? == ["b"], || {
+        "a mismatch changed the holders".into()
+    })?;
+    check(
+        within("release b", other.permit_release(&name, "b")).await??,
+        || "b's release freed nothing".into(),
+    )?;
+    take(&other, &name, "c", 3).await?;
+    let count = within("reading the holders", store.permit_owners(&name))
+        .await??
+        .permits;
+    check(count == Some(3), || {
+        format!("the count after the change: {count:?}")
+    })?;
+    within("release c", other.permit_release(&name, "c")).await??;
+    Ok(())
+}
+
+/// Waiters are served first come, first served: with the one permit freed, the second
+/// waiter asking first still waits, and the first waiter gets it. Each waiter subscribes
+/// first, as the engine's waiters do (a store may drop a waiter that no push reaches).
+pub async fn store_queue_is_first_come_first_served<S: PermitSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_fifo");
+    let store = src.store().await?;
+    let other = src.store().await?;
+    let mut listening = Vec::new();
+    for who in ["b", "c"] {
+        listening.push(within("subscribe", other.permit_subscribe(&name, who)).await??);
+    }
+    take(&store, &name, "a", 1).await?;
+    waits(&other, &name, "b", 1).await?;
+    waits(&other, &name, "c", 1).await?;
+    check(
+        within("release a", store.permit_release(&name, "a")).await??,
+        || "a's release freed nothing".into(),
+    )?;
+    waits(&other, &name, "c", 1)
+        .await
+        .map_err(|e| CaseError(format!("the second waiter jumped the first: {e}")))?;
+    take(&other, &name, "b", 1).await?;
+    waits(&other, &name, "c", 1).await?;
+    within("release b", other.permit_release(&name, "b")).await??;
+    take(&other, &name, "c", 1).await?;
+    within("release c", other.permit_release(&name, "c")).await??;
+    drop(listening);
+    Ok(())
+}
+
+/// A release by a contender that holds no permit returns `false` and frees nothing: the
+/// holder keeps its permit and fence; a waiter's release only takes it out of the queue.
+pub async fn store_release_by_a_non_holder_changes_nothing<S: PermitSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_stale");
+    let store = src.store().await?;
+    let _listening = within("subscribe", store.permit_subscribe(&name, "w")).await??;
+    let a = take(&store, &name, "a", 1).await?.owner;
+    waits(&store, &name, "w", 1).await?;
+    for who in ["stranger", "w"] {
+        let freed = within("release", store.permit_release(&name, who)).await??;
+        check(!freed, || format!("{who}'s release said it freed a permit"))?;
+        let read = within("reading the holders", store.permit_owners(&name)).await??;
+        check(
+            read.holders.len() == 1
+                && read.holders[0].owner_id == "a"
+                && read.holders[0].fence == a.fence,
+            || format!("after {who}'s release the store lists {read:?}"),
+        )?;
+    }
+    // `w` left the queue: once `a` releases, a newcomer is first.
+    check(
+        within("release a", store.permit_release(&name, "a")).await??,
+        || "a's release freed nothing".into(),
+    )?;
+    take(&store, &name, "z", 1).await.map_err(|e| {
+        CaseError(format!(
+            "a waiter's release did not take it out of the queue: {e}"
+        ))
+    })?;
+    within("release z", store.permit_release(&name, "z")).await??;
+    Ok(())
+}
+
+/// Every new permit's fence is above every fence the semaphore had, across its permits
+/// and across stores, also after releases; the store lists each holder with its fence.
+pub async fn store_fences_increase_across_permits<S: PermitSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_fences");
+    let stores = [src.store().await?, src.store().await?];
+    let mut last = 0;
+    let mut take_next = |fence: u64, who: &str| {
+        let ok = fence > last;
+        let before = last;
+        last = fence;
+        check(ok, || format!("{who}'s fence {fence} after {before}"))
+    };
+    for (i, who) in ["a", "b", "c"].into_iter().enumerate() {
+        let reply = take(&stores[i % 2], &name, who, 3).await?;
+        take_next(reply.owner.fence, who)?;
+    }
+    within("release b", stores[0].permit_release(&name, "b")).await??;
+    let d = take(&stores[1], &name, "d", 3).await?.owner;
+    take_next(d.fence, "d")?;
+    let listed = within("reading the holders", stores[0].permit_owners(&name)).await??;
+    check(
+        listed
+            .holders
+            .iter()
+            .any(|h| h.owner_id == "d" && h.fence == d.fence),
+        || format!("the store lists {listed:?}, without d's fence {}", d.fence),
+    )?;
+    for who in ["a", "c", "d"] {
+        within("release", stores[0].permit_release(&name, who)).await??;
+    }
+    let e = take(&stores[0], &name, "e", 3).await?.owner;
+    take_next(e.fence, "e")?;
+    within("release e", stores[0].permit_release(&name, "e")).await??;
+    Ok(())
+}
+
+/// The differential test of [`permit_model`](crate::permit_model) on a few fixed seeds:
+/// the store admits exactly as simba-core's rule does. Long leases: nothing expires during
+/// the run (see [`Run::lease`]).
+pub async fn store_admission_follows_the_rule<S: PermitSource>(src: &S) -> CaseResult {
+    let store = src.store().await?;
+    for seed in [1, 2] {
+        let name = unique_name("sem_rule");
+        let run = Run {
+            seed,
+            steps: 40,
+            contenders: 4,
+            permits: 2,
+            lease: STORE_LEASE,
+        };
+        within("the differential run", differential(&store, &name, run)).await??;
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders};
+use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders, PermitStore};
 use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, MemoryStore, MutexOwner, Result};
 use simba_test_kit::memory::StoreHarness;
@@ -21,6 +21,12 @@ enum Flaw {
     NeverExpire,
     /// Waiters subscribe but are never pushed.
     DeafWaiters,
+    /// A renewal hands out a new fence.
+    RenewalNewFence,
+    /// A release by a contender that holds nothing frees the first holder's permit.
+    StaleReleaseFrees,
+    /// A waiter keeps no place in the queue: whoever asks when a permit is free gets it.
+    NoQueue,
 }
 
 #[derive(Clone)]
@@ -46,7 +52,17 @@ impl LeaseStore for Flawed {
     async fn owner(&self, m: &str) -> Result<LeaseReply> {
         self.inner.owner(m).await
     }
+}
+
+impl PermitStore for Flawed {
+    fn backend(&self) -> &'static str {
+        "flawed"
+    }
     async fn permit_acquire(&self, s: &str, id: &str, n: u32, lease: Lease) -> Result<LeaseReply> {
+        let held = self.flaw == Flaw::RenewalNewFence
+            && (self.inner.permit_owners(s).await?.holders)
+                .iter()
+                .any(|h| h.owner_id == id);
         let r = match self.flaw {
             Flaw::IgnoresCount => self.inner.permit_acquire(s, id, n * 2, lease).await,
             Flaw::NeverExpire => {
@@ -62,6 +78,18 @@ impl LeaseStore for Flawed {
             (Flaw::ReusesFences, Ok(mut r)) => {
                 if r.owner.is_owner(id) {
                     r.owner.fence = 7;
+                }
+                Ok(r)
+            }
+            (Flaw::RenewalNewFence, Ok(mut r)) => {
+                if held && r.owner.is_owner(id) {
+                    r.owner.fence += 1;
+                }
+                Ok(r)
+            }
+            (Flaw::NoQueue, Ok(r)) => {
+                if r.owner.owner_id.is_empty() {
+                    self.inner.permit_leave(s, id).await?;
                 }
                 Ok(r)
             }
@@ -92,6 +120,14 @@ impl LeaseStore for Flawed {
         Ok(r)
     }
     async fn permit_release(&self, s: &str, id: &str) -> Result<bool> {
+        if self.flaw == Flaw::StaleReleaseFrees {
+            let holders = self.inner.permit_owners(s).await?.holders;
+            if !holders.iter().any(|h| h.owner_id == id)
+                && let Some(first) = holders.first()
+            {
+                return self.inner.permit_release(s, &first.owner_id).await;
+            }
+        }
         self.inner.permit_release(s, id).await
     }
     async fn permit_owners(&self, s: &str) -> Result<PermitHolders> {
@@ -136,6 +172,22 @@ async fn run(flaw: Flaw, case: &str) -> std::result::Result<(), String> {
             semaphore_cases::timeout_gives_up_holding_nothing(&h).await
         }
         "release_wakes_a_waiter" => semaphore_cases::release_wakes_a_waiter(&h).await,
+        "store_renewal_keeps_the_fence" => semaphore_cases::store_renewal_keeps_the_fence(&h).await,
+        "store_mismatch_until_all_released" => {
+            semaphore_cases::store_mismatch_until_all_released(&h).await
+        }
+        "store_queue_is_first_come_first_served" => {
+            semaphore_cases::store_queue_is_first_come_first_served(&h).await
+        }
+        "store_release_by_a_non_holder_changes_nothing" => {
+            semaphore_cases::store_release_by_a_non_holder_changes_nothing(&h).await
+        }
+        "store_fences_increase_across_permits" => {
+            semaphore_cases::store_fences_increase_across_permits(&h).await
+        }
+        "store_admission_follows_the_rule" => {
+            semaphore_cases::store_admission_follows_the_rule(&h).await
+        }
         other => panic!("no semaphore case {other}"),
     };
     r.map_err(|e| e.to_string())
@@ -172,4 +224,21 @@ async fn permits_that_never_expire_are_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deaf_waiters_are_caught() {
     caught(Flaw::DeafWaiters, "release_wakes_a_waiter").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_flaws_are_caught_by_the_store_cases() {
+    caught(Flaw::RenewalNewFence, "store_renewal_keeps_the_fence").await;
+    caught(Flaw::RenewalNewFence, "store_admission_follows_the_rule").await;
+    caught(Flaw::ReusesFences, "store_fences_increase_across_permits").await;
+    caught(Flaw::ReusesFences, "store_admission_follows_the_rule").await;
+    caught(Flaw::SilentMismatch, "store_mismatch_until_all_released").await;
+    caught(
+        Flaw::StaleReleaseFrees,
+        "store_release_by_a_non_holder_changes_nothing",
+    )
+    .await;
+    caught(Flaw::StaleReleaseFrees, "store_admission_follows_the_rule").await;
+    caught(Flaw::NoQueue, "store_queue_is_first_come_first_served").await;
+    caught(Flaw::NoQueue, "store_admission_follows_the_rule").await;
 }

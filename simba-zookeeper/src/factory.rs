@@ -144,8 +144,9 @@ impl ZkFactory {
         ))
     }
 
-    /// The store of this session's semaphores: the permit operations of the store
-    /// contract, for [`Semaphore`] (see the crate docs, *Semaphores*).
+    /// The store of this session's semaphores, a
+    /// [`PermitStore`](simba_core::backend::PermitStore) for [`Semaphore`] (see the crate
+    /// docs, *Semaphores*).
     pub fn permit_store(&self) -> ZkPermitStore {
         ZkPermitStore::new(self.session.clone())
     }

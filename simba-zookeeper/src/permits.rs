@@ -1,23 +1,26 @@
-//! [`ZkPermitStore`]: semaphores on ZooKeeper, as the permit operations of the store
-//! contract ([`LeaseStore::permit_acquire`] and the rest), run by simba-core's one lease
-//! engine through [`Semaphore`](simba_core::Semaphore).
+//! [`ZkPermitStore`]: semaphores on ZooKeeper, as a [`PermitStore`], run by simba-core's
+//! one lease engine through [`Semaphore`](simba_core::Semaphore).
 //!
 //! Layout: the semaphore `s` is the container node `{root}/%semaphores/{s}` whose data is
 //! the permit count N (text); each contender is an ephemeral sequential child
 //! `_p_{hex of contender id}-{sequence}` whose data is its lease (`{ttl_ms}
-//! {transition_ms}`, a line break, its contender id). The first N children by sequence
-//! hold the permits; a holder's node has been written at least once (version ≥ 1), and
-//! its lease ends at its `mtime` (the server's clock at its latest renewal) plus its
-//! lease. Lease ends are compared with the server's clock: the `mtime` of a write to
-//! `{root}/%semaphores` (a name [`encode_name`] never makes: its `%` is not followed by
-//! two hex digits).
+//! {transition_ms}`, then ` {fence}` once it has one, a line break, its contender id). The
+//! first N children by sequence have the permits; a holder's node has been written at
+//! least once (version ≥ 1), and its lease ends at its `mtime` (the server's clock at its
+//! latest renewal) plus its lease. A holder's fence is the `mzxid` of the write that made
+//! it a holder (version 0 to 1): zxids only grow, so a permit taken later has a greater
+//! fence than every permit taken before it, whatever the order the nodes were made in.
+//! Later renewals keep it in the data (a node written by an older simba, whose fence was
+//! its `czxid`, keeps that). Lease ends are compared with the server's clock: the `mtime`
+//! of a write to `{root}/%semaphores` (a name [`encode_name`] never makes: its `%` is not
+//! followed by two hex digits).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use simba_core::backend::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent};
+use simba_core::backend::{Lease, LeaseReply, PermitHolders, PermitStore, StoreEvent};
 use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, LeaseConfig, MutexOwner, Result};
 use zookeeper_async::{CreateMode, Stat, WatchedEvent, ZkError};
@@ -39,11 +42,11 @@ const SEQ_DIGITS: usize = 10;
 
 /// The store of ZooKeeper semaphores over one session (see the crate docs, *Semaphores*).
 ///
-/// Only the permit operations are implemented: a ZooKeeper mutex is a
-/// [`ZkFactory`](crate::ZkFactory) service (a session-bound latch, no lease), so the mutex
-/// operations of [`LeaseStore`] refuse with [`Error::Unsupported`]. Cloning shares the
-/// session. Make one with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or
-/// a [`Semaphore`](simba_core::Semaphore) at once with
+/// It implements [`PermitStore`] only: a ZooKeeper mutex is a
+/// [`ZkFactory`](crate::ZkFactory) service (a session-bound latch, no lease), not a
+/// [`LeaseStore`](simba_core::backend::LeaseStore). Cloning shares the session. Make one
+/// with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or a
+/// [`Semaphore`](simba_core::Semaphore) at once with
 /// [`ZkFactory::semaphore`](crate::ZkFactory::semaphore).
 #[derive(Clone)]
 pub struct ZkPermitStore {
@@ -76,10 +79,27 @@ struct Node {
     owner: String,
     ttl_ms: i64,
     total_ms: i64,
+    /// The fence its data names (renewals after the first).
+    fence: Option<u64>,
     stat: Stat,
 }
 
+/// The fence of a holder's node whose data names `named` (see the module docs).
+fn fence_of(named: Option<u64>, stat: &Stat) -> u64 {
+    let zxid = if stat.version == 1 {
+        stat.mzxid
+    } else {
+        stat.czxid
+    };
+    named.unwrap_or_else(|| u64::try_from(zxid).unwrap_or(0))
+}
+
 impl Node {
+    /// Its fence, once it is a holder.
+    fn fence(&self) -> u64 {
+        fence_of(self.fence, &self.stat)
+    }
+
     /// Whether the node has been renewed as a holder (a waiter's node never is).
     fn renewed(&self) -> bool {
         self.stat.version >= 1
@@ -113,7 +133,7 @@ impl Node {
             acquired_at: self.stat.ctime,
             ttl_at,
             transition_at: end,
-            fence: u64::try_from(self.stat.czxid).unwrap_or(0),
+            fence: self.fence(),
         }
     }
 }
@@ -157,25 +177,45 @@ fn sort_nodes(children: &[String]) -> Vec<&str> {
     nodes.into_iter().map(|(_, c)| c).collect()
 }
 
-fn node_data(contender_id: &str, lease: Lease) -> Vec<u8> {
+fn node_data(contender_id: &str, lease: Lease, fence: Option<u64>) -> Vec<u8> {
+    let fence = fence.map(|f| format!(" {f}")).unwrap_or_default();
     format!(
-        "{} {}\n{contender_id}",
+        "{} {}{fence}\n{contender_id}",
         lease.ttl_ms(),
         lease.transition_ms()
     )
     .into_bytes()
 }
 
-/// `(ttl_ms, transition_ms, contender id)` from a node's data.
-fn parse_node(data: &[u8]) -> Option<(i64, i64, String)> {
+/// A node's data, parsed.
+#[derive(Debug, PartialEq, Eq)]
+struct NodeData {
+    ttl_ms: i64,
+    transition_ms: i64,
+    fence: Option<u64>,
+    owner: String,
+}
+
+/// A node's data: `{ttl_ms} {transition_ms}[ {fence}]`, a line break, the contender id.
+fn parse_node(data: &[u8]) -> Option<NodeData> {
     let text = std::str::from_utf8(data).ok()?;
     let (lease, owner) = text.split_once('\n')?;
-    let (ttl, transition) = lease.split_once(' ')?;
-    Some((
-        ttl.parse().ok()?,
-        transition.parse().ok()?,
-        owner.to_owned(),
-    ))
+    let mut words = lease.split(' ');
+    let ttl_ms = words.next()?.parse().ok()?;
+    let transition_ms = words.next()?.parse().ok()?;
+    let fence = match words.next() {
+        Some(f) => Some(f.parse().ok()?),
+        None => None,
+    };
+    if words.next().is_some() {
+        return None;
+    }
+    Some(NodeData {
+        ttl_ms,
+        transition_ms,
+        fence,
+        owner: owner.to_owned(),
+    })
 }
 
 fn parse_count(data: &[u8]) -> Option<u32> {
@@ -193,8 +233,9 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
-/// The reply naming `contender_id` the holder of its renewed node.
-fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease) -> LeaseReply {
+/// The reply naming `contender_id` the holder of its renewed node (`stat` after the
+/// write), whose fence the data names (`None` for the write that made it a holder).
+fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease, fence: Option<u64>) -> LeaseReply {
     LeaseReply {
         owner: MutexOwner {
             owner_id: contender_id.to_owned(),
@@ -204,7 +245,7 @@ fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease) -> LeaseReply {
                 .mtime
                 .saturating_add(lease.ttl_ms())
                 .saturating_add(lease.transition_ms()),
-            fence: u64::try_from(stat.czxid).unwrap_or(0),
+            fence: fence_of(fence, stat),
         },
         now: stat.mtime,
     }
@@ -336,8 +377,17 @@ impl Inner {
                 Ok((data, stat)) => {
                     // A node whose data is not a lease (written by something else) holds a
                     // slot with no lease of its own: it lasts as long as its session.
-                    let (ttl_ms, transition_ms, owner) =
-                        parse_node(&data).unwrap_or((0, 0, String::new()));
+                    let NodeData {
+                        ttl_ms,
+                        transition_ms,
+                        fence,
+                        owner,
+                    } = parse_node(&data).unwrap_or(NodeData {
+                        ttl_ms: 0,
+                        transition_ms: 0,
+                        fence: None,
+                        owner: String::new(),
+                    });
                     let total_ms = if ttl_ms > 0 {
                         ttl_ms.saturating_add(transition_ms)
                     } else {
@@ -348,6 +398,7 @@ impl Inner {
                         owner,
                         ttl_ms,
                         total_ms,
+                        fence,
                         stat,
                     });
                 }
@@ -550,7 +601,7 @@ impl Inner {
         let created = core
             .write(core.zk().create2(
                 &path,
-                node_data(contender_id, lease),
+                node_data(contender_id, lease, None),
                 core.acl(),
                 CreateMode::EphemeralSequential,
             ))
@@ -599,15 +650,14 @@ impl Inner {
             return Ok(Round::Again);
         };
         let n = usize::try_from(permits).unwrap_or(usize::MAX);
-        let path = format!("{parent}/{mine}");
         if at < n {
-            return self.renew(&path, contender_id, lease).await;
+            return self.take_or_renew(parent, mine, contender_id, lease).await;
         }
         let ahead = self.read_nodes(parent, &sorted[..at]).await?;
         let now = self.clock().await?;
         let live = self.prune(ahead, now).await?;
         if live.len() < n {
-            return self.renew(&path, contender_id, lease).await;
+            return self.take_or_renew(parent, mine, contender_id, lease).await;
         }
         let session_ms = self.session_ms();
         let waker = self.waker(semaphore, contender_id);
@@ -649,25 +699,43 @@ impl Inner {
         }
     }
 
-    /// Renews the node at `path` (a write, which also stamps the lease start on the server's
-    /// clock and wakes a waiter that watches it) and names `contender_id` its holder.
+    /// Makes `contender_id`'s node `mine` of `parent` a holder, or renews it if it is one.
+    async fn take_or_renew(
+        &self,
+        parent: &str,
+        mine: &str,
+        contender_id: &str,
+        lease: Lease,
+    ) -> Result<Round<LeaseReply>> {
+        match self.read_nodes(parent, &[mine]).await?.pop() {
+            Some(node) => self.renew(&node, contender_id, lease).await,
+            None => Ok(Round::Again),
+        }
+    }
+
+    /// Renews `node` (a write, which also stamps the lease start on the server's clock and
+    /// wakes a waiter that watches it; version-checked, so that the write that makes it a
+    /// holder is known) and names `contender_id` its holder.
     async fn renew(
         &self,
-        path: &str,
+        node: &Node,
         contender_id: &str,
         lease: Lease,
     ) -> Result<Round<LeaseReply>> {
         let core = self.core();
+        // A waiter's node becomes a holder by this write: its fence is this write's zxid.
+        let fence = node.renewed().then(|| node.fence());
         match core
-            .write(
-                core.zk()
-                    .set_data(path, node_data(contender_id, lease), None),
-            )
+            .write(core.zk().set_data(
+                &node.path,
+                node_data(contender_id, lease, fence),
+                Some(node.stat.version),
+            ))
             .await
         {
-            Ok(stat) => Ok(Round::Done(holder_reply(contender_id, &stat, lease))),
-            Err(Fail::Zk(ZkError::NoNode)) => Ok(Round::Again),
-            Err(e) => Err(e.into_error(&format!("renewing {path}"))),
+            Ok(stat) => Ok(Round::Done(holder_reply(contender_id, &stat, lease, fence))),
+            Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => Ok(Round::Again),
+            Err(e) => Err(e.into_error(&format!("renewing {}", node.path))),
         }
     }
 
@@ -691,12 +759,10 @@ impl Inner {
         };
         match self.read_mine(semaphore, contender_id).await? {
             // Only a node that has held is renewed: a guard never takes a permit.
-            Some(node) if node.renewed() => {
-                match self.renew(&node.path, contender_id, lease).await? {
-                    Round::Done(reply) => Ok(reply),
-                    Round::Again => Ok(not_held()),
-                }
-            }
+            Some(node) if node.renewed() => match self.renew(&node, contender_id, lease).await? {
+                Round::Done(reply) => Ok(reply),
+                Round::Again => Ok(not_held()),
+            },
             _ => Ok(not_held()),
         }
     }
@@ -740,13 +806,19 @@ impl Inner {
         let sorted = sort_nodes(&children);
         let session_ms = self.session_ms();
         let mut holders = Vec::new();
-        // The first `n` nodes within their lease hold the permits.
+        // The first `n` nodes within their lease have the permits; those renewed hold
+        // them. A node never renewed is a waiter owed a permit it has not taken yet (it
+        // does not believe it holds): it is not listed.
+        let mut seats = 0;
         for node in self.read_nodes(&parent, &sorted).await? {
-            if holders.len() == n {
+            if seats == n {
                 break;
             }
             if !node.expired(now) {
-                holders.push(node.owner(now, session_ms));
+                seats += 1;
+                if node.renewed() {
+                    holders.push(node.owner(now, session_ms));
+                }
             }
         }
         Ok(PermitHolders {
@@ -757,34 +829,9 @@ impl Inner {
     }
 }
 
-fn mutex_unsupported() -> Error {
-    Error::unsupported(
-        BACKEND,
-        "mutexes through the permit store",
-        "ZkPermitStore implements the permit operations only; a ZooKeeper mutex is a \
-         ZkFactory service (a session-bound latch)",
-    )
-}
-
-impl LeaseStore for ZkPermitStore {
+impl PermitStore for ZkPermitStore {
     fn backend(&self) -> &'static str {
         BACKEND
-    }
-
-    async fn acquire(&self, _: &str, _: &str, _: Lease) -> Result<LeaseReply> {
-        Err(mutex_unsupported())
-    }
-
-    async fn release(&self, _: &str, _: &str) -> Result<bool> {
-        Err(mutex_unsupported())
-    }
-
-    async fn release_after(&self, _: &str, _: &str, _: Duration) -> Result<bool> {
-        Err(mutex_unsupported())
-    }
-
-    async fn owner(&self, _: &str) -> Result<LeaseReply> {
-        Err(mutex_unsupported())
     }
 
     async fn permit_acquire(
@@ -875,9 +922,19 @@ mod tests {
             ttl: Duration::from_millis(4000),
             transition: Duration::from_millis(2000),
         };
-        let data = node_data("me", lease);
-        assert_eq!(parse_node(&data), Some((4000, 2000, "me".to_owned())));
+        let data = node_data("me", lease, None);
+        let parsed = |fence| NodeData {
+            ttl_ms: 4000,
+            transition_ms: 2000,
+            fence,
+            owner: "me".to_owned(),
+        };
+        assert_eq!(parse_node(&data), Some(parsed(None)));
+        let data = node_data("me", lease, Some(77));
+        assert_eq!(parse_node(&data), Some(parsed(Some(77))));
         assert_eq!(parse_node(b"garbage"), None);
+        assert_eq!(parse_node(b"1 2 3 4\nme"), None);
+        assert_eq!(parse_node(b"1 2 x\nme"), None);
         assert_eq!(parse_count(b"3"), Some(3));
         assert_eq!(parse_count(b"x"), None);
     }

@@ -1,6 +1,8 @@
 //! What a backend implements and the engine parts it builds on: the lease store contract
 //! ([`LeaseStore`], [`Lease`], [`LeaseReply`], [`StoreEvent`], [`hold_millis`],
-//! [`held_owner_id`]), the session-backend parts below, and the plumbing of the
+//! [`held_owner_id`]), the permit store contract of semaphores ([`PermitStore`],
+//! [`PermitHolders`]) with its admission rule written once ([`admit_permit`]), the
+//! session-backend parts below, and the plumbing of the
 //! object-safe service traits ([`BoxFuture`], [`ServiceFactory`]). Applications do not
 //! need this module: they use [`Locker`](crate::Locker),
 //! [`LeaderScheduler`](crate::LeaderScheduler), [`LeaseConfig`](crate::LeaseConfig) and a
@@ -13,7 +15,9 @@
 //! - **Lease backends** (Redis, SQL, the in-memory store) implement only
 //!   [`LeaseStore`], the wire protocol: acquire, renew, release, read,
 //!   and optionally push. The lease engine ([`LeaseServiceFactory`](crate::LeaseServiceFactory))
-//!   owns scheduling, state, callbacks, the local lease deadline and reconnects.
+//!   owns scheduling, state, callbacks, the local lease deadline and reconnects. A backend
+//!   with semaphores implements [`PermitStore`] as well (ZooKeeper's semaphores implement
+//!   only that), and [`Semaphore`](crate::Semaphore) runs its permits on the same engine.
 //! - **Session backends** (ZooKeeper: ownership is a node that lives as long as a session)
 //!   implement [`ContendService`](crate::ContendService) and
 //!   [`RetrievalService`](crate::RetrievalService) themselves, following the status
@@ -48,9 +52,14 @@ pub use handle::{ContendHandle, DriverFn, RetrievalHandle, ServiceHandle};
 pub use ownership::{OwnershipTracker, Reporter, ServiceStatus};
 pub use runner::ServiceRunner;
 
+pub use crate::admission::{
+    Admission, AdmissionHolder, AdmissionWaiter, PermitDecision, PermitRequest, SemaphoreState,
+    WAITER_GRACE_MS, admit_permit,
+};
 pub use crate::owner::held_owner_id;
+pub use crate::permit_store::{PermitHolders, PermitStore};
 pub use crate::service::BoxFuture;
-pub use crate::store::{Lease, LeaseReply, LeaseStore, PermitHolders, StoreEvent, hold_millis};
+pub use crate::store::{Lease, LeaseReply, LeaseStore, StoreEvent, hold_millis};
 
 use crate::error::Result;
 use crate::id::{check_common_contender_id, generate_contender_id};

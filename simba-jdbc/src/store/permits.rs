@@ -1,14 +1,15 @@
-//! Semaphores: the permit operations of the store contract over a second table,
-//! `{table}_permits` (see the crate README, *Semaphores*).
+//! Semaphores: the [`PermitStore`](simba_core::backend::PermitStore) operations over a
+//! second table, `{table}_permits` (see the crate README, *Semaphores*).
 //!
 //! One row per semaphore (`contender = ''`: the agreed permit count, the last ticket and the
 //! last fence) and one row per holder or waiter (its ticket, lease times and fence; a
 //! waiter has fence 0 and its `transition_at` is the time its place is kept until). Every
 //! acquisition is one transaction that first locks the semaphore's row (`SELECT … FOR
 //! UPDATE`; SQLite: `BEGIN IMMEDIATE`, the database's write lock), then reads every row of
-//! the semaphore with the database's time and decides in Rust ([`decide`]) exactly as the
-//! in-memory store does: drop the rows past their time, renew, refuse a different count,
-//! grant while fewer than N hold and no earlier waiter is owed the free permit, or queue.
+//! the semaphore with the database's time and decides with simba-core's admission rule
+//! ([`admit_permit`], through [`decide`]), the code the in-memory store runs too: drop the
+//! rows past their time, renew, refuse a different count, grant while fewer than N hold and
+//! no earlier waiter is owed the free permit, or queue.
 //! The transaction runs in a task of its own, so that a caller that gives up never leaves
 //! a connection halfway through it.
 //!
@@ -23,7 +24,10 @@ use std::time::Duration;
 use diesel::QueryableByName;
 use diesel::result::QueryResult;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use simba_core::backend::{Lease, LeaseReply, PermitHolders, StoreEvent};
+use simba_core::backend::{
+    Admission, AdmissionHolder, AdmissionWaiter, Lease, LeaseReply, PermitDecision, PermitHolders,
+    PermitRequest, SemaphoreState, StoreEvent, admit_permit,
+};
 use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, MutexOwner, Result};
 use tracing::debug;
@@ -290,7 +294,7 @@ struct View {
     /// Within their kept time, by ticket.
     waiters: Vec<Slot>,
     /// Rows whose time has passed (to drop).
-    expired: usize,
+    expired: Vec<Slot>,
 }
 
 impl View {
@@ -327,7 +331,7 @@ impl View {
                 fence: row.fence.unwrap_or(0),
             };
             if slot.transition_at <= view.now {
-                view.expired += 1;
+                view.expired.push(slot);
             } else if slot.fence > 0 {
                 view.holders.push(slot);
             } else {
@@ -352,75 +356,68 @@ impl View {
     }
 }
 
-/// What an acquisition does, decided from a [`View`] under the semaphore's lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Decision {
-    /// The contender holds a permit: renew it.
-    Renew(Slot),
-    /// The holders agreed on another count.
-    Mismatch(u32),
-    /// A new holder with this fence; the semaphore's count becomes `permits`.
-    Take { fence: i64 },
-    /// Queue (or stay queued) with this ticket, and look again at `look_at`.
-    Queue {
-        ticket: i64,
-        queued: bool,
-        look_at: i64,
-    },
+fn fence_of(slot: &Slot) -> Result<u64> {
+    u64::try_from(slot.fence).map_err(|_| bad(format!("fence {}", slot.fence)))
 }
 
-/// The decision of `contender`'s acquisition of a semaphore of `permits` (see the store
-/// contract, *Permits*).
-fn decide(view: &View, contender: &str, permits: u32) -> Decision {
+/// The decision of `contender`'s acquisition of a semaphore of `permits` by the core rule
+/// ([`admit_permit`]; see the [`PermitStore`](simba_core::backend::PermitStore) contract),
+/// at the view's time. Its holder and waiter indices below the view's `holders` and
+/// `waiters` lengths are theirs (the rows past their time come after them).
+fn decide(view: &View, contender: &str, permits: u32, lease: Lease) -> Result<Admission> {
     let header = view.header.unwrap_or_default();
-    if let Some(h) = view.holders.iter().find(|h| h.contender == contender) {
-        return Decision::Renew(h.clone());
-    }
-    if !view.holders.is_empty() && header.permits != permits {
-        return Decision::Mismatch(header.permits);
-    }
-    let place = view.waiters.iter().position(|w| w.contender == contender);
-    let free = view.free(permits);
-    if place.unwrap_or(view.waiters.len()) < free {
-        // Strictly above every fence of the semaphore, and floored by the clock so that a
-        // semaphore whose row was deleted never repeats one.
-        return Decision::Take {
-            fence: header.fence.saturating_add(1).max(view.now),
-        };
-    }
-    let poll = view.now.saturating_add(POLL_MS);
-    let look_at = if free > 0 {
-        // Owed to earlier waiters: they were woken, or look again soon.
-        poll
-    } else {
-        view.holders
-            .iter()
-            .map(|h| h.transition_at)
-            .min()
-            .unwrap_or(poll)
-            .min(poll)
+    let (dead_holders, dead_waiters): (Vec<&Slot>, Vec<&Slot>) =
+        view.expired.iter().partition(|s| s.fence > 0);
+    let holders = view
+        .holders
+        .iter()
+        .chain(dead_holders)
+        .map(|h| {
+            Ok(AdmissionHolder {
+                contender_id: &h.contender,
+                transition_at: h.transition_at,
+                fence: fence_of(h)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let waiters: Vec<AdmissionWaiter<'_>> = view
+        .waiters
+        .iter()
+        .chain(dead_waiters)
+        .map(|w| AdmissionWaiter {
+            contender_id: &w.contender,
+            keep_until: w.transition_at,
+        })
+        .collect();
+    let last_fence =
+        u64::try_from(header.fence).map_err(|_| bad(format!("last fence {}", header.fence)))?;
+    let state = SemaphoreState {
+        permits: header.permits,
+        last_fence,
+        holders: &holders,
+        waiters: &waiters,
     };
-    match place {
-        Some(i) => Decision::Queue {
-            ticket: view.waiters[i].ticket,
-            queued: true,
-            look_at,
-        },
-        None => Decision::Queue {
-            ticket: header.ticket.saturating_add(1),
-            queued: false,
-            look_at,
-        },
-    }
+    let request = PermitRequest {
+        contender_id: contender,
+        permits,
+        lease,
+        now: view.now,
+        // Waiters of other stores are not pushed: every waiter looks again this soon.
+        turn_ms: POLL_MS,
+        poll_ms: Some(POLL_MS),
+        // Floored by the clock, so that a semaphore whose row was deleted never repeats a
+        // fence.
+        fence_floor: u64::try_from(view.now).unwrap_or(0),
+    };
+    Ok(admit_permit(&state, &request))
 }
 
-/// How long a queued waiter keeps its place without calling again: it calls again by
-/// `look_at`, so a lease and two seconds more is generous.
-fn keep_until(look_at: i64, lease: Lease) -> i64 {
-    look_at
-        .saturating_add(lease.ttl_ms())
-        .saturating_add(lease.transition_ms())
-        .saturating_add(2000)
+/// A decision that does not fit the rows it was made from, as the transaction's failure.
+fn misread(what: String) -> diesel::result::Error {
+    diesel::result::Error::DeserializationError(Box::new(Error::backend(
+        "sql",
+        format!("the permit decision does not fit the rows read: {what}"),
+    )))
 }
 
 /// What an acquisition's transaction returns.
@@ -479,15 +476,22 @@ async fn acquire_in_tx<C: SqlConn>(
     let view =
         View::new(rows).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
     let now = view.now;
-    if view.expired > 0 {
+    let admission = decide(&view, me, permits, lease)
+        .map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
+    if !admission.expired_holders.is_empty() || !admission.stale_waiters.is_empty() {
+        // The rule's drops are exactly the rows past their time (`transition_at <= now`).
         c.exec(&sql.prune, &[Arg::Text(semaphore), Arg::Int(now)])
             .await?;
     }
     let header = view.header.unwrap_or_default();
-    let ttl_at = now.saturating_add(lease.ttl_ms());
-    let transition_at = ttl_at.saturating_add(lease.transition_ms());
-    let owner = match decide(&view, me, permits) {
-        Decision::Renew(mut slot) => {
+    let owner = match admission.decision {
+        PermitDecision::Renew {
+            holder,
+            ttl_at,
+            transition_at,
+            // One row per contender: a holder has no waiter's row.
+            queued: _,
+        } => {
             c.exec(
                 &sql.set_times,
                 &[
@@ -498,12 +502,25 @@ async fn acquire_in_tx<C: SqlConn>(
                 ],
             )
             .await?;
+            let mut slot = view
+                .holders
+                .get(holder)
+                .cloned()
+                .ok_or_else(|| misread(format!("holder {holder} of {}", view.holders.len())))?;
             slot.ttl_at = ttl_at;
             slot.transition_at = transition_at;
             slot
         }
-        Decision::Mismatch(existing) => return Ok(Outcome::Mismatch(existing)),
-        Decision::Take { fence } => {
+        PermitDecision::Mismatch { existing } => return Ok(Outcome::Mismatch(existing)),
+        PermitDecision::Take {
+            fence,
+            ttl_at,
+            transition_at,
+            // Its waiter's row, deleted below.
+            queued: _,
+        } => {
+            let fence =
+                i64::try_from(fence).map_err(|_| misread(format!("a fence past i64: {fence}")))?;
             c.exec(
                 &sql.set_header,
                 &[
@@ -527,12 +544,20 @@ async fn acquire_in_tx<C: SqlConn>(
             insert(c, sql, semaphore, &slot, permits).await?;
             slot
         }
-        Decision::Queue {
-            ticket,
+        PermitDecision::Wait {
             queued,
             look_at,
+            keep_until,
         } => {
-            let keep = keep_until(look_at, lease);
+            let ticket = match queued {
+                Some(i) => {
+                    view.waiters
+                        .get(i)
+                        .ok_or_else(|| misread(format!("waiter {i} of {}", view.waiters.len())))?
+                        .ticket
+                }
+                None => header.ticket.saturating_add(1),
+            };
             let count = if view.holders.is_empty() {
                 permits
             } else {
@@ -548,12 +573,12 @@ async fn acquire_in_tx<C: SqlConn>(
                 ],
             )
             .await?;
-            if queued {
+            if queued.is_some() {
                 c.exec(
                     &sql.set_times,
                     &[
-                        Arg::Int(keep),
-                        Arg::Int(keep),
+                        Arg::Int(keep_until),
+                        Arg::Int(keep_until),
                         Arg::Text(semaphore),
                         Arg::Text(me),
                     ],
@@ -564,8 +589,8 @@ async fn acquire_in_tx<C: SqlConn>(
                     contender: me.to_owned(),
                     ticket,
                     acquired_at: 0,
-                    ttl_at: keep,
-                    transition_at: keep,
+                    ttl_at: keep_until,
+                    transition_at: keep_until,
                     fence: 0,
                 };
                 insert(c, sql, semaphore, &slot, 0).await?;
@@ -936,8 +961,19 @@ mod tests {
             }),
             holders,
             waiters,
-            expired: 0,
+            expired: Vec::new(),
         }
+    }
+
+    const LEASE: Lease = Lease {
+        ttl: Duration::from_secs(1),
+        transition: Duration::ZERO,
+    };
+
+    fn decided(v: &View, who: &str, permits: u32) -> PermitDecision {
+        decide(v, who, permits, LEASE)
+            .expect("rows simba writes")
+            .decision
     }
 
     #[test]
@@ -947,22 +983,25 @@ mod tests {
             vec![slot("w1", 3, 9000, 0), slot("w2", 4, 9000, 0)],
             2,
         );
-        assert_eq!(decide(&v, "w1", 2), Decision::Take { fence: 5001 });
         assert!(matches!(
-            decide(&v, "w2", 2),
-            Decision::Queue {
-                ticket: 4,
-                queued: true,
-                look_at: 1250
+            decided(&v, "w1", 2),
+            PermitDecision::Take {
+                fence: 5001,
+                queued: Some(0),
+                ..
             }
         ));
         assert!(matches!(
-            decide(&v, "new", 2),
-            Decision::Queue {
-                ticket: 8,
-                queued: false,
+            decided(&v, "w2", 2),
+            PermitDecision::Wait {
+                queued: Some(1),
+                look_at: 1250,
                 ..
             }
+        ));
+        assert!(matches!(
+            decided(&v, "new", 2),
+            PermitDecision::Wait { queued: None, .. }
         ));
         assert_eq!(v.owed().collect::<Vec<_>>(), ["w1"]);
     }
@@ -974,22 +1013,46 @@ mod tests {
             vec![],
             2,
         );
-        match decide(&v, "c", 2) {
-            Decision::Queue { look_at, .. } => assert_eq!(look_at, 1100),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(decide(&v, "c", 3), Decision::Mismatch(2));
-        assert!(matches!(decide(&v, "a", 2), Decision::Renew(_)));
+        // The first lease end is sooner than the poll.
+        assert!(matches!(
+            decided(&v, "c", 2),
+            PermitDecision::Wait { look_at: 1100, .. }
+        ));
+        assert_eq!(
+            decided(&v, "c", 3),
+            PermitDecision::Mismatch { existing: 2 }
+        );
+        assert!(matches!(
+            decided(&v, "a", 2),
+            PermitDecision::Renew { holder: 0, .. }
+        ));
         // No holder: the count is the newcomer's.
         let empty = view(vec![], vec![], 2);
-        assert!(matches!(decide(&empty, "c", 3), Decision::Take { .. }));
+        assert!(matches!(
+            decided(&empty, "c", 3),
+            PermitDecision::Take { .. }
+        ));
+    }
+
+    #[test]
+    fn rows_past_their_time_are_dropped_and_come_last() {
+        let mut v = view(vec![slot("a", 0, 2000, 10)], vec![], 1);
+        v.expired = vec![slot("old", 0, 900, 9), slot("gone", 2, 1000, 0)];
+        let d = decide(&v, "c", 1, LEASE).expect("rows simba writes");
+        assert_eq!((d.expired_holders, d.stale_waiters), (vec![1], vec![0]));
+        let mut bad_fence = view(vec![slot("a", 0, 2000, -1)], vec![], 1);
+        bad_fence.header = None;
+        assert!(decide(&bad_fence, "c", 1, LEASE).is_err());
     }
 
     #[test]
     fn fences_are_floored_by_the_clock() {
         let mut v = view(vec![], vec![], 1);
         v.header = Some(Header::default());
-        assert_eq!(decide(&v, "c", 1), Decision::Take { fence: 1000 });
+        assert!(matches!(
+            decided(&v, "c", 1),
+            PermitDecision::Take { fence: 1000, .. }
+        ));
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl ZkPermitHarness {
     }
 }
 
-impl simba_test_kit::store_cases::StoreSource for ZkPermitHarness {
+impl simba_test_kit::semaphore_cases::PermitSource for ZkPermitHarness {
     type Store = simba_zookeeper::ZkPermitStore;
 
     fn name(&self) -> String {
