@@ -204,6 +204,9 @@ done
 cargo clippy -p simba-redis --quiet -- -D warnings
 # simba-etcd without its `tls` feature (etcds:// refused), as the simba binary builds it.
 cargo clippy -p simba-etcd --quiet -- -D warnings
+# Every library without `bench` (the builds above too): the workspace build turns it on
+# (simba-cli), so only these show that the crates build and lint without their floor code.
+cargo clippy -p simba-core -p simba-zookeeper --quiet -- -D warnings
 for features in "" sqlite redis zookeeper etcd; do
   cargo clippy -p simba-cli --no-default-features ${features:+--features $features} --quiet -- -D warnings
 done
@@ -225,7 +228,24 @@ for features in "" "--all-features"; do
     exit 1
   fi
 done
-echo "simba-core: no backend; simba-cli: no test tooling"
+# Measurement (`bench`: floor probes, hop records) is for `simba bench` only: no library
+# crate built alone with its default features may turn it on (`-e normal,features`: the
+# backends' tests turn it on through dev-dependencies, which a user's build never sees).
+# The simba command must turn it on, or its bench loses its floors — which also shows
+# that the pattern matches what `cargo tree` prints.
+for crate in simba-core simba-redis simba-jdbc simba-zookeeper simba-etcd simba-test-kit; do
+  if cargo tree -p "$crate" -e normal,features -i simba-core --prefix none | grep 'feature "bench"'; then
+    echo "$crate with its default features turns on \`bench\` (measurement for simba bench only)" >&2
+    exit 1
+  fi
+done
+bench_features=$(cargo tree -p simba-cli --features etcd -e normal,features -i simba-core --prefix none |
+  grep -oE '^simba-(core|jdbc|redis|zookeeper|etcd) feature "bench"' | sort -u | wc -l)
+if [ "$bench_features" != 5 ]; then
+  echo "simba-cli must turn on \`bench\` in simba-core and its four backends (found $bench_features)" >&2
+  exit 1
+fi
+echo "simba-core: no backend; simba-cli: no test tooling; bench only through simba-cli"
 
 step "docs"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --quiet

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use simba_core::connect::{ConnectOptions, Connection, Connectors};
-use simba_core::{Error, LeaseConfig, LockGuard, Locker, LossReason, PermitGuard, Semaphore};
+use simba_core::{LeaseConfig, LockGuard, Locker, LossReason, PermitGuard, Semaphore};
 use simba_test_kit::chaos::ResourceClient;
 
 fn var(name: &str) -> Result<String> {
@@ -66,40 +66,6 @@ async fn connect(url: &str, lease: LeaseConfig) -> Result<Box<dyn Connection>> {
 
 fn roll(n: u64) -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now()) % n.max(1)
-}
-
-/// The semaphore `name` of `permits` permits on the backend of `url`: Redis (every URL
-/// form of simba-redis), ZooKeeper (a session of timeout `ttl + transition`, permits with
-/// the longest lease it allows), and the SQL backends (simba-jdbc's `{table}_permits`).
-/// etcd has no semaphores.
-async fn semaphore(url: &str, lease: LeaseConfig, name: &str, permits: u32) -> Result<Semaphore> {
-    let scheme = simba_core::connect::scheme_of(url).unwrap_or_default();
-    let sem = match scheme.as_str() {
-        "redis" | "rediss" | "redis-cluster" | "rediss-cluster" | "redis-sentinel"
-        | "rediss-sentinel" => {
-            let factory = simba_redis::factory(url, lease).await?;
-            Semaphore::from_factory(&factory, name, permits)?
-        }
-        "zk" | "zookeeper" => {
-            let config = simba_zookeeper::ZkConfig::from_url(url)?
-                .with_session_timeout(lease.ttl + lease.transition);
-            let factory = simba_zookeeper::ZkFactory::connect(config).await?;
-            factory.semaphore(name, permits)?
-        }
-        "mysql" | "mariadb" | "postgres" | "postgresql" | "sqlite" => {
-            let factory = simba_jdbc::factory(url, lease).await?;
-            Semaphore::from_factory(&factory, name, permits)?
-        }
-        other => {
-            return Err(Error::Unsupported {
-                backend: "simba-chaos",
-                what: "semaphores",
-                reason: format!("no semaphore store for `{other}` URLs"),
-            }
-            .into());
-        }
-    };
-    Ok(sem)
 }
 
 /// A mutex ownership or a semaphore permit: the loop does the same with both.
@@ -193,9 +159,14 @@ pub(crate) async fn run() -> Result<()> {
         Locker(Locker),
         Semaphore(Semaphore),
     }
+    // A semaphore on the connection's backend: Redis and the SQL backends time its
+    // permits by the run's lease; ZooKeeper holds them on the connection's session
+    // (timeout `ttl + transition`) with the longest lease it allows; etcd has none.
     let source = match permits {
         Some(n) => Source::Semaphore(
-            semaphore(&url, lease_config, &mutex, n)
+            connect(&url, lease_config)
+                .await?
+                .open_semaphore(&mutex, n)
                 .await
                 .with_context(|| format!("the semaphore on {}", connectors().redact(&url)))?,
         ),

@@ -203,7 +203,7 @@ pub(crate) struct LeaseArgs {
 impl LeaseArgs {
     /// The connect options of this timing: a chosen ttl or transition sets the lease (and
     /// a session backend's session timeout); a poll alone leaves the rest to the backend.
-    fn options(self) -> ConnectOptions {
+    pub(crate) fn options(self) -> ConnectOptions {
         let mut options = ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
         if self.ttl.is_some() || self.transition.is_some() || self.jitter.is_some() {
             let d = LeaseConfig::default();

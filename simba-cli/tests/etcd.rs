@@ -54,3 +54,39 @@ async fn hold_at_least_keeps_the_mutex_on_etcd() {
     .await
     .expect("test body");
 }
+
+/// etcd has no semaphores: the connection refuses to open one (`Error::Unsupported`),
+/// and `simba bench` reports that in its semaphore section instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_has_no_semaphores() {
+    let server = servers::etcd().await.expect("an etcd server");
+    let url = format!("{}/simba-cli-test", server.url());
+    tokio::task::spawn_blocking(move || {
+        let out = run(
+            simba(Some(&url)).args([
+                "bench",
+                "--json",
+                "--scenario",
+                "semaphore",
+                "--iterations",
+                "3",
+            ]),
+            std::time::Duration::from_secs(60),
+            "simba bench --scenario semaphore",
+        );
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{:?}\nstdout: {stdout}\nstderr: {}",
+            out.status,
+            text(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+        assert_eq!(v["semaphore"]["supported"], false, "{v:#}");
+        let reason = v["semaphore"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("no semaphores on etcd"), "{v:#}");
+    })
+    .await
+    .expect("test body");
+}

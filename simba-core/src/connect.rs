@@ -19,8 +19,13 @@
 //!
 //! What a [`Connection`] offers beyond its [`ContendServiceFactory`] is what a generic
 //! tool needs without knowing the backend: what it can do ([`Capabilities`]), one read of a
-//! mutex's owner where the backend has leases, and the bare round trips that `simba bench`
-//! compares every figure to ([`Probe`]).
+//! mutex's owner where the backend has leases, and a [`Semaphore`] on the same backend
+//! ([`Connection::open_semaphore`]).
+//!
+//! With the `bench` feature (measurement for `simba bench`; not for applications), a
+//! connection also opens a probe of the bare round trips that `simba bench` compares every
+//! figure to (`Probe`, `Floor`, `Connection::probe`). Without it, none of that code is
+//! compiled, here or in a backend crate (each has a `bench` feature of its own).
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,6 +34,7 @@ use std::time::Duration;
 use crate::backend::{BoxFuture, LeaseReply};
 use crate::error::{Error, Result};
 use crate::lease::LeaseConfig;
+use crate::semaphore::Semaphore;
 use crate::service::ContendServiceFactory;
 
 /// A backend crate's URL schemes and how to connect them. Dyn-compatible: a program keeps
@@ -193,13 +199,58 @@ pub trait Connection: Send + Sync + fmt::Debug {
     /// [`RetrievalService`](crate::RetrievalService) instead.
     fn read_owner<'a>(&'a self, mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>>;
 
+    /// The semaphore `name` of `permits` permits on this backend, on this connection's
+    /// store or session and with its timing: the lease of the [`ConnectOptions`] on lease
+    /// backends; on session backends (ZooKeeper) the permits last as long as the session
+    /// allows, whose timeout the options chose. The semaphore keeps what it needs of the
+    /// connection: it works after the connection is dropped.
+    ///
+    /// The default, for backends without semaphores (etcd), is
+    /// [`Error::Unsupported`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the backend has no semaphores; as
+    /// [`Semaphore::new`] for zero permits or a bad name.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind: a semaphore takes no permit until asked.
+    fn open_semaphore<'a>(
+        &'a self,
+        name: &'a str,
+        permits: u32,
+    ) -> BoxFuture<'a, Result<Semaphore>> {
+        let _ = (name, permits);
+        Box::pin(async {
+            Err(Error::unsupported(
+                "simba",
+                "semaphores",
+                "this backend has no semaphores",
+            ))
+        })
+    }
+
     /// Opens a probe of this backend's bare round trips, on connections of the kind the
     /// services use. `name` is a unique token for any key or channel the probe needs
     /// (under the store's own prefix).
     ///
+    /// Only with the `bench` feature. The default ([`Error::Unsupported`]) is what a
+    /// backend crate built without its own `bench` feature answers.
+    ///
     /// # Errors
-    /// [`Error::Backend`] if the probe's connection or subscription cannot be made.
-    fn probe<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>>;
+    /// [`Error::Backend`] if the probe's connection or subscription cannot be made;
+    /// [`Error::Unsupported`] where the backend measures no floors.
+    #[cfg(feature = "bench")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
+    fn probe<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+        let _ = name;
+        Box::pin(async {
+            Err(Error::unsupported(
+                "simba",
+                "probe",
+                "no floors: the backend crate was built without its `bench` feature",
+            ))
+        })
+    }
 
     /// The connections this factory opens, by its configuration
     /// (`"1 command + 1 subscriber connection"`, `"pool of at most 10 + 1 LISTEN"`).
@@ -301,6 +352,10 @@ impl std::fmt::Debug for Anchor {
 }
 
 /// A bare backend operation that a mutex operation is compared to.
+///
+/// Only with the `bench` feature: measurement for `simba bench`, not for applications.
+#[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Floor {
     /// One round trip (`PING`, `SELECT 1`, ZooKeeper `exists`).
@@ -316,6 +371,10 @@ pub enum Floor {
 }
 
 /// Measures a backend's floors (see [`Connection::probe`]).
+///
+/// Only with the `bench` feature: measurement for `simba bench`, not for applications.
+#[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub trait Probe: Send {
     /// What one [`Floor::RoundTrip`] is on this backend (`"PING"`, `"SELECT 1"`, `"exists"`).
     fn round_trip_name(&self) -> &'static str;
@@ -360,6 +419,8 @@ pub trait Probe: Send {
 }
 
 /// The error for a floor a probe does not measure.
+#[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub fn unsupported_floor(backend: &'static str, floor: Floor) -> Error {
     Error::unsupported(
         backend,
@@ -536,11 +597,34 @@ mod tests {
         fn read_owner<'a>(&'a self, mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>> {
             Some(Box::pin(self.0.store().owner(mutex)))
         }
-        fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
-            Box::pin(async { Err(Error::unsupported("memory", "probe", "no floors")) })
+        fn open_semaphore<'a>(
+            &'a self,
+            name: &'a str,
+            permits: u32,
+        ) -> BoxFuture<'a, Result<crate::Semaphore>> {
+            Box::pin(async move { crate::Semaphore::from_factory(&self.0, name, permits) })
         }
         fn connections(&self) -> String {
             "none".into()
+        }
+    }
+
+    /// A connection that keeps every default of the trait.
+    #[derive(Debug)]
+    struct Defaults(MemConnection);
+
+    impl Connection for Defaults {
+        fn factory(&self) -> Arc<dyn ContendServiceFactory> {
+            self.0.factory()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn read_owner<'a>(&'a self, mutex: &'a str) -> Option<BoxFuture<'a, Result<LeaseReply>>> {
+            self.0.read_owner(mutex)
+        }
+        fn connections(&self) -> String {
+            self.0.connections()
         }
     }
 
@@ -605,6 +689,38 @@ mod tests {
         assert!(matches!(
             c.connect("mem://", &ConnectOptions::new()).await,
             Err(Error::InvalidConfig { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_semaphore_opens_where_the_backend_has_one_and_is_refused_elsewhere() {
+        let factory =
+            LeaseServiceFactory::new(MemoryStore::new(), LeaseConfig::default()).expect("factory");
+        let conn = MemConnection(Arc::new(factory));
+        let sem = conn.open_semaphore("s", 1).await.expect("a semaphore");
+        assert_eq!((sem.name(), sem.permits()), ("s", 1));
+        let permit = sem.try_acquire().await.expect("the one permit");
+        let second = conn.open_semaphore("s", 1).await.expect("a semaphore");
+        assert!(matches!(
+            second.try_acquire().await,
+            Err(Error::WouldBlock { .. })
+        ));
+        permit.release().await.expect("released");
+        assert!(second.try_acquire().await.is_ok());
+        assert!(matches!(
+            conn.open_semaphore("s", 0).await,
+            Err(Error::InvalidConfig { .. })
+        ));
+
+        let bare = Defaults(conn);
+        match bare.open_semaphore("s", 1).await {
+            Err(Error::Unsupported { what, .. }) => assert_eq!(what, "semaphores"),
+            other => panic!("{:?}", other.map(|s| s.name().to_owned())),
+        }
+        #[cfg(feature = "bench")]
+        assert!(matches!(
+            bare.probe("p").await.map(|_| ()),
+            Err(Error::Unsupported { what: "probe", .. })
         ));
     }
 

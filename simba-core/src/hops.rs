@@ -7,8 +7,10 @@
 //! one relaxed atomic load unless a bench has called [`watch`] for a mutex, and it records
 //! only for that mutex.
 //!
-//! Not for production use: one process-wide recorder, meant for a bench that hands one
-//! mutex over between its own contenders.
+//! Only with the `bench` feature (the engine's calls), and a backend crate's own `bench`
+//! feature (that backend's calls): without it, neither this module nor any call to it is
+//! compiled. Not for production use: one process-wide recorder, meant for a bench that
+//! hands one mutex over between its own contenders.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};

@@ -12,7 +12,8 @@ pub mod fault;
 #[cfg(any(test, fuzzing, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
-#[doc(hidden)]
+#[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod hops;
 mod id;
 mod lease;

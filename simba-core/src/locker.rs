@@ -731,6 +731,7 @@ impl LockGuard {
             stop_rx,
             done_tx,
         ));
+        #[cfg(feature = "bench")]
         crate::hops::record(crate::hops::Hop::GuardReturned, slot.mutex());
         LockGuard {
             slot,

@@ -370,6 +370,7 @@ impl LeaseStore for MemoryStore {
         Ok(self.with(mutex, |e, now| {
             if e.owner.is_owned_by_at(contender_id, now) {
                 e.owner = MutexOwner::NONE;
+                #[cfg(feature = "bench")]
                 crate::hops::record(crate::hops::Hop::PushReceived, mutex);
                 notify(e, contender_id, &StoreEvent::Released);
                 true

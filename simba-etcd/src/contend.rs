@@ -15,6 +15,7 @@ use simba_core::backend::{
     BoxFuture, ContendHandle, OwnershipTracker, Reporter, ServiceHandle, ServiceStatus,
     held_owner_id,
 };
+#[cfg(feature = "bench")]
 use simba_core::hops::{self, Hop};
 use simba_core::metrics::FailureKind;
 use simba_core::{Contender, Error, LossReason, MutexOwner, Result};
@@ -451,6 +452,7 @@ impl Run {
             Ok(()) => {
                 debug!("predecessor watch fired");
                 if self.predecessor_owns {
+                    #[cfg(feature = "bench")]
                     hops::record(Hop::WaiterWoken, &self.sh.prefix);
                     self.tracker.handoff_begins();
                 }
@@ -469,8 +471,10 @@ impl Run {
         if self.tracker.is_held() {
             return self.check_calls().await;
         }
+        #[cfg(feature = "bench")]
         hops::record(Hop::AcquireSent, &self.sh.prefix);
         let step = self.check_calls().await;
+        #[cfg(feature = "bench")]
         hops::record(Hop::AcquireAnswered, &self.sh.prefix);
         step
     }
@@ -834,6 +838,7 @@ impl Run {
         self.tracker.lose(LossReason::Released, MutexOwner::NONE);
         let limit = self.limit();
         if release_key && let Some(key) = self.key.take() {
+            #[cfg(feature = "bench")]
             hops::record(Hop::ReleaseSent, &self.sh.prefix);
             let txn = Txn::new()
                 .when([
@@ -846,6 +851,7 @@ impl Run {
                 ])
                 .and_then([TxnOp::delete(key.key.clone(), None)]);
             let deleted = bounded("deleting the owner's key", limit, self.kv.txn(txn)).await;
+            #[cfg(feature = "bench")]
             hops::record(Hop::ReleaseAnswered, &self.sh.prefix);
             match deleted {
                 Ok(r) if r.succeeded() => debug!("stop: owner's key deleted"),
@@ -866,8 +872,10 @@ impl Run {
             .into_iter()
             .chain(self.stale.drain(..))
         {
+            #[cfg(feature = "bench")]
             hops::record(Hop::ReleaseSent, &self.sh.prefix);
             let revoked = bounded("revoking the lease", limit, self.leases.revoke(id)).await;
+            #[cfg(feature = "bench")]
             hops::record(Hop::ReleaseAnswered, &self.sh.prefix);
             match revoked {
                 Ok(_) => debug!(lease = id, "stop: lease revoked"),
@@ -984,8 +992,11 @@ async fn next_watch(
         Some(stream) => next_change(stream).await,
         None => std::future::pending().await,
     };
+    #[cfg(feature = "bench")]
     if change.is_ok() {
         hops::record(Hop::PushReceived, prefix);
     }
+    #[cfg(not(feature = "bench"))]
+    let _ = prefix;
     change
 }

@@ -6,6 +6,8 @@ mod config;
 mod connector;
 mod contend;
 mod factory;
+#[cfg(feature = "bench")]
+mod floor;
 mod retrieve;
 mod tls;
 

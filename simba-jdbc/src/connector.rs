@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::backend::{BoxFuture, LeaseReply, LeaseStore};
-use simba_core::connect::{
-    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe, unsupported_floor,
+use simba_core::connect::{Capabilities, ConnectOptions, Connection, Connector, Ownership};
+use simba_core::{
+    ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Result, Semaphore,
 };
-use simba_core::{ContendServiceFactory, Error, LeaseConfig, LeaseServiceFactory, Result};
 
 use crate::config::{Backend, SqlConfig, Target, redact_url};
-use crate::floor::SqlProbe;
+#[cfg(feature = "bench")]
+use crate::floor::SqlFloors;
 use crate::store::SqlStore;
 
 /// The SQL connector, for [`Connectors`](simba_core::connect::Connectors).
@@ -163,13 +164,26 @@ impl Connection for SqlConnection {
         Some(Box::pin(self.factory.store().owner(mutex)))
     }
 
-    fn probe<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+    /// On this connection's store (the `{table}_permits` table) with its lease timing.
+    fn open_semaphore<'a>(
+        &'a self,
+        name: &'a str,
+        permits: u32,
+    ) -> BoxFuture<'a, Result<Semaphore>> {
+        Box::pin(async move { Semaphore::from_factory(&self.factory, name, permits) })
+    }
+
+    #[cfg(feature = "bench")]
+    fn probe<'a>(
+        &'a self,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn simba_core::connect::Probe>>> {
         Box::pin(async move {
             let probe = self.factory.store().probe().await?;
             Ok(Box::new(SqlFloors {
                 probe,
                 kind: self.factory.store().kind(),
-            }) as Box<dyn Probe>)
+            }) as Box<dyn simba_core::connect::Probe>)
         })
     }
 
@@ -190,39 +204,6 @@ impl Connection for SqlConnection {
         contender_id: &str,
     ) -> std::io::Result<Option<simba_core::connect::Anchor>> {
         Ok(self.factory.store().anchor(mutex, contender_id))
-    }
-}
-
-/// A SQL database's floor: `SELECT 1` on a connection of the pool's kind.
-struct SqlFloors {
-    probe: SqlProbe,
-    kind: Backend,
-}
-
-impl Probe for SqlFloors {
-    fn round_trip_name(&self) -> &'static str {
-        "SELECT 1"
-    }
-
-    fn floors(&self) -> Vec<Floor> {
-        vec![Floor::RoundTrip]
-    }
-
-    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            if floor != Floor::RoundTrip {
-                return Err(unsupported_floor(self.kind.name(), floor));
-            }
-            let kind = self.kind.name();
-            tokio::time::timeout(limit, self.probe.select_one())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::backend(
-                        kind,
-                        format!("SELECT 1: no answer within {limit:?}"),
-                    ))
-                })
-        })
     }
 }
 

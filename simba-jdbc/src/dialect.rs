@@ -158,6 +158,7 @@ impl Dialect {
     /// Opens one connection of the same kind as the pool's (same driver, same URL, same
     /// SQLite file; PostgreSQL's through the store's connector, with its TLS), outside the
     /// pool: for floor measurements (`crate::floor`).
+    #[cfg(feature = "bench")]
     pub(crate) async fn probe(&self) -> diesel::ConnectionResult<ProbeConn> {
         match self {
             #[cfg(feature = "mysql")]
@@ -181,6 +182,7 @@ impl Dialect {
 }
 
 /// A connection of a store's dialect outside its pool ([`Dialect::probe`]).
+#[cfg(feature = "bench")]
 pub(crate) enum ProbeConn {
     #[cfg(feature = "mysql")]
     Mysql(diesel_async::AsyncMysqlConnection),
@@ -194,6 +196,7 @@ pub(crate) enum ProbeConn {
     Never(std::convert::Infallible),
 }
 
+#[cfg(feature = "bench")]
 impl ProbeConn {
     /// Runs `SELECT 1`: one round trip (SQLite: one hop to the connection's thread and back).
     pub(crate) async fn select_one(&mut self) -> diesel::QueryResult<()> {

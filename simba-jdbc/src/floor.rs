@@ -4,10 +4,15 @@
 //! The probe opens one connection of the same kind as the store's pool (same driver, same
 //! URL, same SQLite file) and keeps it, so that each [`SqlProbe::select_one`] is exactly one
 //! round trip (SQLite: one hop to the connection's thread and back).
+//!
+//! Only with the `bench` feature, as `crate::store`'s `acquisition_floor` and the probe
+//! connection of `crate::dialect`.
 
 use std::fmt;
 use std::time::Duration;
 
+use simba_core::backend::BoxFuture;
+use simba_core::connect::{Floor, Probe, unsupported_floor};
 use simba_core::{Error, Result};
 
 use crate::config::Backend;
@@ -440,5 +445,38 @@ impl ProbeConn {
             #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
             ProbeConn::Never(never) => match *never {},
         }
+    }
+}
+
+/// A SQL database's floor: `SELECT 1` on a connection of the pool's kind.
+pub(crate) struct SqlFloors {
+    pub(crate) probe: SqlProbe,
+    pub(crate) kind: Backend,
+}
+
+impl Probe for SqlFloors {
+    fn round_trip_name(&self) -> &'static str {
+        "SELECT 1"
+    }
+
+    fn floors(&self) -> Vec<Floor> {
+        vec![Floor::RoundTrip]
+    }
+
+    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if floor != Floor::RoundTrip {
+                return Err(unsupported_floor(self.kind.name(), floor));
+            }
+            let kind = self.kind.name();
+            tokio::time::timeout(limit, self.probe.select_one())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::backend(
+                        kind,
+                        format!("SELECT 1: no answer within {limit:?}"),
+                    ))
+                })
+        })
     }
 }

@@ -13,6 +13,7 @@ mod conn;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
 mod connector;
 mod dialect;
+#[cfg(feature = "bench")]
 mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]

@@ -135,6 +135,7 @@ macro_rules! run {
     }};
 }
 
+#[cfg(feature = "bench")]
 mod acquisition_floor;
 pub(crate) mod permits;
 mod renew;
@@ -1006,12 +1007,14 @@ impl LeaseStore for SqlStore {
             #[cfg(not(feature = "sqlite"))]
             let job: Option<i64> = None;
             let pass = inner.gates.enter(mutex, contender_id).await;
+            #[cfg(feature = "bench")]
             simba_core::hops::record(simba_core::hops::Hop::StatementSent, mutex);
             let mut row: Option<OwnerRow> = run_fast!(
                 inner,
                 format!("acquire mutex {mutex:?}"),
                 |c| call.acquire(c, contender_id, lease, pass, job)
             )?;
+            #[cfg(feature = "bench")]
             simba_core::hops::record(simba_core::hops::Hop::StatementAnswered, mutex);
             if job.is_some() {
                 keep_for_job(&mut row, contender_id, JOB_LOOK_MS.min(lease.ttl_ms()));

@@ -304,6 +304,7 @@ async fn connector(h: &SqlHarness, notifies: bool) {
             ownership: simba_core::connect::Ownership::Lease,
             round_trip: "SELECT 1",
             counts_connections: false,
+            semaphores: true,
         },
     )
     .await;

@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simba_core::backend::{BoxFuture, LeaseReply, LeaseStore};
-use simba_core::connect::{
-    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe, unsupported_floor,
-};
-use simba_core::{ContendServiceFactory, LeaseServiceFactory, Result};
+use simba_core::connect::{Capabilities, ConnectOptions, Connection, Connector, Ownership};
+use simba_core::{ContendServiceFactory, LeaseServiceFactory, Result, Semaphore};
 
 use crate::config::{RedisConfig, SCHEMES, WaitMode, redact_url};
-use crate::error::BACKEND;
-use crate::floor::PubSubProbe;
+#[cfg(feature = "bench")]
+use crate::floor::RedisProbe;
 use crate::store::RedisStore;
 
 /// The Redis connector, for [`Connectors`](simba_core::connect::Connectors).
@@ -104,18 +102,23 @@ impl Connection for RedisConnection {
         Some(Box::pin(self.factory.store().owner(mutex)))
     }
 
-    fn probe<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+    fn open_semaphore<'a>(
+        &'a self,
+        name: &'a str,
+        permits: u32,
+    ) -> BoxFuture<'a, Result<Semaphore>> {
+        Box::pin(async move { Semaphore::from_factory(&self.factory, name, permits) })
+    }
+
+    #[cfg(feature = "bench")]
+    fn probe<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn simba_core::connect::Probe>>> {
         Box::pin(async move {
             let store = (**self.factory.store()).clone();
-            let pubsub = match store.config().wait_mode {
-                WaitMode::PubSub => Some(store.pubsub_probe(&format!("{name}-pubsub")).await?),
-                WaitMode::Polling => None,
-            };
-            Ok(Box::new(RedisProbe {
-                store,
-                raw_lock_key: format!("{name}-raw-lock"),
-                pubsub,
-            }) as Box<dyn Probe>)
+            Ok(Box::new(RedisProbe::open(store, name).await?)
+                as Box<dyn simba_core::connect::Probe>)
         })
     }
 
@@ -139,57 +142,6 @@ impl Connection for RedisConnection {
                 .await
                 .ok()
                 .flatten()
-        })
-    }
-}
-
-/// Redis's floors: `PING`, pub/sub delivery, and a script-less `SET NX PX` + `DEL`.
-struct RedisProbe {
-    store: RedisStore,
-    raw_lock_key: String,
-    pubsub: Option<PubSubProbe>,
-}
-
-/// How long the raw lock's key lives if a probe is cut off between its `SET` and `DEL`.
-const RAW_LOCK_TTL: Duration = Duration::from_secs(10);
-
-impl Probe for RedisProbe {
-    fn round_trip_name(&self) -> &'static str {
-        "PING"
-    }
-
-    fn floors(&self) -> Vec<Floor> {
-        let mut floors = vec![Floor::RoundTrip, Floor::RawLock];
-        if self.pubsub.is_some() {
-            floors.push(Floor::PubSub);
-        }
-        floors
-    }
-
-    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            let bounded = |what: &str| {
-                simba_core::Error::backend(BACKEND, format!("{what}: no answer within {limit:?}"))
-            };
-            match floor {
-                Floor::RoundTrip => tokio::time::timeout(limit, self.store.ping())
-                    .await
-                    .map_err(|_| bounded("PING"))?,
-                Floor::RawLock => tokio::time::timeout(
-                    limit,
-                    self.store.raw_lock(&self.raw_lock_key, RAW_LOCK_TTL),
-                )
-                .await
-                .map_err(|_| bounded("SET NX PX + DEL"))?
-                .map(drop),
-                Floor::PubSub => match self.pubsub.as_mut() {
-                    Some(p) => p.round_trip(limit).await,
-                    None => Err(unsupported_floor(BACKEND, floor)),
-                },
-                // Redis has no wait queue of its own: the bench adds the pub/sub delivery
-                // and a round trip instead.
-                Floor::Handoff => Err(unsupported_floor(BACKEND, floor)),
-            }
         })
     }
 }

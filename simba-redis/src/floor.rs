@@ -1,6 +1,8 @@
 //! Floors: the bare Redis operations that a mutex operation can be compared to (`simba
 //! bench` reports each figure beside them). Every probe runs on the store's own
 //! connections, so that it pays what the store pays and nothing more.
+//!
+//! Only with the `bench` feature.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,9 +10,12 @@ use std::time::Duration;
 use fred::clients::{Client, SubscriberClient};
 use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::{ClusterHash, CustomCommand, Message, Value};
+use simba_core::backend::BoxFuture;
+use simba_core::connect::{Floor, Probe, unsupported_floor};
 use simba_core::{Error, Result};
 use tokio::sync::broadcast::{self, error::RecvError};
 
+use crate::config::WaitMode;
 use crate::error::{BACKEND, backend};
 use crate::store::RedisStore;
 
@@ -62,72 +67,6 @@ impl RedisStore {
             .await
             .map_err(|e| backend("DEL", e))?;
         Ok(!matches!(set, Value::Null))
-    }
-
-    /// How many client connections the server has now (`CLIENT LIST`, one line each; on
-    /// Cluster, of one node).
-    ///
-    /// # Errors
-    /// [`Error::Backend`] if the command fails (e.g. an ACL user without `CLIENT`).
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    /// How long an acquisition of a free mutex with a lease `lease` long (ttl + transition)
-    /// would wait now for the restart quarantine (see the crate docs): the whole lease
-    /// when the server's boot marker is missing (its data is new: the next acquisition
-    /// sets it and waits), what is left of it after the marker otherwise; `None` when the
-    /// quarantine is off or over.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] if the server cannot be read.
-    pub(crate) async fn restart_quarantine(&self, lease: Duration) -> Result<Option<Duration>> {
-        if !self.keeps_restart_quarantine() {
-            return Ok(None);
-        }
-        let boot: Option<String> = self
-            .client()
-            .custom(
-                CustomCommand::new_static("GET", ClusterHash::FirstKey, false),
-                vec![self.boot_key()],
-            )
-            .await
-            .map_err(|e| backend("GET of the boot marker", e))?;
-        let Some(boot) = boot.and_then(|b| b.parse::<i64>().ok()) else {
-            return Ok(Some(lease));
-        };
-        let time: Vec<String> = self
-            .client()
-            .custom(
-                CustomCommand::new_static("TIME", ClusterHash::Random, false),
-                Vec::<String>::new(),
-            )
-            .await
-            .map_err(|e| backend("TIME", e))?;
-        let now_ms = match &time[..] {
-            [s, us, ..] => match (s.parse::<i64>(), us.parse::<i64>()) {
-                (Ok(s), Ok(us)) => s * 1000 + us / 1000,
-                _ => return Ok(None),
-            },
-            _ => return Ok(None),
-        };
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let left = boot.saturating_add(lease_ms).saturating_sub(now_ms);
-        Ok(u64::try_from(left)
-            .ok()
-            .filter(|&ms| ms > 0)
-            .map(Duration::from_millis))
-    }
-
-    pub(crate) async fn client_count(&self) -> Result<usize> {
-        let list: String = self
-            .client()
-            .custom(
-                CustomCommand::new_static("CLIENT", ClusterHash::Random, false),
-                vec!["LIST"],
-            )
-            .await
-            .map_err(|e| backend("CLIENT LIST", e))?;
-        Ok(list.lines().filter(|l| !l.trim().is_empty()).count())
     }
 
     /// A probe of pub/sub delivery: subscribes the channel `{prefix}:bench-floor:{name}` on
@@ -265,5 +204,75 @@ impl Drop for PubSubProbe {
                 };
             });
         }
+    }
+}
+
+/// Redis's floors: `PING`, pub/sub delivery, and a script-less `SET NX PX` + `DEL`, on
+/// the store's own connections (`Connection::probe` of the connector).
+pub(crate) struct RedisProbe {
+    store: RedisStore,
+    raw_lock_key: String,
+    pubsub: Option<PubSubProbe>,
+}
+
+/// How long the raw lock's key lives if a probe is cut off between its `SET` and `DEL`.
+const RAW_LOCK_TTL: Duration = Duration::from_secs(10);
+
+impl RedisProbe {
+    /// The probe of `store`, its keys and channel named after `name`: the pub/sub floor
+    /// subscribes at once where the store has a subscriber connection.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the subscription fails.
+    pub(crate) async fn open(store: RedisStore, name: &str) -> Result<RedisProbe> {
+        let pubsub = match store.config().wait_mode {
+            WaitMode::PubSub => Some(store.pubsub_probe(&format!("{name}-pubsub")).await?),
+            WaitMode::Polling => None,
+        };
+        Ok(RedisProbe {
+            store,
+            raw_lock_key: format!("{name}-raw-lock"),
+            pubsub,
+        })
+    }
+}
+
+impl Probe for RedisProbe {
+    fn round_trip_name(&self) -> &'static str {
+        "PING"
+    }
+
+    fn floors(&self) -> Vec<Floor> {
+        let mut floors = vec![Floor::RoundTrip, Floor::RawLock];
+        if self.pubsub.is_some() {
+            floors.push(Floor::PubSub);
+        }
+        floors
+    }
+
+    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let bounded =
+                |what: &str| Error::backend(BACKEND, format!("{what}: no answer within {limit:?}"));
+            match floor {
+                Floor::RoundTrip => tokio::time::timeout(limit, self.store.ping())
+                    .await
+                    .map_err(|_| bounded("PING"))?,
+                Floor::RawLock => tokio::time::timeout(
+                    limit,
+                    self.store.raw_lock(&self.raw_lock_key, RAW_LOCK_TTL),
+                )
+                .await
+                .map_err(|_| bounded("SET NX PX + DEL"))?
+                .map(drop),
+                Floor::PubSub => match self.pubsub.as_mut() {
+                    Some(p) => p.round_trip(limit).await,
+                    None => Err(unsupported_floor(BACKEND, floor)),
+                },
+                // Redis has no wait queue of its own: the bench adds the pub/sub delivery
+                // and a round trip instead.
+                Floor::Handoff => Err(unsupported_floor(BACKEND, floor)),
+            }
+        })
     }
 }

@@ -4,11 +4,13 @@
 mod config;
 mod connector;
 mod error;
+#[cfg(feature = "bench")]
 mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod keys;
+mod server;
 mod store;
 mod subscriptions;
 mod tls;

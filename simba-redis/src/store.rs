@@ -392,12 +392,14 @@ impl RedisStore {
         self.inner.keys.owner(mutex)
     }
 
-    /// The command connection (for the floor probes in `floor.rs`).
+    /// The command connection (for the floor probes in `floor.rs` and the server reads in
+    /// `server.rs`).
     pub(crate) fn client(&self) -> &Client {
         &self.inner.client
     }
 
-    /// The subscriber connection, in [`WaitMode::PubSub`].
+    /// The subscriber connection, in [`WaitMode::PubSub`] (for the pub/sub floor).
+    #[cfg(feature = "bench")]
     pub(crate) fn subscriber(&self) -> Option<&fred::clients::SubscriberClient> {
         self.inner
             .subscriptions
@@ -405,7 +407,9 @@ impl RedisStore {
             .map(Subscriptions::client)
     }
 
-    /// Whether pub/sub is sharded (Redis Cluster: `SPUBLISH` / `SSUBSCRIBE`).
+    /// Whether pub/sub is sharded (Redis Cluster: `SPUBLISH` / `SSUBSCRIBE`; for the
+    /// pub/sub floor).
+    #[cfg(feature = "bench")]
     pub(crate) fn sharded(&self) -> bool {
         self.inner.publish == "SPUBLISH"
     }

@@ -286,6 +286,7 @@ impl Subscriptions {
             },
             _ => return,
         };
+        #[cfg(feature = "bench")]
         simba_core::hops::record(simba_core::hops::Hop::PushReceived, &message.channel);
         let Some(notice) = parse_notice(text) else {
             trace!(channel = %message.channel, "ignoring message {text:?}");

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use simba_core::connect::{ConnectOptions, Connector, Connectors, Floor, Ownership};
+#[cfg(feature = "bench")]
+use simba_core::connect::Floor;
+use simba_core::connect::{ConnectOptions, Connection, Connector, Connectors, Ownership};
 use simba_core::{Error, LeaseConfig, Locker};
 
 use crate::support::unique_name;
@@ -18,10 +20,12 @@ const STEP: Duration = Duration::from_secs(20);
 pub struct Expect {
     /// Lease or session.
     pub ownership: Ownership,
-    /// What one round trip is called (`"PING"`).
+    /// What one round trip is called (`"PING"`); checked with the kit's `bench` feature.
     pub round_trip: &'static str,
     /// Whether the server can count its client connections.
     pub counts_connections: bool,
+    /// Whether the backend has semaphores (`Connection::open_semaphore`).
+    pub semaphores: bool,
 }
 
 /// Connects `url` (whose scheme `connector` owns) twice through a [`Connectors`] list
@@ -33,7 +37,12 @@ pub struct Expect {
 ///   ([`Error::WouldBlock`]);
 /// - on a lease backend, the owner read names the guard's contender and fence; a session
 ///   backend has none;
-/// - every floor of the probe measures, [`Floor::RoundTrip`] among them;
+/// - a semaphore opens on one connection where `expect` says the backend has them, and its
+///   one permit, held there, is refused to the same semaphore opened on the other; a
+///   backend without semaphores refuses to open one with [`Error::Unsupported`];
+/// - with the kit's `bench` feature, every floor of the probe measures, `Floor::RoundTrip`
+///   among them (a backend crate's tests enable that feature and the backend's own
+///   `bench`);
 /// - the server's connection count is there exactly when `expect` says so.
 ///
 /// # Panics
@@ -124,23 +133,10 @@ pub async fn check(
         .await
         .unwrap_or_else(|e| panic!("{shown}: release: {e}"));
 
-    let mut probe = tokio::time::timeout(STEP, a.probe(&unique_name("probe")))
-        .await
-        .unwrap_or_else(|_| panic!("{shown}: no probe within {STEP:?}"))
-        .unwrap_or_else(|e| panic!("{shown}: probe: {e}"));
-    assert_eq!(probe.round_trip_name(), expect.round_trip, "{shown}");
-    let floors = probe.floors();
-    assert!(floors.contains(&Floor::RoundTrip), "{shown}: {floors:?}");
-    for floor in floors {
-        probe
-            .measure(floor, STEP)
-            .await
-            .unwrap_or_else(|e| panic!("{shown}: floor {floor:?}: {e}"));
-    }
-    probe
-        .close()
-        .await
-        .unwrap_or_else(|e| panic!("{shown}: closing the probe: {e}"));
+    check_semaphore(&shown, &*a, &*b, expect.semaphores).await;
+
+    #[cfg(feature = "bench")]
+    check_floors(&shown, &*a, expect.round_trip).await;
 
     assert!(!a.connections().is_empty(), "{shown}");
     let counted = a.server_connections().await;
@@ -155,4 +151,85 @@ pub async fn check(
             "{shown}: two connected factories, yet {n} connections"
         );
     }
+}
+
+/// A one-permit semaphore opened on `a` and on `b`: `a`'s permit keeps `b`'s out until
+/// released; or, where the backend has none, [`Error::Unsupported`] from both.
+async fn check_semaphore(shown: &str, a: &dyn Connection, b: &dyn Connection, supported: bool) {
+    let name = unique_name("connector-sem");
+    let open = |c: &'static str, conn| open_semaphore(shown, c, conn, &name);
+    if !supported {
+        for (c, conn) in [("a", a), ("b", b)] {
+            match open(c, conn).await {
+                Err(Error::Unsupported { what, .. }) => assert_eq!(what, "semaphores", "{shown}"),
+                Err(e) => panic!("{shown}: a backend without semaphores said {e}"),
+                Ok(s) => panic!("{shown}: semaphore {} opened", s.name()),
+            }
+        }
+        return;
+    }
+    let sem_a = open("a", a)
+        .await
+        .unwrap_or_else(|e| panic!("{shown}: open_semaphore: {e}"));
+    let sem_b = open("b", b)
+        .await
+        .unwrap_or_else(|e| panic!("{shown}: open_semaphore: {e}"));
+    assert_eq!(sem_a.permits(), 1, "{shown}");
+    let permit = tokio::time::timeout(STEP, sem_a.acquire_timeout(STEP))
+        .await
+        .unwrap_or_else(|_| panic!("{shown}: no permit within {STEP:?}"))
+        .unwrap_or_else(|e| panic!("{shown}: no permit: {e}"));
+    assert!(permit.is_held(), "{shown}");
+    match tokio::time::timeout(STEP, sem_b.try_acquire()).await {
+        Ok(Err(Error::WouldBlock { .. })) => {}
+        Ok(Ok(_)) => panic!("{shown}: two holders of a one-permit semaphore"),
+        Ok(Err(e)) => panic!("{shown}: try_acquire of a permit failed: {e}"),
+        Err(_) => panic!("{shown}: try_acquire of a permit did not answer within {STEP:?}"),
+    }
+    permit
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("{shown}: permit release: {e}"));
+    let taken = tokio::time::timeout(STEP, sem_b.acquire_timeout(STEP))
+        .await
+        .unwrap_or_else(|_| panic!("{shown}: the freed permit not taken within {STEP:?}"))
+        .unwrap_or_else(|e| panic!("{shown}: the freed permit not taken: {e}"));
+    taken
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("{shown}: permit release: {e}"));
+}
+
+/// `conn.open_semaphore(name, 1)`, bounded by [`STEP`].
+async fn open_semaphore(
+    shown: &str,
+    c: &str,
+    conn: &dyn Connection,
+    name: &str,
+) -> simba_core::Result<simba_core::Semaphore> {
+    tokio::time::timeout(STEP, conn.open_semaphore(name, 1))
+        .await
+        .unwrap_or_else(|_| panic!("{shown}: no semaphore on connection {c} within {STEP:?}"))
+}
+
+/// Every floor of `conn`'s probe measures once, [`Floor::RoundTrip`] among them.
+#[cfg(feature = "bench")]
+async fn check_floors(shown: &str, conn: &dyn Connection, round_trip: &str) {
+    let mut probe = tokio::time::timeout(STEP, conn.probe(&unique_name("probe")))
+        .await
+        .unwrap_or_else(|_| panic!("{shown}: no probe within {STEP:?}"))
+        .unwrap_or_else(|e| panic!("{shown}: probe: {e}"));
+    assert_eq!(probe.round_trip_name(), round_trip, "{shown}");
+    let floors = probe.floors();
+    assert!(floors.contains(&Floor::RoundTrip), "{shown}: {floors:?}");
+    for floor in floors {
+        probe
+            .measure(floor, STEP)
+            .await
+            .unwrap_or_else(|e| panic!("{shown}: floor {floor:?}: {e}"));
+    }
+    probe
+        .close()
+        .await
+        .unwrap_or_else(|e| panic!("{shown}: closing the probe: {e}"));
 }

@@ -2,18 +2,15 @@
 //! [`simba_core::connect`] (and the TLS spellings, refused with what to do instead).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use simba_core::backend::{BoxFuture, LeaseReply};
-use simba_core::connect::{
-    Capabilities, ConnectOptions, Connection, Connector, Floor, Ownership, Probe, unsupported_floor,
-};
-use simba_core::{ContendServiceFactory, Result};
+use simba_core::connect::{Capabilities, ConnectOptions, Connection, Connector, Ownership};
+use simba_core::{ContendServiceFactory, Result, Semaphore};
 
 use crate::config::{TLS_SCHEMES, ZkConfig, redact_url};
 use crate::factory::ZkFactory;
-use crate::floor::ZkProbe;
-use crate::session::BACKEND;
+#[cfg(feature = "bench")]
+use crate::floor::{ZkFloors, ZkProbe};
 
 /// The ZooKeeper connector, for [`Connectors`](simba_core::connect::Connectors).
 ///
@@ -107,10 +104,24 @@ impl Connection for ZkConnection {
         None
     }
 
-    fn probe<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn Probe>>> {
+    /// On this connection's session, timed by [`ZkFactory::permit_lease`] (the longest
+    /// lease the session allows; the session timeout is the options').
+    fn open_semaphore<'a>(
+        &'a self,
+        name: &'a str,
+        permits: u32,
+    ) -> BoxFuture<'a, Result<Semaphore>> {
+        Box::pin(async move { self.factory.semaphore(name, permits) })
+    }
+
+    #[cfg(feature = "bench")]
+    fn probe<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn simba_core::connect::Probe>>> {
         Box::pin(async move {
             let probe = ZkProbe::connect(self.factory.config(), name).await?;
-            Ok(Box::new(ZkFloors(probe)) as Box<dyn Probe>)
+            Ok(Box::new(ZkFloors(probe)) as Box<dyn simba_core::connect::Probe>)
         })
     }
 
@@ -119,44 +130,10 @@ impl Connection for ZkConnection {
     }
 }
 
-/// ZooKeeper's floors: `exists("/")` on a session of its own, and a handoff between it
-/// and a second session.
-struct ZkFloors(ZkProbe);
-
-impl Probe for ZkFloors {
-    fn round_trip_name(&self) -> &'static str {
-        "exists"
-    }
-
-    fn floors(&self) -> Vec<Floor> {
-        vec![Floor::RoundTrip, Floor::Handoff]
-    }
-
-    fn handoff_name(&self) -> &'static str {
-        "watch on a deleted node + create"
-    }
-
-    fn handoff(&mut self, limit: Duration) -> BoxFuture<'_, Result<Duration>> {
-        Box::pin(self.0.handoff(limit))
-    }
-
-    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            match floor {
-                Floor::RoundTrip => self.0.exists(limit).await,
-                Floor::Handoff => self.0.handoff(limit).await.map(drop),
-                other => Err(unsupported_floor(BACKEND, other)),
-            }
-        })
-    }
-
-    fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(self.0.close())
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use simba_core::connect::Connectors;
 

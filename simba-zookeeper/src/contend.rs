@@ -8,6 +8,7 @@ use std::time::Duration;
 use simba_core::backend::{
     BoxFuture, ContendHandle, OwnershipTracker, Reporter, ServiceHandle, ServiceStatus,
 };
+#[cfg(feature = "bench")]
 use simba_core::hops::Hop;
 use simba_core::metrics::FailureKind;
 use simba_core::{Contender, LossReason, MutexOwner, MutexState, Result};
@@ -156,6 +157,7 @@ impl Recipe for Latch {
     fn on_watch(&mut self) {
         debug!("watch fired");
         if self.predecessor_owns {
+            #[cfg(feature = "bench")]
             simba_core::hops::record(Hop::WaiterWoken, self.parent());
             // The owner's node changed or went: the handoff to this waiter begins.
             self.tracker.handoff_begins();
@@ -418,8 +420,10 @@ impl Latch {
     /// One pass of the recipe: make sure our node exists, list the children, then own or
     /// watch the predecessor.
     async fn pass(&mut self) -> Result<Step> {
+        #[cfg(feature = "bench")]
         simba_core::hops::record(Hop::AcquireSent, self.parent());
         let step = self.pass_calls().await;
+        #[cfg(feature = "bench")]
         simba_core::hops::record(Hop::AcquireAnswered, self.parent());
         step
     }
@@ -703,10 +707,12 @@ impl Latch {
             }
             let held = owned_path.as_deref() == Some(node.path.as_str());
             let version = held.then_some(node.version);
+            #[cfg(feature = "bench")]
             simba_core::hops::record(Hop::ReleaseSent, &node.path);
             let deleted = self
                 .traced("delete", &node.path, core.zk().delete(&node.path, version))
                 .await;
+            #[cfg(feature = "bench")]
             simba_core::hops::record(Hop::ReleaseAnswered, &node.path);
             let found_lost = |this: &mut Self| {
                 if let Some(fence) = owned {

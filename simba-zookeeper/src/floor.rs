@@ -5,11 +5,15 @@
 //! servers as a [`ZkFactory`](crate::ZkFactory), so that each [`ZkProbe::exists`] is one
 //! request and its answer on the same kind of connection; [`ZkProbe::handoff`] hands an
 //! ephemeral node over to a second session through a watch, ZooKeeper's own wait queue.
+//!
+//! Only with the `bench` feature.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use simba_core::backend::BoxFuture;
+use simba_core::connect::{Floor, Probe, unsupported_floor};
 use simba_core::{Error, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -246,4 +250,40 @@ fn no_answer(servers: &str, what: &str) -> Error {
         BACKEND,
         format!("probe: {what} with {servers}: no answer within the connect timeout"),
     )
+}
+
+/// ZooKeeper's floors: `exists("/")` on a session of its own, and a handoff between it
+/// and a second session.
+pub(crate) struct ZkFloors(pub(crate) ZkProbe);
+
+impl Probe for ZkFloors {
+    fn round_trip_name(&self) -> &'static str {
+        "exists"
+    }
+
+    fn floors(&self) -> Vec<Floor> {
+        vec![Floor::RoundTrip, Floor::Handoff]
+    }
+
+    fn handoff_name(&self) -> &'static str {
+        "watch on a deleted node + create"
+    }
+
+    fn handoff(&mut self, limit: Duration) -> BoxFuture<'_, Result<Duration>> {
+        Box::pin(self.0.handoff(limit))
+    }
+
+    fn measure(&mut self, floor: Floor, limit: Duration) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            match floor {
+                Floor::RoundTrip => self.0.exists(limit).await,
+                Floor::Handoff => self.0.handoff(limit).await.map(drop),
+                other => Err(unsupported_floor(BACKEND, other)),
+            }
+        })
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(self.0.close())
+    }
 }

@@ -6,6 +6,7 @@ mod config;
 mod connector;
 mod contend;
 mod factory;
+#[cfg(feature = "bench")]
 mod floor;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]

@@ -61,10 +61,13 @@ impl Schedule {
         let generation = self.generation;
         let tx = self.tx.clone();
         move |e: WatchedEvent| {
+            #[cfg(feature = "bench")]
             if simba_core::hops::enabled() {
                 let path = e.path.as_deref().unwrap_or_default();
                 simba_core::hops::record(simba_core::hops::Hop::PushReceived, path);
             }
+            #[cfg(not(feature = "bench"))]
+            let _ = e;
             let _ = tx.send(generation);
         }
     }

@@ -74,6 +74,7 @@ async fn the_connector_passes_the_kit_check() {
             ownership: simba_core::connect::Ownership::Session,
             round_trip: "exists",
             counts_connections: false,
+            semaphores: true,
         },
     )
     .await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use serde_json::json;
-use simba_core::{Error, LeaseConfig, Semaphore};
+use simba_core::{Error, Semaphore};
 use tokio::time::Instant;
 
 use super::handoff::{self, Contended, Contestant};
@@ -31,15 +31,10 @@ pub(super) struct MutexFigures {
     pub(super) handoff_p50: Option<f64>,
 }
 
-fn lease(ctx: &Ctx) -> LeaseConfig {
-    LeaseConfig {
-        waiter_poll: Some(ctx.args.poll),
-        ..LeaseConfig::default()
-    }
-}
-
+/// The semaphore `what` of this run, on connections of its own with the bench's timing
+/// (the default lease, waiters polling every `--poll` where nothing pushes).
 async fn open(ctx: &Ctx, what: &str, permits: u32) -> simba_core::Result<Semaphore> {
-    crate::permits::open(&ctx.url, lease(ctx), None, &ctx.mutex(what), permits).await
+    crate::permits::open(&ctx.url, ctx.timing(), &ctx.mutex(what), permits).await
 }
 
 /// The section of a backend without semaphores.

@@ -12,6 +12,7 @@ use super::service::{OBSERVE_FLOOR, Shared};
 use crate::backend::OwnershipTracker;
 use crate::error::{Error, LossReason, Result};
 use crate::events::{EventReceiver, TryRecvError};
+#[cfg(feature = "bench")]
 use crate::hops::Hop;
 use crate::metrics::FailureKind;
 use crate::owner::{ContendPeriod, MutexOwner};
@@ -247,6 +248,7 @@ impl<S: LeaseStore> Driver<S> {
                 // Observers re-read on every event, contenders contend again.
                 debug!(?ev, "store event: looking now");
                 if ev == StoreEvent::Released && self.contending() {
+                    #[cfg(feature = "bench")]
                     crate::hops::record(Hop::WaiterWoken, &self.shared.mutex);
                     self.tracker.handoff_begins();
                 }
@@ -323,6 +325,7 @@ impl<S: LeaseStore> Driver<S> {
             Some(d) if owning && self.contending() => Some(suspect_after(sent, d, request_timeout)),
             _ => None,
         };
+        #[cfg(feature = "bench")]
         if acquiring {
             crate::hops::record(Hop::AcquireSent, &shared.mutex);
         }
@@ -349,6 +352,7 @@ impl<S: LeaseStore> Driver<S> {
                 }
             };
         };
+        #[cfg(feature = "bench")]
         if acquiring {
             crate::hops::record(Hop::AcquireAnswered, &shared.mutex);
         }
@@ -529,8 +533,10 @@ impl<S: LeaseStore> Driver<S> {
         let span = call_span(&shared, "release", fence);
         // Always release: a call dropped in flight may have made us owner unknowingly.
         let call = Box::pin(shared.store.release(mutex, me).instrument(span.clone()));
+        #[cfg(feature = "bench")]
         crate::hops::record(Hop::ReleaseSent, mutex);
         let released = timeout(bound, call).await;
+        #[cfg(feature = "bench")]
         crate::hops::record(Hop::ReleaseAnswered, mutex);
         let answer = match released {
             Ok(Ok(done)) => {

@@ -4,6 +4,8 @@
 //! reply's checks. Its time beside the hop *statement sent → statement answered* of a
 //! handoff tells the statement's own cost from what the handoff adds to it, and the hops
 //! around that one tell the store's own work.
+//!
+//! Only with the `bench` feature.
 
 use std::time::Duration;
 

@@ -23,6 +23,7 @@ pub const CONNECTOR_EXPECT: simba_test_kit::connector::Expect = simba_test_kit::
     ownership: simba_core::connect::Ownership::Lease,
     round_trip: "PING",
     counts_connections: true,
+    semaphores: true,
 };
 
 /// The settings tests use for a URL: short timeouts so that faults are noticed quickly.
