@@ -189,7 +189,7 @@ pub(crate) trait SqlConn: Send {
         &'a mut self,
         sql: &'a str,
         args: &'a [Arg<'a>],
-    ) -> impl Future<Output = QueryResult<Vec<crate::store::permits::PermitRow>>> + Send + 'a;
+    ) -> impl Future<Output = QueryResult<Vec<crate::rows::PermitRow>>> + Send + 'a;
 
     /// Whether the connection runs its statements on a thread of its own (SQLite): then a
     /// call's statements go there together, in one hop ([`SqlConn::on_thread`]).
@@ -282,9 +282,9 @@ macro_rules! impl_sql_conn {
                 &'a mut self,
                 sql: &'a str,
                 args: &'a [$crate::conn::Arg<'a>],
-            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::store::permits::PermitRow>>> + Send + 'a {
+            ) -> impl ::std::future::Future<Output = ::diesel::result::QueryResult<Vec<$crate::rows::PermitRow>>> + Send + 'a {
                 let q = $crate::conn::$query::<$db>(sql, args);
-                async move { diesel_async::RunQueryDsl::load::<$crate::store::permits::PermitRow>(q, self).await }
+                async move { diesel_async::RunQueryDsl::load::<$crate::rows::PermitRow>(q, self).await }
             }
 
             $($extra)*

@@ -53,3 +53,25 @@ pub(crate) struct BatchRow {
     #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) version: Option<i64>,
 }
+
+/// A row of the permits table with the database's time (all `None` when the semaphore
+/// has no row). From a server: the permits view (`crate::store::permits`) checks what it uses.
+#[derive(Debug, Clone, QueryableByName)]
+pub(crate) struct PermitRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) now_ms: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) contender: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) permits: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) ticket: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) acquired_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) ttl_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) transition_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) fence: Option<i64>,
+}

@@ -457,9 +457,9 @@ impl SqlConn for Handle {
         &'a mut self,
         sql: &'a str,
         args: &'a [Arg<'a>],
-    ) -> impl Future<Output = QueryResult<Vec<crate::store::permits::PermitRow>>> + Send + 'a {
+    ) -> impl Future<Output = QueryResult<Vec<crate::rows::PermitRow>>> + Send + 'a {
         self.unprepared(sql, args, |r| {
-            Ok(crate::store::permits::PermitRow {
+            Ok(crate::rows::PermitRow {
                 now_ms: get(r, "now_ms")?,
                 contender: get(r, "contender")?,
                 permits: get(r, "permits")?,
