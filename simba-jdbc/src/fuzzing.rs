@@ -6,7 +6,7 @@ use simba_core::{ContendPeriod, Error, MutexOwner};
 
 use crate::config::{Backend, SqlConfig};
 use crate::rows::OwnerRow;
-use crate::store::owner_reply;
+use crate::rows::owner_reply;
 
 /// URL parsing never panics; a password planted in the userinfo and in `password=` never
 /// shows in an error, in `Debug` or in the redacted URL.
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn seed_shapes() {
         use crate::config::Backend;
-        use crate::store::owner_reply;
+        use crate::rows::owner_reply;
         let seed = |name: &str| {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../fuzz/corpus/sql_row")
