@@ -415,19 +415,22 @@ fn killed_and_stopped_on_a_lease_backend(url: &str, test: &str) {
 }
 
 #[test]
-fn sqlite_simba_killed_the_group_is_gone_before_the_next_owner_within_50ms() {
+fn sqlite_simba_killed_the_group_is_gone_before_the_next_owner_without_waiting_for_the_lease() {
     let dir = tempdir();
     let url = sqlite_url(dir.path(), "x.db");
-    // A long lease: the handover must not wait for it (a dead owner's flock is freed).
+    // A long lease: the handover must not wait for it (a dead owner's lock is freed by the
+    // kernel). Idle, both take a few milliseconds; the bound is 1 s, a fifteenth of the
+    // 15 s the lease would take, so that a loaded machine (92 ms seen with three builds
+    // beside it) does not fail what is about the lease, not about speed (the handoff's
+    // speed is `simba bench`'s).
     let h = group_gone_before_next_owner(
         &url,
         &["--ttl", "10s", "--transition", "5s"],
         Fault::Kill,
         "guard-sqlite-kill",
     );
-    assert!(h.first_last_seen < Duration::from_millis(50), "{h:?}");
-    // The bound for SQLite (a takeover that does not wait for the lease).
-    assert!(h.next_started <= Duration::from_millis(50), "{h:?}");
+    assert!(h.first_last_seen < Duration::from_secs(1), "{h:?}");
+    assert!(h.next_started < Duration::from_secs(1), "{h:?}");
 }
 
 #[test]

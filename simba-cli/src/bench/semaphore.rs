@@ -63,7 +63,8 @@ pub(super) async fn run(ctx: &Ctx, mutex: MutexFigures) -> anyhow::Result<Sectio
         let t0 = Instant::now();
         let guard = match sem.acquire_timeout(ACQUIRE_LIMIT).await {
             Ok(g) => g,
-            // The store refuses the permit operations (etcd).
+            // The store refuses this semaphore's terms at the first acquisition
+            // (ZooKeeper: a lease longer than half its session).
             Err(Error::Unsupported { reason, .. }) if i == 0 => return Ok(none(&reason)),
             Err(e) => return Err(e).context("acquire a permit"),
         };
