@@ -71,7 +71,13 @@ impl Dialect {
             #[cfg(feature = "mysql")]
             Dialect::Mysql(d) => GateKind::Mysql { url: d.url.clone() },
             #[cfg(feature = "postgres")]
-            Dialect::Postgres(d) => GateKind::Postgres { pg: d.pg.clone() },
+            Dialect::Postgres(d) => match &d.native {
+                Some(pg) => GateKind::Postgres { pg: pg.clone() },
+                // Behind a transaction pooler without a direct URL: no session holds a
+                // lock, so waiters queue in this process only (and read the row for
+                // another process's release, `Dialect::polls_owner`).
+                None => GateKind::Local,
+            },
             #[cfg(feature = "sqlite")]
             Dialect::Sqlite(d) if !d.memory => GateKind::Files {
                 db: crate::sqlite::DbFile::new(&d.path),
@@ -102,9 +108,24 @@ impl Dialect {
     pub(crate) fn observers_hear(&self) -> bool {
         match self {
             #[cfg(feature = "postgres")]
-            Dialect::Postgres(_) => true,
+            Dialect::Postgres(d) => d.listener.is_some(),
             #[allow(unreachable_patterns)]
             _ => false,
+        }
+    }
+
+    /// How often a waiter reads a row another process owns, when nothing tells it of
+    /// that owner's release (PostgreSQL behind a transaction pooler without a direct URL:
+    /// no native lock, no LISTEN): from the first interval, doubling, to the second.
+    pub(crate) fn polls_owner(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) if d.native.is_none() => {
+                use crate::postgres::pooler::{POLL_MAX, POLL_MIN};
+                Some((POLL_MIN, POLL_MAX))
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
@@ -120,8 +141,9 @@ impl Dialect {
         match self {
             #[cfg(feature = "postgres")]
             Dialect::Postgres(d) => {
-                d.listener
-                    .subscribe(mutex, contender, tx.clone(), contending.clone());
+                if let Some(l) = &d.listener {
+                    l.subscribe(mutex, contender, tx.clone(), contending.clone());
+                }
             }
             #[allow(unreachable_patterns)]
             _ => {
@@ -149,7 +171,11 @@ impl Dialect {
     pub(crate) fn on_release(&self, poke: Box<dyn Fn(&str) + Send + Sync>) {
         match self {
             #[cfg(feature = "postgres")]
-            Dialect::Postgres(d) => d.listener.on_release(poke),
+            Dialect::Postgres(d) => {
+                if let Some(l) = &d.listener {
+                    l.on_release(poke);
+                }
+            }
             #[allow(unreachable_patterns)]
             _ => drop(poke),
         }
@@ -284,3 +310,20 @@ macro_rules! with_fast {
     }};
 }
 pub(crate) use with_fast;
+
+/// `Some($body)` with `$fast` bound to PostgreSQL's fast path when the store is behind a
+/// transaction pooler (every call runs there, none on the pool), else `None`.
+macro_rules! with_pooled {
+    ($dialect:expr, |$fast:ident| $body:expr) => {{
+        match $dialect {
+            #[cfg(feature = "postgres")]
+            $crate::dialect::Dialect::Postgres(d) if d.pooled => {
+                let $fast = &d.fast;
+                Some($body)
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }};
+}
+pub(crate) use with_pooled;

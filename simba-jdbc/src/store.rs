@@ -22,6 +22,17 @@ use table::Table;
 /// The shortest bound for a migration (DDL may wait for metadata locks).
 const MIGRATE_TIMEOUT_MIN: Duration = Duration::from_secs(30);
 
+/// What to do about an error that a connection pooler the URL does not name would give
+/// (PostgreSQL: `crate::postgres::pooler::hint`).
+fn pooler_hint(kind: Backend, lower: &str) -> Option<&'static str> {
+    #[cfg(feature = "postgres")]
+    if kind == Backend::Postgres {
+        return crate::postgres::pooler::hint(lower);
+    }
+    let _ = (kind, lower);
+    None
+}
+
 /// Why a call failed, before it gets its context.
 enum Failure {
     Connect(String, Box<dyn std::error::Error + Send + Sync>),
@@ -73,7 +84,16 @@ macro_rules! on_conn {
             Some(turns) => Some(turns.turn.lock().await),
             None => None,
         };
-        on_pool!(renew &inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
+        on_conn!(@pooled inner, |$c| $body, on_pool!(renew &inner.dialect, |p| on_conn!(@run inner, p, |$c| $body)))
+    }};
+    // Behind a transaction pooler, on a connection of PostgreSQL's fast path that the call
+    // has to itself (a diesel connection prepares statements by name); else `$else`.
+    (@pooled $inner:expr, |$c:ident| $body:expr, $else:expr) => {{
+        let pooled = $crate::dialect::with_pooled!(&$inner.dialect, |fast| on_handle!(fast.exclusive(), |$c| $body));
+        match pooled {
+            Some(result) => result,
+            None => $else,
+        }
     }};
     ($inner:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;
@@ -85,7 +105,38 @@ macro_rules! on_conn {
             }
             None => None,
         };
-        on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body))
+        on_conn!(@pooled inner, |$c| $body, on_pool!(&inner.dialect, |p| on_conn!(@run inner, p, |$c| $body)))
+    }};
+}
+
+/// Runs `$body` on a connection of PostgreSQL's fast path that `$get` hands out (shared,
+/// or the call's own), and once more on a new one if the first was found closed (after a
+/// restart of the server or of a pooler every open connection is): every call is safe to
+/// repeat, as in [`on_conn!`].
+macro_rules! on_handle {
+    ($get:expr, |$c:ident| $body:expr) => {{
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let mut handle = match $get.await {
+                Ok(h) => h,
+                Err(e) => break Err(Failure::Connect(e.to_string(), e.into())),
+            };
+            let result = {
+                let $c = &mut handle;
+                $body.await
+            };
+            match result {
+                Ok(v) => {
+                    handle.finish();
+                    break Ok(v);
+                }
+                Err(e) if tries == 1 && handle.closed() => {
+                    debug!("statement failed on a closed connection, retrying on a new one: {e}");
+                }
+                Err(e) => break Err(Failure::Query(e)),
+            }
+        }
     }};
 }
 
@@ -102,16 +153,7 @@ macro_rules! run_fast {
             // connection: the next call opens a new one.
             inner
                 .bounded(&what, limit, async {
-                    let mut handle = fast
-                        .handle()
-                        .await
-                        .map_err(|e| Failure::Connect(e.to_string(), e.into()))?;
-                    let answer = {
-                        let $c = &mut handle;
-                        $body.await.map_err(Failure::Query)?
-                    };
-                    handle.finish();
-                    Ok(answer)
+                    on_handle!(fast.handle(), |$c| $body)
                 })
                 .await
         });
@@ -157,8 +199,8 @@ struct Inner {
     table: OnceLock<Table>,
     /// Simba's own table, until a migration has looked at it.
     default_table: Table,
-    /// Mutexes whose row a watcher reads while a foreign owner holds it
-    /// ([`watch_foreign`]).
+    /// Mutexes whose row a watcher reads while an owner it watches holds it
+    /// (`lease::watch_owner`).
     foreign: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The native wait queues of this store's mutexes.
     gates: Arc<Gates>,
@@ -214,10 +256,11 @@ impl Inner {
                         tls,
                     ));
                 }
+                let hint = pooler_hint(self.kind, &msg.to_ascii_lowercase()).unwrap_or_default();
                 Err(Error::Backend {
                     backend,
                     message: format!(
-                        "{what}: cannot get a connection to {}: {msg}",
+                        "{what}: cannot get a connection to {}: {msg}{hint}",
                         self.config.redacted_url()
                     ),
                     retryable: true,
@@ -273,7 +316,9 @@ impl Inner {
                 self.config.table()
             )
         } else {
-            String::new()
+            pooler_hint(self.kind, &lower)
+                .unwrap_or_default()
+                .to_owned()
         };
         Error::backend_source(
             self.kind.name(),

@@ -515,7 +515,7 @@ impl Gates {
     /// Whether a local contender waits for `mutex` (holding its native lock without the
     /// row, or queued for it): while the row's owner is one that took it without the
     /// native queue (a JVM Simba contender), nothing but a read tells it when that
-    /// ownership ends (see `store::watch_foreign`).
+    /// ownership ends (see `store::watch_owner`).
     pub(crate) fn waiting(&self, mutex: &str) -> bool {
         self.existing(mutex).is_some_and(|g| {
             let s = g.lock();

@@ -13,6 +13,8 @@ use tokio_postgres::{CancelToken, Client, Connection, Socket};
 use crate::url_query::redact_url;
 use crate::url_tls::{TlsOptionNames, UrlTls, split_tls_options};
 
+use super::pooler::Pooler;
+
 /// The URL options this crate reads itself (tokio-postgres refuses all but `sslmode`,
 /// and knows no `verify-*` modes): removed from what tokio-postgres sees.
 const TLS_OPTIONS: TlsOptionNames = TlsOptionNames {
@@ -78,10 +80,12 @@ impl TlsOptions {
 
 /// Splits a `postgres://` URL into the URL tokio-postgres is given (without this crate's
 /// TLS options) and those options, checked.
-pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions)> {
-    let (stripped, options) = split_tls_options(url, TLS_OPTIONS, SslMode::parse)?;
+/// The pooler options (`super::pooler`) are taken out too.
+pub(crate) fn split_url(url: &str) -> Result<(String, TlsOptions, Pooler)> {
+    let (url, pooler) = Pooler::take(url)?;
+    let (stripped, options) = split_tls_options(&url, TLS_OPTIONS, SslMode::parse)?;
     check(&options)?;
-    Ok((stripped, options))
+    Ok((stripped, options, pooler))
 }
 
 /// Checks the options against each other and against this build's features.
@@ -214,6 +218,8 @@ pub(crate) struct Connector {
     /// What the last failed connection meant, until one succeeds: the pool's errors lose
     /// their source on the way through diesel.
     last_failure: StdMutex<Option<TlsFailure>>,
+    /// What the URL says of a pooler in front of the server.
+    pooler: Pooler,
 }
 
 impl fmt::Debug for Connector {
@@ -228,7 +234,7 @@ impl Connector {
     /// Parses `url` (already checked by the URL parser) and builds its TLS configuration,
     /// reading the certificate files.
     pub(crate) fn new(url: &str) -> Result<Connector> {
-        let (stripped, options) = split_url(url)?;
+        let (stripped, options, pooler) = split_url(url)?;
         let mut config = stripped.parse::<tokio_postgres::Config>().map_err(|e| {
             Error::config(
                 "url",
@@ -248,7 +254,13 @@ impl Connector {
             config,
             tls,
             last_failure: StdMutex::new(None),
+            pooler,
         })
+    }
+
+    /// What the URL says of a pooler in front of the server.
+    pub(crate) fn pooler(&self) -> &Pooler {
+        &self.pooler
     }
 
     /// Opens a connection (its driver is the caller's to run).
@@ -454,7 +466,10 @@ pub(crate) fn check_url(url: &str) -> Result<()> {
         ))
     };
     // The TLS options are this crate's (tokio-postgres knows only some of them).
-    let (stripped, _) = split_url(url)?;
+    let (stripped, _, pooler) = split_url(url)?;
+    if let Some(direct) = &pooler.direct_url {
+        check_url(direct)?;
+    }
     let config = match stripped.parse::<tokio_postgres::Config>() {
         Ok(c) => c,
         Err(e) => {
@@ -492,7 +507,7 @@ mod tests {
         // Without the `tls` feature, verify-full is refused (see the test below).
         #[cfg(feature = "tls")]
         {
-            let (url, o) = split_url(
+            let (url, o, _) = split_url(
             "postgres://u:pw@h/db?application_name=x&sslmode=verify-full&sslrootcert=/a%20b/ca.pem&connect_timeout=3",
         )
         .map_err(field)
@@ -504,12 +519,18 @@ mod tests {
             assert_eq!(o.mode, Some(SslMode::VerifyFull));
             assert_eq!(o.ca, Some(std::path::PathBuf::from("/a b/ca.pem")));
         }
-        let (url, o) = split_url("postgres://h/db?sslmode=disable").expect("valid");
+        let (url, o, _) = split_url("postgres://h/db?sslmode=disable").expect("valid");
         assert_eq!(url, "postgres://h/db");
         assert_eq!(o.mode(), SslMode::Disable);
-        let (url, o) = split_url("postgres://h/db").expect("valid");
+        let (url, o, _) = split_url("postgres://h/db").expect("valid");
         assert_eq!(url, "postgres://h/db");
         assert_eq!(o.mode(), SslMode::Prefer);
+        let (url, o, p) =
+            split_url("postgres://h:6432/db?simba_pooler=transaction&sslmode=disable")
+                .expect("valid");
+        assert_eq!(url, "postgres://h:6432/db");
+        assert_eq!(o.mode(), SslMode::Disable);
+        assert!(p.transaction);
     }
 
     #[test]

@@ -4,6 +4,12 @@
 //! every statement anew on every call.) Any failure, or a call cut off halfway, retires its
 //! connection; the next call opens a new one.
 //!
+//! Behind a transaction pooler (`super::pooler`) nothing is prepared by name: each
+//! statement goes unnamed with its arguments' types (still one round trip), and every call
+//! of the store runs here: single statements on the shared connections, everything that
+//! would have run on the pool (a semaphore's transaction among them) on a connection the
+//! call has to itself ([`Fast::exclusive`], at most the pool size at once).
+//!
 //! One connection carries the statements of a store at ordinary loads. Every acquisition
 //! commits, and a commit waits for its WAL flush: statements pipelined on one connection
 //! commit one after another, each with a flush of its own. So when every open connection
@@ -22,7 +28,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 use tracing::debug;
 
@@ -89,16 +95,36 @@ fn failed(e: tokio_postgres::Error) -> DieselError {
 /// The connections of a store, opened on use.
 pub(crate) struct Fast {
     pg: Arc<Connector>,
-    setup: String,
+    /// Each new connection's session setting; none behind a transaction pooler, which
+    /// would give it to whichever client gets that server connection next.
+    setup: Option<String>,
+    /// Behind a transaction pooler (`super::pooler`): no statement is prepared by name.
+    unnamed: bool,
     conns: tokio::sync::Mutex<Vec<Arc<FastConn>>>,
+    /// The idle connections of calls that have one to themselves ([`Fast::exclusive`]).
+    idle: Idle,
+    /// At most the pool size of those at once.
+    own: Arc<tokio::sync::Semaphore>,
 }
 
+type Idle = Arc<StdMutex<Vec<Arc<FastConn>>>>;
+
 impl Fast {
-    pub(crate) fn new(pg: Arc<Connector>, statement_timeout: Duration) -> Self {
+    /// `own`: how many calls may have a connection to themselves at once.
+    pub(crate) fn new(
+        pg: Arc<Connector>,
+        statement_timeout: Duration,
+        unnamed: bool,
+        own: usize,
+    ) -> Self {
         Fast {
             pg,
-            setup: format!("SET statement_timeout = {}", statement_timeout.as_millis()),
+            setup: (!unnamed)
+                .then(|| format!("SET statement_timeout = {}", statement_timeout.as_millis())),
+            unnamed,
             conns: tokio::sync::Mutex::new(Vec::new()),
+            idle: Arc::default(),
+            own: Arc::new(tokio::sync::Semaphore::new(own.max(1))),
         }
     }
 
@@ -116,8 +142,40 @@ impl Fast {
         if let Some(c) = least
             && (c.in_flight.load(Ordering::Relaxed) < BUSY || conns.len() >= MAX_CONNS)
         {
-            return Ok(Handle::new(c));
+            return Ok(Handle::new(c, self.unnamed));
         }
+        let c = self.open().await?;
+        conns.push(c.clone());
+        Ok(Handle::new(c, self.unnamed))
+    }
+
+    /// A connection no other call uses until this call's handle is dropped: for a
+    /// transaction, or any call behind a transaction pooler that would otherwise run on
+    /// a pooled diesel connection (which prepares by name). Idle ones are kept for the
+    /// next call.
+    pub(crate) async fn exclusive(&self) -> Result<Handle, HandleError> {
+        let place = self
+            .own
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| HandleError::Closed)?;
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.retain(|c| c.usable());
+            idle.pop()
+        };
+        let conn = match idle {
+            Some(c) => c,
+            None => self.open().await?,
+        };
+        let mut handle = Handle::new(conn, self.unnamed);
+        handle.back = Some((self.idle.clone(), place));
+        Ok(handle)
+    }
+
+    /// A new connection, its driver running and its setup done.
+    async fn open(&self) -> Result<Arc<FastConn>, HandleError> {
         let (client, connection) = self.pg.connect().await?;
         let driver = tokio::spawn(async move {
             let _ = connection.await;
@@ -129,9 +187,10 @@ impl Fast {
             in_flight: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
         });
-        c.client.batch_execute(&self.setup).await?;
-        conns.push(c.clone());
-        Ok(Handle::new(c))
+        if let Some(setup) = &self.setup {
+            c.client.batch_execute(setup).await?;
+        }
+        Ok(c)
     }
 }
 
@@ -147,6 +206,9 @@ pub(crate) enum HandleError {
     /// A statement could not be prepared.
     #[error(transparent)]
     Prepare(#[from] diesel::result::Error),
+    /// The store is being dropped.
+    #[error("the store is closing")]
+    Closed,
 }
 
 /// The most payloads one NOTIFY statement carries.
@@ -233,15 +295,20 @@ impl Notifier {
 
 /// One statement that sends every payload of `payloads` on `channel`.
 async fn notify_all(fast: &Fast, channel: &str, payloads: &[String]) -> Result<(), HandleError> {
+    const SQL: &str = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p";
     let handle = fast.handle().await?;
-    let st = handle
-        .statement("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
-        .await?;
-    handle
-        .conn
-        .client
-        .execute(&st, &[&channel, &payloads])
-        .await?;
+    let client = &handle.conn.client;
+    if handle.unnamed {
+        client
+            .execute_typed(
+                SQL,
+                &[(&channel, Type::TEXT), (&payloads, Type::TEXT_ARRAY)],
+            )
+            .await?;
+    } else {
+        let st = handle.statement(SQL).await?;
+        client.execute(&st, &[&channel, &payloads]).await?;
+    }
     handle.finish();
     Ok(())
 }
@@ -250,20 +317,33 @@ async fn notify_all(fast: &Fast, channel: &str, payloads: &[String]) -> Result<(
 pub(crate) struct Handle {
     conn: Arc<FastConn>,
     finished: bool,
+    /// No statement prepared by name (`Fast::unnamed`).
+    unnamed: bool,
+    /// A handle of [`Fast::exclusive`]: the idle list its connection goes back to, and its
+    /// place among those handles.
+    back: Option<(Idle, tokio::sync::OwnedSemaphorePermit)>,
 }
 
 impl Handle {
-    fn new(conn: Arc<FastConn>) -> Handle {
+    fn new(conn: Arc<FastConn>, unnamed: bool) -> Handle {
         conn.in_flight.fetch_add(1, Ordering::Relaxed);
         Handle {
             conn,
             finished: false,
+            unnamed,
+            back: None,
         }
     }
 
     /// The call got its answer: the connection is in a known state.
     pub(crate) fn finish(mut self) {
         self.finished = true;
+    }
+
+    /// Whether the connection is closed (the server, or a pooler, went away): a call that
+    /// failed on it may be tried again on a new one.
+    pub(crate) fn closed(&self) -> bool {
+        self.conn.client.is_closed()
     }
 }
 
@@ -273,6 +353,13 @@ impl Drop for Handle {
         if !self.finished {
             // Failed, or cut off halfway: the next call opens a new connection.
             self.conn.retired.store(true, Ordering::Relaxed);
+        }
+        if let Some((idle, _place)) = self.back.take()
+            && self.conn.usable()
+        {
+            idle.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.conn.clone());
         }
     }
 }
@@ -300,36 +387,61 @@ impl Handle {
 }
 
 impl Handle {
-    /// Runs `sql` as sent (no prepared statement) and maps each row with `row`.
+    /// The rows of `sql` with `args`: prepared once per connection when `cached`, else
+    /// prepared for this call only; behind a transaction pooler sent unnamed with the
+    /// arguments' types instead (parsed, bound and run in one round trip, nothing left on
+    /// the server connection).
+    async fn rows(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        cached: bool,
+    ) -> QueryResult<Vec<tokio_postgres::Row>> {
+        let client = &self.conn.client;
+        let rows = if self.unnamed {
+            client.query_typed(sql, &typed(args)).await
+        } else if cached {
+            let st = self.statement(sql).await?;
+            client.query(&st, &params(args)).await
+        } else {
+            client.query(sql, &params(args)).await
+        };
+        rows.map_err(failed)
+    }
+
+    /// Runs `sql` with `args` as [`Handle::rows`] does: the rows it changed.
+    async fn execute(&self, sql: &str, args: &[Arg<'_>], cached: bool) -> QueryResult<usize> {
+        let client = &self.conn.client;
+        let n = if self.unnamed {
+            client.execute_typed(sql, &typed(args)).await
+        } else if cached {
+            let st = self.statement(sql).await?;
+            client.execute(&st, &params(args)).await
+        } else {
+            client.execute(sql, &params(args)).await
+        };
+        Ok(usize::try_from(n.map_err(failed)?).unwrap_or(usize::MAX))
+    }
+
+    /// Runs `sql` uncached and maps each row with `row`.
     async fn unprepared<T>(
         &mut self,
         sql: &str,
         args: &[Arg<'_>],
         row: impl Fn(&tokio_postgres::Row) -> QueryResult<T>,
     ) -> QueryResult<Vec<T>> {
-        let rows = self
-            .conn
-            .client
-            .query(sql, &params(args))
-            .await
-            .map_err(failed)?;
-        rows.iter().map(row).collect()
+        self.rows(sql, args, false).await?.iter().map(row).collect()
     }
+}
 
-    /// Runs `statement` (prepared, or text prepared unnamed for this call) with `args`:
-    /// the rows it changed.
-    async fn execute<T>(&self, statement: &T, args: &[Arg<'_>]) -> QueryResult<usize>
-    where
-        T: tokio_postgres::ToStatement + ?Sized + Sync,
-    {
-        let n = self
-            .conn
-            .client
-            .execute(statement, &params(args))
-            .await
-            .map_err(failed)?;
-        Ok(usize::try_from(n).unwrap_or(usize::MAX))
-    }
+/// The arguments with their types, as the diesel connections bind them (`BIGINT`, `TEXT`).
+fn typed<'a>(args: &'a [Arg<'a>]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    args.iter()
+        .map(|a| match a {
+            Arg::Text(s) => (s as &(dyn ToSql + Sync), Type::TEXT),
+            Arg::Int(i) => (i as &(dyn ToSql + Sync), Type::INT8),
+        })
+        .collect()
 }
 
 fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
@@ -357,10 +469,7 @@ impl SqlConn for Handle {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
-        async move {
-            let st = self.statement(sql).await?;
-            self.execute(&st, args).await
-        }
+        self.execute(sql, args, true)
     }
 
     /// Not prepared nor cached: the text changes from call to call.
@@ -369,7 +478,7 @@ impl SqlConn for Handle {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<usize>> + Send + 'a {
-        self.execute(sql, args)
+        self.execute(sql, args, false)
     }
 
     fn load_owner<'a>(
@@ -378,13 +487,7 @@ impl SqlConn for Handle {
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<OwnerRow>>> + Send + 'a {
         async move {
-            let st = self.statement(sql).await?;
-            let rows = self
-                .conn
-                .client
-                .query(&st, &params(args))
-                .await
-                .map_err(failed)?;
+            let rows = self.rows(sql, args, true).await?;
             rows.iter()
                 .map(|r| {
                     Ok(OwnerRow {
@@ -452,7 +555,8 @@ impl SqlConn for Handle {
         })
     }
 
-    /// Not prepared nor cached (semaphores run on the pool, not here).
+    /// Not prepared nor cached (semaphores run on the pool, or behind a transaction pooler
+    /// on an exclusive handle).
     fn load_permits<'a>(
         &'a mut self,
         sql: &'a str,

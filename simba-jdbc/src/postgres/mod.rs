@@ -1,11 +1,12 @@
 //! PostgreSQL: the one connector of a store (the URL's TLS options), its pool, its fast
-//! path for the statements of a handoff, its push (LISTEN/NOTIFY) and its native lock
-//! (advisory locks).
+//! path for the statements of a handoff, its push (LISTEN/NOTIFY), its native lock
+//! (advisory locks), and what changes behind a connection pooler ([`pooler`]).
 
 pub(crate) mod connect;
 mod fast;
 mod listen;
 pub(crate) mod lock;
+pub(crate) mod pooler;
 
 use std::sync::Arc;
 
@@ -34,7 +35,14 @@ pub(crate) struct Store {
     pub(crate) renew: Option<DeadPool<AsyncPgConnection>>,
     /// Opens every connection of the store (TLS set up once).
     pub(crate) pg: Arc<Connector>,
-    pub(crate) listener: Listener,
+    /// Opens the sessions of the native wait queue: the URL's, or behind a transaction
+    /// pooler the direct URL's (none without one: waiters queue in this process only).
+    pub(crate) native: Option<Arc<Connector>>,
+    /// Behind a transaction pooler (`simba_pooler=transaction`): every call on the fast
+    /// path's connections, none on the pool.
+    pub(crate) pooled: bool,
+    /// The LISTEN side (none behind a transaction pooler without a direct URL).
+    pub(crate) listener: Option<Listener>,
     /// Prepared statements for acquire and release.
     pub(crate) fast: Arc<Fast>,
     /// The NOTIFYs of the store's changes, sent after they commit.
@@ -45,6 +53,12 @@ impl Store {
     /// The connector, pool, listener and fast path of a store on `url` (no I/O).
     pub(crate) fn new(url: &str, config: &SqlConfig, channel: &str) -> Result<Store> {
         let pg = Arc::new(Connector::new(url)?);
+        let pooled = pg.pooler().transaction;
+        let native = match &pg.pooler().direct_url {
+            Some(direct) => Some(Arc::new(Connector::new(direct)?)),
+            None if pooled => None,
+            None => Some(pg.clone()),
+        };
         let size = config.pool_size();
         let timeout = config.statement_timeout();
         let setup = format!("SET statement_timeout = {}", timeout.as_millis());
@@ -73,13 +87,17 @@ impl Store {
                 .build()
                 .map_err(|e| pool_error(Backend::Postgres, e))
         })?;
-        let listener = Listener::new(pg.clone(), channel.to_owned(), timeout);
-        let fast = Arc::new(Fast::new(pg.clone(), timeout));
+        let listener = native
+            .as_ref()
+            .map(|n| Listener::new(n.clone(), channel.to_owned(), timeout));
+        let fast = Arc::new(Fast::new(pg.clone(), timeout, pooled, size));
         let notifier = Notifier::new(fast.clone(), channel.to_owned(), timeout);
         Ok(Store {
             pool,
             renew,
             pg,
+            native,
+            pooled,
             listener,
             fast,
             notifier,

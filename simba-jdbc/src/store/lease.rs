@@ -12,13 +12,21 @@ pub(super) fn foreign_owner(row: &OwnerRow) -> Option<String> {
         .then(|| owner.to_owned())
 }
 
-/// Reads `mutex`'s row every [`SqlConfig::foreign_poll`] while `owner` (a foreign owner) holds it and
-/// a local contender waits, and wakes one waiter once `owner` no longer owns it (the one
-/// holding the native lock, else the first queued, which may take a row the JVM library
-/// released without the lock: such a release leaves `transition_at = 0`, past any grace).
-/// One watcher per mutex and store; it ends with the foreign ownership, when nobody here
-/// waits any more, or with the store.
-pub(super) fn watch_foreign(inner: &Arc<Inner>, mutex: &str, owner: String) {
+/// Reads `mutex`'s row while `owner` holds it and a local contender waits, and wakes one
+/// waiter once `owner` no longer owns it (the one holding the native lock, else the first
+/// queued). Two kinds of owner are watched:
+///
+/// - a foreign owner (every [`SqlConfig::foreign_poll`]): a JVM Simba contender, which
+///   takes and releases the row outside simba's native queue; the waiter woken may take a
+///   row the JVM library released without the lock (such a release leaves
+///   `transition_at = 0`, past any grace);
+/// - any owner in another process when nothing tells this store of a release
+///   ([`Dialect::polls_owner`]: PostgreSQL behind a transaction pooler without a direct
+///   URL), first after the shorter interval, then twice as long each time up to the longer.
+///
+/// One watcher per mutex and store; it ends with that ownership, when nobody here waits
+/// any more, or with the store.
+pub(super) fn watch_owner(inner: &Arc<Inner>, mutex: &str, owner: String, every: Every) {
     {
         let mut watched = inner.foreign.lock().unwrap_or_else(|p| p.into_inner());
         if !watched.insert(mutex.to_owned()) {
@@ -27,16 +35,18 @@ pub(super) fn watch_foreign(inner: &Arc<Inner>, mutex: &str, owner: String) {
     }
     debug!(
         mutex,
-        owner, "an owner outside simba's queue: reading its row until it goes"
+        owner, "an owner whose release nothing announces: reading its row until it goes"
     );
     let weak = Arc::downgrade(inner);
     let mutex = mutex.to_owned();
     tokio::spawn(async move {
+        let mut pause = None;
         loop {
-            let Some(every) = weak.upgrade().map(|i| i.config.foreign_poll()) else {
+            let Some(next) = weak.upgrade().map(|i| every.pause(pause, &i.config)) else {
                 return;
             };
-            tokio::time::sleep(every).await;
+            pause = Some(next);
+            tokio::time::sleep(next).await;
             let Some(inner) = weak.upgrade() else {
                 return;
             };
@@ -67,6 +77,25 @@ pub(super) fn watch_foreign(inner: &Arc<Inner>, mutex: &str, owner: String) {
                 .remove(&mutex);
         }
     });
+}
+
+/// How often [`watch_owner`] reads the row.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Every {
+    /// [`SqlConfig::foreign_poll`], read anew each time.
+    Foreign,
+    /// From the first interval, doubling, up to the second.
+    Rising(Duration, Duration),
+}
+
+impl Every {
+    /// The pause before the next read, `last` the one before the last read.
+    fn pause(self, last: Option<Duration>, config: &SqlConfig) -> Duration {
+        match self {
+            Every::Foreign => config.foreign_poll(),
+            Every::Rising(min, max) => last.map_or(min, |l| l.saturating_mul(2).min(max)),
+        }
+    }
 }
 
 /// How long a contender waits before it looks again at a row that a running job keeps
@@ -160,7 +189,13 @@ impl LeaseStore for SqlStore {
                 && !owns
                 && reply.owner.owner_id == foreign
             {
-                watch_foreign(&self.inner, mutex, foreign);
+                watch_owner(&self.inner, mutex, foreign, Every::Foreign);
+            } else if let Some((min, max)) = inner.dialect.polls_owner()
+                && !owns
+                && !reply.owner.owner_id.is_empty()
+            {
+                let owner = reply.owner.owner_id.clone();
+                watch_owner(&self.inner, mutex, owner, Every::Rising(min, max));
             }
             // SQLite stores any integer whatever the declared type: a narrow `version` is
             // checked here (MySQL and PostgreSQL refuse the write themselves).
