@@ -8,7 +8,8 @@
 #                                 # fails on leftover containers
 #   scripts/containers.sh clean   # remove containers and networks labelled simba.test (leftovers)
 #
-# The images (simba/redis, simba/mariadb, simba/postgres, simba/zookeeper, simba/etcd, tag $TAG) are
+# The images (simba/redis, simba/mariadb, simba/postgres, simba/zookeeper, simba/etcd,
+# simba/pgbouncer: PostgreSQL and PgBouncer in one; tag $TAG) are
 # built from Debian bookworm's packages with the Dockerfiles under docker/. Their base is
 # debian:bookworm-slim when the Docker engine can pull it; otherwise this script makes
 # simba/debian:bookworm itself with debootstrap from the Debian mirror apt uses on this
@@ -32,7 +33,7 @@ export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 DOCKER=${DOCKER:-docker}
 TAG=bookworm
-SERVICES=(redis mariadb postgres zookeeper etcd)
+SERVICES=(redis mariadb postgres zookeeper etcd pgbouncer)
 LOCAL_BASE=simba/debian:$TAG
 PULL_BASE=debian:bookworm-slim
 # Changing how the debootstrap base is made: bump this to rebuild it.
@@ -234,7 +235,8 @@ cmd_test() {
   start=$(now)
   export SIMBA_TEST_SERVERS=containers
   # A server given by URL would win over containers: these runs are about containers.
-  unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER SIMBA_TEST_ETCD_URL
+  unset SIMBA_TEST_REDIS_URL SIMBA_TEST_MYSQL_URL SIMBA_TEST_POSTGRES_URL SIMBA_TEST_ZOOKEEPER SIMBA_TEST_ETCD_URL \
+    SIMBA_TEST_PGBOUNCER_URL SIMBA_TEST_PGBOUNCER_SESSION_URL SIMBA_TEST_PGBOUNCER_DIRECT_URL
   # One run over the whole workspace with the feature on: the same build as the test
   # command's (scripts/test.sh), so nothing is compiled twice; the filter picks the kit's
   # container tests (the ZooKeeper ensemble and the etcd cluster among them), simba-chaos's

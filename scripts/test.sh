@@ -66,6 +66,8 @@ command -v redis-server >/dev/null || need_install+=(redis-server)
 command -v mariadbd >/dev/null || command -v mysqld >/dev/null || need_install+=(mariadb-server)
 { [ -f /usr/share/java/zookeeper.jar ] || ls /usr/share/java/zookeeper-*.jar >/dev/null 2>&1; } || need_install+=(zookeeper)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
+# PgBouncer in front of the kit's PostgreSQL (simba-jdbc's pooler mode).
+{ command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; } || need_install+=(pgbouncer)
 command -v java >/dev/null || need_install+=(default-jre-headless)
 command -v etcd >/dev/null || need_install+=(etcd-server)
 # etcdctl: the kit's own test of its etcd servers.
@@ -89,7 +91,8 @@ if [ ${#need_install[@]} -gt 0 ] && [ -z "${SIMBA_SKIP_INSTALL:-}" ]; then
     [ -n "$made_policy" ] && rm -f /usr/sbin/policy-rc.d
   else
     echo "missing: ${need_install[*]}. Run as root, or: sudo apt-get install ${need_install[*]}" >&2
-    echo "(or point SIMBA_TEST_REDIS_URL / SIMBA_TEST_MYSQL_URL / SIMBA_TEST_POSTGRES_URL / SIMBA_TEST_ZOOKEEPER / SIMBA_TEST_ETCD_URL at servers)" >&2
+    echo "(or point SIMBA_TEST_REDIS_URL / SIMBA_TEST_MYSQL_URL / SIMBA_TEST_POSTGRES_URL / SIMBA_TEST_ZOOKEEPER / SIMBA_TEST_ETCD_URL /" >&2
+    echo " SIMBA_TEST_PGBOUNCER_URL + SIMBA_TEST_PGBOUNCER_SESSION_URL + SIMBA_TEST_PGBOUNCER_DIRECT_URL at servers)" >&2
     exit 1
   fi
 fi

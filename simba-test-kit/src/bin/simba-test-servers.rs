@@ -1,7 +1,8 @@
 //! Starts one private Redis, MariaDB, PostgreSQL, ZooKeeper and etcd from the locally installed
-//! binaries, writes their `SIMBA_TEST_*` variables to a file (or stdout), then a `READY`
-//! line, and keeps them until SIGTERM / SIGINT. `scripts/test.sh` shares them among all
-//! test processes this way.
+//! binaries, and two PgBouncers (transaction and session mode) in front of that PostgreSQL,
+//! writes their `SIMBA_TEST_*` variables to a file (or stdout), then a `READY` line, and
+//! keeps them until SIGTERM / SIGINT. `scripts/test.sh` shares them among all test processes
+//! this way.
 //!
 //! With `--redis-sentinel` it starts instead a Redis primary, a replica and three
 //! sentinels, and writes `SIMBA_TEST_REDIS_SENTINEL_URL` (for `simba bench` against
@@ -13,8 +14,9 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use simba_test_kit::servers::{self, ServerKind};
+use simba_test_kit::servers::{self, PGBOUNCER_DIRECT_URL_ENV, PoolMode, ServerKind};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -58,7 +60,7 @@ async fn main() -> ExitCode {
         match r {
             Ok(s) => {
                 lines.push_str(&format!("{}={}\n", kind.env_var(), s.url()));
-                held.push(s);
+                held.push(Arc::new(s));
             }
             Err(e) => {
                 eprintln!("simba-test-servers: {kind}: {e}");
@@ -66,8 +68,29 @@ async fn main() -> ExitCode {
             }
         }
     }
+    // PgBouncer in each mode in front of the PostgreSQL above.
+    let Some(postgres) = held.iter().find(|s| s.kind() == ServerKind::Postgres) else {
+        eprintln!("simba-test-servers: no PostgreSQL among the servers started");
+        return ExitCode::FAILURE;
+    };
+    let postgres = Arc::clone(postgres);
+    lines.push_str(&format!("{PGBOUNCER_DIRECT_URL_ENV}={}\n", postgres.url()));
+    let mut poolers = Vec::new();
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        match servers::pgbouncer_in_front_of(Arc::clone(&postgres), mode).await {
+            Ok(p) => {
+                lines.push_str(&format!("{}={}\n", mode.env_var(), p.url()));
+                poolers.push(p);
+            }
+            Err(e) => {
+                eprintln!("simba-test-servers: PgBouncer ({}): {e}", mode.as_str());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     lines.push_str("READY\n");
-    serve(env_file.as_deref(), &lines, held).await
+    // The poolers first: each stops its PgBouncer before the PostgreSQL goes.
+    serve(env_file.as_deref(), &lines, (poolers, held)).await
 }
 
 fn usage() -> ExitCode {

@@ -1,5 +1,6 @@
 //! Test servers in containers (feature `containers`): the images `simba/redis`,
-//! `simba/mariadb`, `simba/postgres` and `simba/zookeeper` (tag [`IMAGE_TAG`]) that
+//! `simba/mariadb`, `simba/postgres`, `simba/zookeeper`, `simba/etcd` and `simba/pgbouncer`
+//! (PostgreSQL and PgBouncer in one container; tag [`IMAGE_TAG`]) that
 //! `scripts/containers.sh build` makes from Debian's packages and `docker-compose.yml` uses.
 //!
 //! Every container publishes its port on `127.0.0.1` only (a random host port), carries the
@@ -17,7 +18,10 @@ use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerRequest, GenericImage, ImageExt};
 
-use super::{DATABASE, IMAGE_TAG, Origin, ServerError, ServerKind, TestServer, image_name, probe};
+use super::{
+    DATABASE, IMAGE_TAG, Origin, PoolMode, Pooler, ServerError, ServerKind, TestServer, image_name,
+    probe,
+};
 
 /// The label every test container carries (value `1`).
 pub const LABEL: &str = "simba.test";
@@ -37,12 +41,24 @@ fn internal_port(kind: ServerKind) -> u16 {
     kind.default_port()
 }
 
+/// The ports the container publishes: the server's, and for PgBouncer also that of the
+/// PostgreSQL behind it.
+fn published_ports(kind: ServerKind) -> Vec<u16> {
+    match kind {
+        ServerKind::Pgbouncer => vec![internal_port(kind), internal_port(ServerKind::Postgres)],
+        _ => vec![internal_port(kind)],
+    }
+}
+
 /// The container request for `kind`: our image, its port on 127.0.0.1, the labels, and
 /// the log line its server prints once it accepts connections where the kit's protocol
 /// probe cannot log in (MariaDB's root has a password, the probe sends none).
 fn request(kind: ServerKind) -> ContainerRequest<GenericImage> {
-    let port = internal_port(kind);
-    let mut image = GenericImage::new(image_name(kind), IMAGE_TAG).with_exposed_port(port.tcp());
+    let ports = published_ports(kind);
+    let mut image = GenericImage::new(image_name(kind), IMAGE_TAG);
+    for port in &ports {
+        image = image.with_exposed_port(port.tcp());
+    }
     if kind == ServerKind::Mysql {
         image = image.with_wait_for(WaitFor::message_on_stderr("ready for connections"));
     }
@@ -51,16 +67,23 @@ fn request(kind: ServerKind) -> ContainerRequest<GenericImage> {
         .with_label("simba.test.pid", std::process::id().to_string())
         .with_startup_timeout(STARTUP)
         .with_host_config_modifier(move |host| {
-            // Instead of testcontainers' "publish all ports" on every interface: this port,
-            // on loopback, on a port the engine picks.
+            // Instead of testcontainers' "publish all ports" on every interface: these
+            // ports, on loopback, on ports the engine picks.
             host.publish_all_ports = Some(false);
-            host.port_bindings = Some(HashMap::from([(
-                format!("{port}/tcp"),
-                Some(vec![PortBinding {
-                    host_ip: Some(Ipv4Addr::LOCALHOST.to_string()),
-                    host_port: Some(String::new()),
-                }]),
-            )]));
+            host.port_bindings = Some(
+                ports
+                    .iter()
+                    .map(|port| {
+                        (
+                            format!("{port}/tcp"),
+                            Some(vec![PortBinding {
+                                host_ip: Some(Ipv4Addr::LOCALHOST.to_string()),
+                                host_port: Some(String::new()),
+                            }]),
+                        )
+                    })
+                    .collect::<HashMap<_, _>>(),
+            );
         })
 }
 
@@ -112,38 +135,16 @@ pub(crate) async fn start(kind: ServerKind) -> Result<TestServer, ServerError> {
         .await
         .map_err(|e| failed(format!("container port: {e}")))?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    // The engine's port forwarder accepts connections before the server listens, so a
-    // connection alone proves nothing: the protocol probe must get an answer.
+    // MariaDB's readiness is its log line (see `request`).
     if kind != ServerKind::Mysql {
-        let deadline = Instant::now() + STARTUP;
-        loop {
-            let error = match tokio::time::timeout(Duration::from_secs(2), probe::ready(kind, addr))
-                .await
-            {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) => e,
-                Err(_) => "the readiness probe timed out".to_owned(),
-            };
-            if Instant::now() >= deadline {
-                let logs = container.stderr_to_vec().await.unwrap_or_default();
-                let text = String::from_utf8_lossy(&logs);
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                return Err(ServerError::Start {
-                    kind,
-                    message: format!(
-                        "the container {} at {addr} is not ready after {STARTUP:?}: {error}",
-                        container.id()
-                    ),
-                    log_tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_ready(&container, kind, addr).await?;
     }
     let url = match kind {
         ServerKind::Redis => format!("redis://{addr}"),
         ServerKind::Mysql => format!("mysql://root:{PASSWORD}@{addr}/{DATABASE}"),
-        ServerKind::Postgres => format!("postgres://postgres:{PASSWORD}@{addr}/{DATABASE}"),
+        ServerKind::Postgres | ServerKind::Pgbouncer => {
+            format!("postgres://postgres:{PASSWORD}@{addr}/{DATABASE}")
+        }
         ServerKind::Zookeeper => addr.to_string(),
         ServerKind::Etcd => format!("etcd://{addr}"),
     };
@@ -154,4 +155,72 @@ pub(crate) async fn start(kind: ServerKind) -> Result<TestServer, ServerError> {
         port,
         origin: Origin::Container(Box::new(container)),
     })
+}
+
+/// Polls the protocol probe of `kind` at `addr` until it answers, up to [`STARTUP`]. The
+/// engine's port forwarder accepts connections before the server listens, so a
+/// connection alone proves nothing: the probe must get an answer. (Polling: the kit has
+/// no event for "the server in the container listens"; the bound is generous.)
+async fn wait_ready(
+    container: &testcontainers::ContainerAsync<GenericImage>,
+    kind: ServerKind,
+    addr: SocketAddr,
+) -> Result<(), ServerError> {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let error =
+            match tokio::time::timeout(Duration::from_secs(2), probe::ready(kind, addr)).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => e,
+                Err(_) => "the readiness probe timed out".to_owned(),
+            };
+        if Instant::now() >= deadline {
+            let logs = container.stderr_to_vec().await.unwrap_or_default();
+            let text = String::from_utf8_lossy(&logs);
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            return Err(ServerError::Start {
+                kind,
+                message: format!(
+                    "the container {} at {addr} is not ready after {STARTUP:?}: {error}",
+                    container.id()
+                ),
+                log_tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A container of `simba/pgbouncer` (PostgreSQL and PgBouncer): the [`Pooler`] of `mode`,
+/// whose PgBouncer [`TestServer`] owns the container, and whose PostgreSQL is reached on
+/// the container's second published port.
+///
+/// # Errors
+///
+/// As [`start`].
+pub(crate) async fn start_pooler(mode: PoolMode) -> Result<Pooler, ServerError> {
+    let pooler = start(ServerKind::Pgbouncer).await?;
+    let Origin::Container(container) = &pooler.origin else {
+        return Err(ServerError::Start {
+            kind: ServerKind::Pgbouncer,
+            message: "the PgBouncer container is not a container (an internal error of the kit)"
+                .to_owned(),
+            log_tail: String::new(),
+        });
+    };
+    let port = container
+        .get_host_port_ipv4(internal_port(ServerKind::Postgres))
+        .await
+        .map_err(|e| ServerError::Start {
+            kind: ServerKind::Pgbouncer,
+            message: format!("the container's PostgreSQL port: {e}"),
+            log_tail: String::new(),
+        })?;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    wait_ready(container, ServerKind::Postgres, addr).await?;
+    let postgres = TestServer::external(
+        ServerKind::Postgres,
+        &format!("postgres://postgres:{PASSWORD}@{addr}/{DATABASE}"),
+    )?;
+    Ok(super::pgbouncer::pooler(mode, pooler, postgres))
 }

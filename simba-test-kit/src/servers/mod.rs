@@ -51,6 +51,8 @@ mod ensemble;
 #[cfg(feature = "containers")]
 pub use ensemble::{ENSEMBLE_SIZE, NodeMode, ZkEnsemble};
 #[cfg(feature = "containers")]
+pub use pgbouncer::pgbouncer_container;
+#[cfg(feature = "containers")]
 mod etcd_cluster;
 #[cfg(feature = "containers")]
 pub use etcd_cluster::{CLUSTER_SIZE, EtcdCluster, MemberState};
@@ -67,9 +69,11 @@ pub fn image_name(kind: ServerKind) -> &'static str {
         ServerKind::Postgres => "simba/postgres",
         ServerKind::Zookeeper => "simba/zookeeper",
         ServerKind::Etcd => "simba/etcd",
+        ServerKind::Pgbouncer => "simba/pgbouncer",
     }
 }
 mod mysql;
+mod pgbouncer;
 mod postgres;
 mod probe;
 mod process;
@@ -79,6 +83,10 @@ mod tls;
 mod zookeeper;
 
 pub use cluster::{RedisCluster, redis_cluster, redis_cluster_tls, redis_cluster_with_replicas};
+pub use pgbouncer::{
+    PGBOUNCER_DIRECT_URL_ENV, PGBOUNCER_SESSION_URL_ENV, PGBOUNCER_URL_ENV, PoolMode, Pooler,
+    SESSION_DATABASE, pgbouncer, pgbouncer_in_front_of, pgbouncer_private,
+};
 pub use sentinel::{
     RedisSentinel, SENTINEL_SERVICE, redis_sentinel, redis_sentinel_tls,
     redis_sentinel_with_replicas,
@@ -127,6 +135,9 @@ pub enum ServerKind {
     Zookeeper,
     /// etcd (v3 API).
     Etcd,
+    /// PgBouncer in front of PostgreSQL (see [`pgbouncer`]; its clients speak PostgreSQL's
+    /// protocol).
+    Pgbouncer,
 }
 
 impl ServerKind {
@@ -138,6 +149,7 @@ impl ServerKind {
             Self::Postgres => POSTGRES_URL_ENV,
             Self::Zookeeper => ZOOKEEPER_ENV,
             Self::Etcd => ETCD_URL_ENV,
+            Self::Pgbouncer => PGBOUNCER_URL_ENV,
         }
     }
 
@@ -149,6 +161,7 @@ impl ServerKind {
             Self::Postgres => 5432,
             Self::Zookeeper => 2181,
             Self::Etcd => 2379,
+            Self::Pgbouncer => 6432,
         }
     }
 
@@ -160,6 +173,7 @@ impl ServerKind {
             Self::Postgres => "postgres://postgres@127.0.0.1:5432/simba",
             Self::Zookeeper => "127.0.0.1:2181",
             Self::Etcd => "etcd://127.0.0.1:2379",
+            Self::Pgbouncer => "postgres://postgres@127.0.0.1:6432/simba",
         }
     }
 
@@ -171,6 +185,7 @@ impl ServerKind {
             Self::Postgres => "postgresql",
             Self::Zookeeper => "zookeeper",
             Self::Etcd => "etcd-server",
+            Self::Pgbouncer => "pgbouncer",
         }
     }
 }
@@ -183,6 +198,7 @@ impl fmt::Display for ServerKind {
             Self::Postgres => "PostgreSQL",
             Self::Zookeeper => "ZooKeeper",
             Self::Etcd => "etcd",
+            Self::Pgbouncer => "PgBouncer",
         })
     }
 }
@@ -619,6 +635,10 @@ pub async fn zookeeper_private() -> Result<TestServer, ServerError> {
 }
 
 /// A server of `kind`, resolved as described in the [module documentation](self).
+///
+/// For [`ServerKind::Pgbouncer`] only its environment variable or a container gives a
+/// server this way (the container's PgBouncer, in transaction mode, owns the container);
+/// use [`pgbouncer`] for one with its PostgreSQL.
 pub async fn server(kind: ServerKind) -> Result<TestServer, ServerError> {
     resolve(kind).await
 }
@@ -643,7 +663,13 @@ pub async fn container(kind: ServerKind) -> Result<TestServer, ServerError> {
 }
 
 /// A private local instance of `kind`; see [`redis_private`].
+///
+/// PgBouncer needs a PostgreSQL and a pool mode: for [`ServerKind::Pgbouncer`] use
+/// [`pgbouncer_private`] (this returns [`ServerError::Unavailable`] saying so).
 pub async fn private(kind: ServerKind) -> Result<TestServer, ServerError> {
+    if kind == ServerKind::Pgbouncer {
+        return Err(pgbouncer::needs_postgres());
+    }
     let flavor = process::Flavor::detect(kind).map_err(|e| e.with_advice(true))?;
     Ok(TestServer::from_local(LocalServer::create(flavor).await?))
 }
@@ -690,6 +716,9 @@ async fn resolve(kind: ServerKind) -> Result<TestServer, ServerError> {
     if selection == Selection::Containers {
         return from_container(kind).await;
     }
+    if kind == ServerKind::Pgbouncer {
+        return Err(pgbouncer::needs_postgres());
+    }
     let missing = match process::Flavor::detect(kind) {
         Ok(flavor) => return Ok(TestServer::from_local(LocalServer::create(flavor).await?)),
         Err(missing) => missing.with_advice(false),
@@ -720,13 +749,19 @@ async fn from_container(kind: ServerKind) -> Result<TestServer, ServerError> {
 /// Without the feature `containers` there are no containers: an error that says so.
 #[cfg(not(feature = "containers"))]
 async fn from_container(kind: ServerKind) -> Result<TestServer, ServerError> {
-    Err(ServerError::Unavailable {
+    Err(no_containers(kind))
+}
+
+/// The error of [`SERVERS_ENV`]`=containers` without the feature `containers`.
+#[cfg(not(feature = "containers"))]
+fn no_containers(kind: ServerKind) -> ServerError {
+    ServerError::Unavailable {
         kind,
         hint: format!(
             "{SERVERS_ENV}=containers, but simba-test-kit was built without its feature \
              `containers`: add `--features simba-test-kit/containers` to the cargo command"
         ),
-    })
+    }
 }
 
 /// The server named by `kind`'s environment variable, if it is set and not empty.
@@ -832,6 +867,7 @@ mod compose_tests {
             ServerKind::Postgres,
             ServerKind::Zookeeper,
             ServerKind::Etcd,
+            ServerKind::Pgbouncer,
         ];
         let expected: Vec<String> = kinds
             .iter()

@@ -28,6 +28,9 @@ pub(crate) async fn ready(kind: ServerKind, addr: SocketAddr) -> Result<(), Stri
             }
         }
         ServerKind::Etcd => etcd_health(addr).await,
+        // The admin console answers without a server connection: PgBouncer is ready
+        // whether or not the PostgreSQL behind it is.
+        ServerKind::Pgbouncer => postgres_startup(addr, "postgres", "pgbouncer").await,
     }
 }
 

@@ -16,7 +16,8 @@ use tempfile::TempDir;
 use tokio::sync::Mutex;
 
 use super::{
-    READY_TIMEOUT, ServerError, ServerKind, etcd, mysql, postgres, probe, redis, zookeeper,
+    READY_TIMEOUT, ServerError, ServerKind, etcd, mysql, pgbouncer, postgres, probe, redis,
+    zookeeper,
 };
 
 /// How to run one kind of server, with the binaries found on this machine.
@@ -27,6 +28,8 @@ pub(crate) enum Flavor {
     Postgres(postgres::Postgres),
     Zookeeper(zookeeper::Zookeeper),
     Etcd(etcd::Etcd),
+    /// PgBouncer in front of a PostgreSQL (made by `servers::pgbouncer`, not detected).
+    Pgbouncer(pgbouncer::Pgbouncer),
 }
 
 impl Flavor {
@@ -38,6 +41,7 @@ impl Flavor {
             ServerKind::Postgres => Self::Postgres(postgres::Postgres::detect()?),
             ServerKind::Zookeeper => Self::Zookeeper(zookeeper::Zookeeper::detect()?),
             ServerKind::Etcd => Self::Etcd(etcd::Etcd::detect()?),
+            ServerKind::Pgbouncer => return Err(pgbouncer::needs_postgres()),
         })
     }
 
@@ -48,6 +52,7 @@ impl Flavor {
             Self::Postgres(_) => ServerKind::Postgres,
             Self::Zookeeper(_) => ServerKind::Zookeeper,
             Self::Etcd(_) => ServerKind::Etcd,
+            Self::Pgbouncer(_) => ServerKind::Pgbouncer,
         }
     }
 
@@ -59,6 +64,7 @@ impl Flavor {
             Self::Postgres(p) => p.prepare(dir).await,
             Self::Zookeeper(z) => z.prepare(dir).await,
             Self::Etcd(e) => e.prepare(dir).await,
+            Self::Pgbouncer(b) => b.prepare(dir).await,
         }
     }
 
@@ -71,6 +77,7 @@ impl Flavor {
             Self::Postgres(p) => Ok(p.command(dir, port)),
             Self::Zookeeper(z) => z.command(dir, port),
             Self::Etcd(e) => e.command(dir, port),
+            Self::Pgbouncer(b) => b.command(dir, port),
         }
     }
 
@@ -88,7 +95,7 @@ impl Flavor {
         match self.kind() {
             ServerKind::Redis => format!("redis://127.0.0.1:{port}"),
             ServerKind::Mysql => format!("mysql://root@127.0.0.1:{port}/{}", super::DATABASE),
-            ServerKind::Postgres => {
+            ServerKind::Postgres | ServerKind::Pgbouncer => {
                 format!("postgres://postgres@127.0.0.1:{port}/{}", super::DATABASE)
             }
             ServerKind::Zookeeper => format!("127.0.0.1:{port}"),
@@ -559,6 +566,7 @@ fn short_name(kind: ServerKind) -> &'static str {
         ServerKind::Postgres => "postgres",
         ServerKind::Zookeeper => "zookeeper",
         ServerKind::Etcd => "etcd",
+        ServerKind::Pgbouncer => "pgbouncer",
     }
 }
 
