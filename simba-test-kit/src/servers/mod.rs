@@ -85,7 +85,8 @@ mod zookeeper;
 pub use cluster::{RedisCluster, redis_cluster, redis_cluster_tls, redis_cluster_with_replicas};
 pub use pgbouncer::{
     PGBOUNCER_DIRECT_URL_ENV, PGBOUNCER_SESSION_URL_ENV, PGBOUNCER_URL_ENV, PoolMode, Pooler,
-    SESSION_DATABASE, pgbouncer, pgbouncer_in_front_of, pgbouncer_private,
+    SESSION_DATABASE, SESSION_POOL_SIZE, TRANSACTION_POOL_SIZE, pgbouncer, pgbouncer_in_front_of,
+    pgbouncer_private,
 };
 pub use sentinel::{
     RedisSentinel, SENTINEL_SERVICE, redis_sentinel, redis_sentinel_tls,
