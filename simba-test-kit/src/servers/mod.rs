@@ -19,6 +19,11 @@
 //!
 //! Tests never skip silently: a missing server is an error.
 //!
+//! PostgreSQL behind PgBouncer comes as a [`Pooler`] (both servers) from [`pgbouncer`] /
+//! [`pgbouncer_private`], resolved the same way from [`PGBOUNCER_URL_ENV`] /
+//! [`PGBOUNCER_SESSION_URL_ENV`] with [`PGBOUNCER_DIRECT_URL_ENV`], local `pgbouncer` and
+//! PostgreSQL binaries, or the image `simba/pgbouncer`.
+//!
 //! Fault tests need to stop, restart, kill or pause the server. They use
 //! [`redis_private`], [`mysql_private`], [`postgres_private`], [`zookeeper_private`] or
 //! [`etcd_private`],
