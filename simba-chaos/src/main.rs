@@ -12,7 +12,7 @@
 //! Cluster is refused (its failover fault targets the mutex's shard).
 //!
 //! ```text
-//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster
+//! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster
 //!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
 //!             [--contenders 3] [--semaphore N]
 //!             [--min-handoffs N] [--unsafe]
@@ -27,6 +27,12 @@
 //! sentinels, with the faults
 //! `failover,kill,pause`; `redis-cluster` starts three primaries with a replica each
 //! (contenders use `replicaAcks=1`), with the faults `failover,kill,pause,cut`.
+//! `postgres-pgbouncer` starts a private PostgreSQL with PgBouncer in transaction mode in
+//! front of it; contenders connect through PgBouncer with `simba_pooler=transaction` in
+//! their URL. Besides the faults of `postgres` (`restart` restarts PostgreSQL), it has
+//! `server-kill,server-pause` (PostgreSQL) and `pooler-kill,pooler-pause,pooler-restart`
+//! (PgBouncer). `postgres-pgbouncer-session`: the same with PgBouncer in session mode and
+//! the plain URL (no `simba_pooler`).
 //!
 //! ```text
 //! simba-chaos contender      # one contender process; the run starts these itself
@@ -67,11 +73,15 @@ fn usage(msg: &str) -> ExitCode {
     eprintln!("simba-chaos: {msg}");
     eprintln!(
         "usage: simba-chaos --backend \
-         redis|redis-sentinel|redis-cluster|mysql|postgres|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster \
+         redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|\
+         sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster \
          [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
          [--contenders N] [--semaphore PERMITS] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\
          redis-cluster: --faults failover,kill,pause,cut\n\
+         postgres-pgbouncer, postgres-pgbouncer-session (no --url): --faults \
+         kill,pause,restart,cut,delay,partition,server-kill,server-pause,pooler-kill,\
+         pooler-pause,pooler-restart\n\
          zookeeper-ensemble (feature `containers`): --faults \
          leader-kill,follower-partition,contender-partition,kill,pause\n\
          etcd-cluster (feature `containers`): --faults \

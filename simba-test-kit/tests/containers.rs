@@ -382,3 +382,104 @@ async fn etcd_cluster() {
     assert_eq!(labelled(&["ps", "-a"]), Vec::<String>::new());
     assert_eq!(labelled(&["network", "ls"]), Vec::<String>::new());
 }
+
+/// The first column of the first row of `sql` on a new tokio-postgres connection to `url`.
+async fn pg_one(client: &tokio_postgres::Client, sql: &str) -> String {
+    let messages = tokio::time::timeout(Duration::from_secs(10), client.simple_query(sql))
+        .await
+        .unwrap_or_else(|_| panic!("{sql}: no answer within 10 s"))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql}: no row"))
+}
+
+async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_postgres::connect(url, tokio_postgres::NoTls),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{url}: no connection within 10 s"))
+    .unwrap_or_else(|e| panic!("{url}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// `simba/pgbouncer`: PgBouncer and the PostgreSQL behind it, both published on 127.0.0.1
+/// only; both modes' databases reach PostgreSQL's `simba`; in transaction mode two clients
+/// share a server connection; the container goes with the `Pooler`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbouncer_container() {
+    let docker = Docker::connect_with_defaults().unwrap();
+    for mode in [servers::PoolMode::Transaction, servers::PoolMode::Session] {
+        let pooler =
+            tokio::time::timeout(Duration::from_secs(150), servers::pgbouncer_container(mode))
+                .await
+                .expect("no PgBouncer container within 150 s")
+                .unwrap_or_else(|e| panic!("PgBouncer container: {e}"));
+        let id = pooler.pooler().container_id().unwrap().to_owned();
+        let details = docker.inspect_container(&id, None).await.unwrap();
+        let labels = details.config.and_then(|c| c.labels).unwrap_or_default();
+        assert_eq!(labels.get(LABEL).map(String::as_str), Some("1"));
+        let ports = details
+            .network_settings
+            .and_then(|n| n.ports)
+            .unwrap_or_default();
+        let bindings: Vec<_> = ports.values().flatten().flatten().collect();
+        assert_eq!(bindings.len(), 2, "{ports:?}");
+        for binding in &bindings {
+            assert_eq!(binding.host_ip.as_deref(), Some("127.0.0.1"), "{ports:?}");
+        }
+        assert!(!pooler.pooler().is_private() && !pooler.postgres().is_private());
+        assert_ne!(pooler.pooler().port(), pooler.postgres().port());
+        assert!(
+            pooler.url().ends_with(&format!("/{}", mode.database())),
+            "{}",
+            pooler.url()
+        );
+
+        let through = pg_connect(pooler.url()).await;
+        assert_eq!(pg_one(&through, "select current_database()").await, "simba");
+        let direct = pg_connect(pooler.direct_url()).await;
+        assert_eq!(pg_one(&direct, "select current_database()").await, "simba");
+        let admin = pg_connect(&format!(
+            "postgres://postgres@127.0.0.1:{}/pgbouncer",
+            pooler.pooler().port()
+        ))
+        .await;
+        let databases = admin.simple_query("SHOW DATABASES").await.unwrap();
+        let pool_mode = databases.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r)
+                if r.get("name") == Some(mode.database()) =>
+            {
+                r.get("pool_mode").map(str::to_owned)
+            }
+            _ => None,
+        });
+        assert_eq!(pool_mode.as_deref(), Some(mode.as_str()));
+
+        if mode == servers::PoolMode::Transaction {
+            // `through` used the only server connection; C's transaction gets it, and
+            // `through`'s next statement, while C holds it, another one.
+            let b1 = pg_one(&through, "select pg_backend_pid()").await;
+            let c = pg_connect(pooler.url()).await;
+            c.simple_query("begin").await.unwrap();
+            let c1 = pg_one(&c, "select pg_backend_pid()").await;
+            let b2 = pg_one(&through, "select pg_backend_pid()").await;
+            c.simple_query("commit").await.unwrap();
+            assert_eq!(c1, b1, "C did not get the idle server connection");
+            assert_ne!(b2, b1, "B kept its server connection while C held it");
+        }
+        drop((through, direct, admin));
+        drop(pooler);
+        assert!(
+            !exists(&docker, &id).await,
+            "container {id} is still there after its Pooler was dropped"
+        );
+    }
+}

@@ -144,7 +144,11 @@ async fn connects_through_pgbouncer_in_both_modes() {
             })
             .unwrap_or_else(|| panic!("SHOW DATABASES has no {database}"));
         assert_eq!(row.get("pool_mode"), Some(mode.as_str()));
-        assert_eq!(row.get("pool_size"), Some("4"));
+        let size = match mode {
+            PoolMode::Transaction => servers::TRANSACTION_POOL_SIZE,
+            PoolMode::Session => servers::SESSION_POOL_SIZE,
+        };
+        assert_eq!(row.get("pool_size"), Some(size.to_string().as_str()));
     }
 }
 
@@ -180,6 +184,7 @@ async fn transaction_mode_shares_server_connections_and_session_mode_does_not() 
 
     // More clients than server connections, all connected at once: each statement still
     // runs, on at most the pool's 4 server connections.
+    assert_eq!(servers::TRANSACTION_POOL_SIZE, 4);
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(connect(pooler.url()).await.expect("a client"));

@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use crate::history::Violation;
 use crate::proxy::FaultProxy;
-use crate::servers::{self, ServerError, ServerKind, TestServer};
+use crate::servers::{self, PoolMode, Pooler, ServerError, ServerKind, TestServer};
 
 /// The backend under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +70,15 @@ pub enum ChaosBackend {
     /// `containers`); contender `i` talks to member `i mod 3` only (on its own client
     /// network), so that a member's fault is a fault of known contenders.
     EtcdCluster,
+    /// PostgreSQL behind PgBouncer in transaction mode ([`servers::pgbouncer_private`]):
+    /// contenders connect through PgBouncer (each through its own fault proxy) with the
+    /// URL option `simba_pooler=transaction`; besides the PostgreSQL faults, PgBouncer is
+    /// killed, paused and restarted ([`FaultKind::PoolerKill`] and its kin).
+    PostgresPgbouncer,
+    /// As [`PostgresPgbouncer`](Self::PostgresPgbouncer), with PgBouncer in session mode
+    /// and the contenders' URL without any `simba_pooler` option: a session pooler keeps
+    /// session state, so the plain PostgreSQL backend works through it.
+    PostgresPgbouncerSession,
 }
 
 impl FromStr for ChaosBackend {
@@ -86,10 +95,13 @@ impl FromStr for ChaosBackend {
             "redis-cluster" => ChaosBackend::RedisCluster,
             "zookeeper-ensemble" | "zk-ensemble" => ChaosBackend::ZookeeperEnsemble,
             "etcd-cluster" => ChaosBackend::EtcdCluster,
+            "postgres-pgbouncer" => ChaosBackend::PostgresPgbouncer,
+            "postgres-pgbouncer-session" => ChaosBackend::PostgresPgbouncerSession,
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown backend {other:?}: use redis, redis-sentinel, redis-cluster, mysql, \
-                     postgres, sqlite, zookeeper, zookeeper-ensemble, etcd or etcd-cluster"
+                     postgres, postgres-pgbouncer, postgres-pgbouncer-session, sqlite, \
+                     zookeeper, zookeeper-ensemble, etcd or etcd-cluster"
                 )));
             }
         })
@@ -108,7 +120,18 @@ impl ChaosBackend {
             | ChaosBackend::RedisSentinel
             | ChaosBackend::RedisCluster
             | ChaosBackend::ZookeeperEnsemble
-            | ChaosBackend::EtcdCluster => None,
+            | ChaosBackend::EtcdCluster
+            | ChaosBackend::PostgresPgbouncer
+            | ChaosBackend::PostgresPgbouncerSession => None,
+        }
+    }
+
+    /// The pool mode of a PostgreSQL-behind-PgBouncer target.
+    fn pool_mode(self) -> Option<PoolMode> {
+        match self {
+            ChaosBackend::PostgresPgbouncer => Some(PoolMode::Transaction),
+            ChaosBackend::PostgresPgbouncerSession => Some(PoolMode::Session),
+            _ => None,
         }
     }
 
@@ -176,6 +199,20 @@ pub enum FaultKind {
     /// `etcd-cluster`: restart a member (graceful stop, start on its data): every other
     /// time the owner's member, the other times the leader.
     MemberRestart,
+    /// `postgres-pgbouncer*`: SIGKILL PostgreSQL (behind PgBouncer) and start it again at
+    /// once (crash recovery). [`Restart`](Self::Restart) there restarts PostgreSQL too.
+    ServerKill,
+    /// `postgres-pgbouncer*`: SIGSTOP PostgreSQL for the lease and half a second, then
+    /// SIGCONT.
+    ServerPause,
+    /// `postgres-pgbouncer*`: SIGKILL PgBouncer and start it again at once on its port:
+    /// every client connection (and transaction) through it is gone.
+    PoolerKill,
+    /// `postgres-pgbouncer*`: SIGSTOP PgBouncer for the lease and half a second, then
+    /// SIGCONT.
+    PoolerPause,
+    /// `postgres-pgbouncer*`: restart PgBouncer (graceful stop, start on its port).
+    PoolerRestart,
 }
 
 impl FaultKind {
@@ -194,6 +231,11 @@ impl FaultKind {
             FaultKind::MemberPartition | FaultKind::MemberRestart => {
                 backend == ChaosBackend::EtcdCluster
             }
+            FaultKind::ServerKill
+            | FaultKind::ServerPause
+            | FaultKind::PoolerKill
+            | FaultKind::PoolerPause
+            | FaultKind::PoolerRestart => backend.pool_mode().is_some(),
             // The proxy and the private server's restart are not there on the deployments
             // in containers, whose connections go through Docker networks, nor behind
             // Sentinel, whose
@@ -228,12 +270,18 @@ impl FromStr for FaultKind {
             "contender-partition" => FaultKind::ContenderPartition,
             "member-partition" => FaultKind::MemberPartition,
             "member-restart" => FaultKind::MemberRestart,
+            "server-kill" => FaultKind::ServerKill,
+            "server-pause" => FaultKind::ServerPause,
+            "pooler-kill" => FaultKind::PoolerKill,
+            "pooler-pause" => FaultKind::PoolerPause,
+            "pooler-restart" => FaultKind::PoolerRestart,
             other => {
                 return Err(ChaosError::Usage(format!(
                     "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition, \
                      on redis-sentinel and redis-cluster failover, on zookeeper-ensemble \
-                     leader-kill, follower-partition, contender-partition, or on etcd-cluster \
-                     leader-kill, member-partition, member-restart"
+                     leader-kill, follower-partition, contender-partition, on etcd-cluster \
+                     leader-kill, member-partition, member-restart, or on postgres-pgbouncer \
+                     server-kill, server-pause, pooler-kill, pooler-pause, pooler-restart"
                 )));
             }
         })
@@ -293,6 +341,11 @@ impl ChaosConfig {
             FaultKind::ContenderPartition,
             FaultKind::MemberPartition,
             FaultKind::MemberRestart,
+            FaultKind::ServerKill,
+            FaultKind::ServerPause,
+            FaultKind::PoolerKill,
+            FaultKind::PoolerPause,
+            FaultKind::PoolerRestart,
         ]
         .into_iter()
         .filter(|f| f.applies_to(backend))
@@ -571,10 +624,12 @@ impl Run<'_> {
     }
 
     /// Injects one fault; returns whether it applied.
+    /// `server` is the backend's server (PostgreSQL behind PgBouncer), `pooler` PgBouncer.
     async fn fault(
         &mut self,
         kind: FaultKind,
         server: Option<&TestServer>,
+        pooler: Option<&TestServer>,
     ) -> Result<bool, ChaosError> {
         let Some(owner) = self.owner_index() else {
             return Ok(false);
@@ -716,6 +771,31 @@ impl Run<'_> {
             | FaultKind::MemberPartition
             | FaultKind::MemberRestart => {
                 return self.nodes_fault(kind, owner).await;
+            }
+            FaultKind::ServerKill
+            | FaultKind::ServerPause
+            | FaultKind::PoolerKill
+            | FaultKind::PoolerPause
+            | FaultKind::PoolerRestart => {
+                let target = match kind {
+                    FaultKind::ServerKill | FaultKind::ServerPause => server,
+                    _ => pooler,
+                };
+                let Some(target) = target.filter(|s| s.is_private()) else {
+                    return Ok(false);
+                };
+                match kind {
+                    FaultKind::ServerKill | FaultKind::PoolerKill => {
+                        target.kill().await?;
+                        target.start().await?;
+                    }
+                    FaultKind::ServerPause | FaultKind::PoolerPause => {
+                        target.pause().await?;
+                        sleep(self.lease() + Duration::from_millis(500)).await;
+                        target.resume().await?;
+                    }
+                    _ => target.restart().await?,
+                }
             }
         }
         Ok(true)
@@ -909,6 +989,45 @@ fn backend_url(backend: ChaosBackend, server_url: &str) -> String {
     }
 }
 
+/// The contenders' URL of a PostgreSQL behind PgBouncer, through the proxy at `proxy`: in
+/// transaction mode with `simba_pooler=transaction` (and no other option), in session mode
+/// as it is.
+fn pooler_url(pooler: &Pooler, proxy: std::net::SocketAddr) -> String {
+    let url = pooler.url_via(proxy);
+    match pooler.mode() {
+        PoolMode::Transaction => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}simba_pooler=transaction")
+        }
+        PoolMode::Session => url,
+    }
+}
+
+/// Starts PgBouncer again if it exited on its own, and says so in `errors` (the summary's
+/// fault errors) with the end of its log. Debian bookworm's PgBouncer 1.18 does exit now and
+/// then under these faults, with `FATAL … disconnect_client(): bad client state: 0` when a
+/// client goes away while its cancel request is being forwarded (pgbouncer#801, fixed in
+/// later releases): a crash of the pooler, not of the contenders, so the run goes on.
+async fn revive_pooler(pooler: &TestServer, errors: &mut Vec<String>) {
+    let problem = match pooler.is_running().await {
+        Ok(true) => return,
+        Ok(false) => {
+            let tail = pooler.log_tail(3);
+            warn!("PgBouncer exited on its own; starting it again. Its log ends:\n{tail}");
+            match pooler.start().await {
+                Ok(()) => {
+                    format!("PgBouncer exited on its own (started again); its log ends: {tail}")
+                }
+                Err(e) => format!("PgBouncer exited on its own and did not start again: {e}"),
+            }
+        }
+        Err(e) => format!("PgBouncer: {e}"),
+    };
+    if errors.len() < 10 {
+        errors.push(problem);
+    }
+}
+
 /// Runs the chaos test.
 ///
 /// # Errors
@@ -997,6 +1116,21 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     let cluster_url = cluster
         .as_ref()
         .map(|(c, _)| format!("{}&replicaAcks=1", c.cluster_url()));
+    let pooler = match (cfg.backend.pool_mode(), &cfg.url) {
+        (Some(_), Some(_)) => {
+            return Err(ChaosError::Usage(format!(
+                "{:?} starts its own PostgreSQL and PgBouncer (its faults need them): leave \
+                 out --url",
+                cfg.backend
+            )));
+        }
+        (Some(mode), None) => {
+            let pooler = servers::pgbouncer_private(mode).await?;
+            info!(url = %pooler.url(), direct = %pooler.direct_url(), "PgBouncer serving");
+            Some(pooler)
+        }
+        (None, _) => None,
+    };
     let server = match (cfg.backend.server_kind(), &cfg.url) {
         (None, _) => None,
         (Some(kind), Some(url)) => Some(TestServer::external(kind, url)?),
@@ -1019,6 +1153,19 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         };
         #[cfg(not(feature = "containers"))]
         let in_containers: Option<String> = None;
+        if let Some(p) = &pooler {
+            let proxy = FaultProxy::start(p.pooler().socket_addr()?)
+                .await
+                .map_err(io("start a proxy"))?;
+            contenders.push(Contender {
+                name: format!("c{i}"),
+                url: pooler_url(p, proxy.addr()),
+                proxy: Some(proxy),
+                child: None,
+                log: dir.path().join(format!("c{i}.log")),
+            });
+            continue;
+        }
         if let Some(url) = in_containers {
             contenders.push(Contender {
                 name: format!("c{i}"),
@@ -1101,11 +1248,18 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     while t0.elapsed() < cfg.duration {
         sleep(Duration::from_millis(50)).await;
         run.respawn_dead()?;
+        if let Some(p) = &pooler {
+            revive_pooler(p.pooler(), &mut fault_errors).await;
+        }
         if Instant::now() >= next_fault {
             let Some(kind) = queue.pop_front() else {
                 continue;
             };
-            match run.fault(kind, server.as_ref()).await {
+            let (fault_server, fault_pooler) = match &pooler {
+                Some(p) => (Some(p.postgres()), Some(p.pooler())),
+                None => (server.as_ref(), None),
+            };
+            match run.fault(kind, fault_server, fault_pooler).await {
                 Ok(true) => {
                     match injected.iter_mut().find(|(k, _)| *k == kind) {
                         Some((_, n)) => *n += 1,
@@ -1226,6 +1380,41 @@ mod tests {
         assert_eq!(cfg.ttl + cfg.transition, Duration::from_secs(2));
         assert!(!FaultKind::MemberRestart.applies_to(ChaosBackend::ZookeeperEnsemble));
         assert!(!FaultKind::FollowerPartition.applies_to(ChaosBackend::EtcdCluster));
+    }
+
+    #[test]
+    fn pgbouncer_targets_fault_postgres_and_the_pooler() {
+        assert_eq!(
+            "postgres-pgbouncer".parse::<ChaosBackend>().ok(),
+            Some(ChaosBackend::PostgresPgbouncer)
+        );
+        assert_eq!(
+            "pooler-restart".parse::<FaultKind>().ok(),
+            Some(FaultKind::PoolerRestart)
+        );
+        let cfg = ChaosConfig::new(ChaosBackend::PostgresPgbouncer, "x", Vec::new());
+        assert_eq!(
+            cfg.faults,
+            [
+                FaultKind::Kill,
+                FaultKind::Pause,
+                FaultKind::Restart,
+                FaultKind::Cut,
+                FaultKind::Delay,
+                FaultKind::Partition,
+                FaultKind::ServerKill,
+                FaultKind::ServerPause,
+                FaultKind::PoolerKill,
+                FaultKind::PoolerPause,
+                FaultKind::PoolerRestart,
+            ]
+        );
+        assert_eq!(
+            ChaosBackend::PostgresPgbouncerSession.pool_mode(),
+            Some(PoolMode::Session)
+        );
+        assert!(!FaultKind::PoolerKill.applies_to(ChaosBackend::Postgres));
+        assert!(!FaultKind::ServerPause.applies_to(ChaosBackend::Redis));
     }
 
     /// `/proc/net/tcp` prints an address as the hex of its network-order bytes read as a

@@ -19,6 +19,11 @@
 //!
 //! Tests never skip silently: a missing server is an error.
 //!
+//! PostgreSQL behind PgBouncer comes as a [`Pooler`] (both servers) from [`pgbouncer`] /
+//! [`pgbouncer_private`], resolved the same way from [`PGBOUNCER_URL_ENV`] /
+//! [`PGBOUNCER_SESSION_URL_ENV`] with [`PGBOUNCER_DIRECT_URL_ENV`], local `pgbouncer` and
+//! PostgreSQL binaries, or the image `simba/pgbouncer`.
+//!
 //! Fault tests need to stop, restart, kill or pause the server. They use
 //! [`redis_private`], [`mysql_private`], [`postgres_private`], [`zookeeper_private`] or
 //! [`etcd_private`],
@@ -85,7 +90,8 @@ mod zookeeper;
 pub use cluster::{RedisCluster, redis_cluster, redis_cluster_tls, redis_cluster_with_replicas};
 pub use pgbouncer::{
     PGBOUNCER_DIRECT_URL_ENV, PGBOUNCER_SESSION_URL_ENV, PGBOUNCER_URL_ENV, PoolMode, Pooler,
-    SESSION_DATABASE, pgbouncer, pgbouncer_in_front_of, pgbouncer_private,
+    SESSION_DATABASE, SESSION_POOL_SIZE, TRANSACTION_POOL_SIZE, pgbouncer, pgbouncer_in_front_of,
+    pgbouncer_private,
 };
 pub use sentinel::{
     RedisSentinel, SENTINEL_SERVICE, redis_sentinel, redis_sentinel_tls,

@@ -4,10 +4,21 @@
 //! Every PgBouncer of the kit (private instance or container) serves two databases, both
 //! the PostgreSQL database `simba` behind it: `simba` in `pool_mode = transaction` and
 //! [`SESSION_DATABASE`] in `pool_mode = session`; [`Pooler::url`] names the one of its
-//! [`PoolMode`]. The pools are small (4 server connections per database), so that clients
-//! really do share server connections. Authentication is `trust` (like the kit's
+//! [`PoolMode`]. The transaction pool is small ([`TRANSACTION_POOL_SIZE`] server
+//! connections), so that clients really do share server connections; the session pool is
+//! larger ([`SESSION_POOL_SIZE`]), since there every client connection holds a server
+//! connection for as long as it is open (a few contenders with a pool each would starve a
+//! pool of 4). Authentication is `trust` (like the kit's
 //! PostgreSQL), for the user `postgres` only, which is also the admin console's user
 //! (`SHOW POOLS` on the database `pgbouncer`).
+//!
+//! **Cancel requests crash Debian bookworm's PgBouncer 1.18**: it exits with
+//! `FATAL … disconnect_client(): bad client state: 0` when the client of a cancel request
+//! closes that connection before PgBouncer has finished forwarding it (pgbouncer#801, fixed
+//! in later releases) — and tokio-postgres's `CancelToken::cancel_query` does just that: about
+//! one cancel in two killed it here, in either mode. A test that cancels through the pooler
+//! sees PgBouncer gone ([`TestServer::is_running`] says so, [`TestServer::log_tail`] shows
+//! the line); the chaos run starts it again and reports it.
 
 use std::fmt::Write as _;
 use std::os::unix::process::CommandExt;
@@ -34,8 +45,12 @@ pub const PGBOUNCER_DIRECT_URL_ENV: &str = "SIMBA_TEST_PGBOUNCER_DIRECT_URL";
 /// database [`DATABASE`] behind it); `DATABASE` itself pools in transaction mode.
 pub const SESSION_DATABASE: &str = "simba_session";
 
-/// Server connections per pool (per database of the PgBouncer).
-const POOL_SIZE: u32 = 4;
+/// Server connections of the transaction-mode pool (database [`DATABASE`]) of the kit's
+/// PgBouncers.
+pub const TRANSACTION_POOL_SIZE: u32 = 4;
+/// Server connections of the session-mode pool (database [`SESSION_DATABASE`]) of the kit's
+/// PgBouncers: the most client connections that can be open at once in session mode.
+pub const SESSION_POOL_SIZE: u32 = 40;
 
 /// How PgBouncer hands server connections to clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -461,11 +476,14 @@ impl Pgbouncer {
             .map(|p| format!(" password={p}"))
             .unwrap_or_default();
         let mut ini = String::from("[databases]\n");
-        for mode in [PoolMode::Transaction, PoolMode::Session] {
+        for (mode, size) in [
+            (PoolMode::Transaction, TRANSACTION_POOL_SIZE),
+            (PoolMode::Session, SESSION_POOL_SIZE),
+        ] {
             let _ = writeln!(
                 ini,
                 "{} = host={host} port={upstream_port} dbname={DATABASE} user={user}{password} \
-                 pool_mode={}",
+                 pool_mode={} pool_size={size}",
                 mode.database(),
                 mode.as_str()
             );
@@ -481,7 +499,7 @@ impl Pgbouncer {
              auth_file = {dir}/userlist.txt\n\
              admin_users = {user}\n\
              pool_mode = transaction\n\
-             default_pool_size = {POOL_SIZE}\n\
+             default_pool_size = {TRANSACTION_POOL_SIZE}\n\
              min_pool_size = 0\n\
              reserve_pool_size = 0\n\
              max_client_conn = 1000\n\
@@ -550,12 +568,12 @@ mod tests {
         assert!(
             ini.contains(
                 "simba = host=10.0.0.7 port=5433 dbname=simba user=app password=pw \
-                 pool_mode=transaction"
+                 pool_mode=transaction pool_size=4"
             ),
             "{ini}"
         );
         assert!(
-            ini.contains("simba_session = host=10.0.0.7 port=5433 dbname=simba user=app password=pw pool_mode=session"),
+            ini.contains("simba_session = host=10.0.0.7 port=5433 dbname=simba user=app password=pw pool_mode=session pool_size=40"),
             "{ini}"
         );
         assert!(ini.contains("listen_port = 7000\n"), "{ini}");
