@@ -61,6 +61,11 @@ pub(crate) enum LockError {
     #[cfg(feature = "sqlite")]
     #[error(transparent)]
     Database(#[from] Refused),
+    /// A given-up wait ends with its session's connection, not with a cancel request
+    /// (PostgreSQL behind a session-mode pooler: PgBouncer 1.18 can exit on one).
+    #[cfg(feature = "postgres")]
+    #[error("a wait given up behind a pooler: its session is closed instead of cancelled")]
+    Closed,
     /// The task of a blocking lock call ended without an answer.
     #[error("lock task: {0}")]
     Task(#[from] tokio::task::JoinError),

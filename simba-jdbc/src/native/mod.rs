@@ -385,6 +385,9 @@ impl Locks {
         loop {
             match tokio::time::timeout_at(deadline, canceller.cancel()).await {
                 Ok(Ok(())) => {}
+                // The wait ends with its session, which the caller drops.
+                #[cfg(feature = "postgres")]
+                Ok(Err(e @ LockError::Closed)) => return Err(e),
                 Ok(Err(e)) => debug!("cancelling a native lock wait: {e}"),
                 Err(_) => debug!(
                     "cancelling a native lock wait: no answer within {:?}",

@@ -170,6 +170,10 @@ impl Session {
     /// What ends this session's blocking wait from outside (another connection).
     pub(crate) fn canceller(&self, kind: &Kind) -> Canceller {
         match (self, kind) {
+            // A cancel request through a session-mode pooler could end the pooler
+            // (PgBouncer 1.18: pgbouncer#801): the wait ends with its connection instead.
+            #[cfg(feature = "postgres")]
+            (Session::Pg(_), Kind::Postgres { pg }) if pg.pooler().session => Canceller::Close,
             #[cfg(feature = "postgres")]
             (Session::Pg(s), Kind::Postgres { pg }) => Canceller::Pg(s.cancel_token(), pg.clone()),
             #[cfg(feature = "mysql")]
@@ -193,6 +197,10 @@ pub(crate) enum Canceller {
     ),
     #[cfg(feature = "mysql")]
     My { url: String, id: u32 },
+    /// No request: the session is closed (its connection dropped), which ends the wait
+    /// on the server no later than when the lock would have been granted to it.
+    #[cfg(feature = "postgres")]
+    Close,
     /// Nothing to cancel with (a session and a kind of two different backends).
     None,
 }
@@ -207,6 +215,8 @@ impl Canceller {
                 .map_err(|e| LockError::session("postgres", e)),
             #[cfg(feature = "mysql")]
             Canceller::My { url, id } => crate::mysql::lock::kill_query(url, *id).await,
+            #[cfg(feature = "postgres")]
+            Canceller::Close => Err(LockError::Closed),
             Canceller::None => Ok(()),
         }
     }

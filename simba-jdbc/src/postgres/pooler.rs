@@ -20,7 +20,9 @@
 //!   until it ends.
 //!
 //! *Session* mode gives a client one server connection for as long as it stays connected:
-//! that is a direct connection, and `simba_pooler=session` changes nothing. *Statement*
+//! that is a direct connection, except that `simba_pooler=session` sends no cancel request
+//! through the pooler (PgBouncer 1.18, Debian 12's, can exit on one: pgbouncer#801): a
+//! given-up wait for a native lock ends with its session's connection instead. *Statement*
 //! mode allows no transaction of more than one statement: the semaphores' acquisitions and
 //! the migration need them, so it is refused when named, and a pooler's refusal of a
 //! transaction is explained (see [`hint`]).
@@ -55,6 +57,8 @@ pub(crate) const POLL_MAX: Duration = Duration::from_millis(100);
 pub(crate) struct Pooler {
     /// `simba_pooler=transaction`.
     pub(crate) transaction: bool,
+    /// `simba_pooler=session`: no cancel request is sent through the pooler.
+    pub(crate) session: bool,
     /// `simba_direct_url=…` (`%`-decoded).
     pub(crate) direct_url: Option<String>,
 }
@@ -88,9 +92,10 @@ impl Pooler {
             *slot = Some(value);
             Ok(())
         })?;
-        let transaction = match mode.as_deref() {
-            None | Some("none" | "session") => false,
-            Some("transaction") => true,
+        let (transaction, session) = match mode.as_deref() {
+            None | Some("none") => (false, false),
+            Some("session") => (false, true),
+            Some("transaction") => (true, false),
             Some("statement") => {
                 return Err(Error::config(
                     POOLER_OPTION,
@@ -141,6 +146,7 @@ impl Pooler {
             stripped,
             Pooler {
                 transaction,
+                session,
                 direct_url: direct,
             },
         ))
@@ -199,7 +205,7 @@ mod tests {
             Some("postgres://u@h:5432/db?sslmode=disable")
         );
         let (_, p) = Pooler::take("postgres://h/db?simba_pooler=session").expect("ok");
-        assert!(!p.transaction);
+        assert!(!p.transaction && p.session);
     }
 
     #[test]
