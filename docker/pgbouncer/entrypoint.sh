@@ -19,7 +19,7 @@ postgres -D "$PGDATA" \
     -c listen_addresses='*' \
     -c fsync=off \
     -c full_page_writes=off \
-    -c max_connections=200 &
+    -c max_connections=400 &
 # Up to 60 s for PostgreSQL to answer (pg_isready polls: there is no event to wait on).
 i=0
 until pg_isready -q -h 127.0.0.1 -p 5432 -U postgres -d simba; do

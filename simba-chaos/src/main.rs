@@ -32,7 +32,7 @@
 //! their URL. Besides the faults of `postgres` (`restart` restarts PostgreSQL), it has
 //! `server-kill,server-pause` (PostgreSQL) and `pooler-kill,pooler-pause,pooler-restart`
 //! (PgBouncer). `postgres-pgbouncer-session`: the same with PgBouncer in session mode and
-//! the plain URL (no `simba_pooler`).
+//! `simba_pooler=session`.
 //!
 //! ```text
 //! simba-chaos contender      # one contender process; the run starts these itself

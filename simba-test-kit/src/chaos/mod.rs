@@ -76,8 +76,8 @@ pub enum ChaosBackend {
     /// killed, paused and restarted ([`FaultKind::PoolerKill`] and its kin).
     PostgresPgbouncer,
     /// As [`PostgresPgbouncer`](Self::PostgresPgbouncer), with PgBouncer in session mode
-    /// and the contenders' URL without any `simba_pooler` option: a session pooler keeps
-    /// session state, so the plain PostgreSQL backend works through it.
+    /// and the URL option `simba_pooler=session` (no cancel request through the pooler:
+    /// PgBouncer 1.18 can exit on one).
     PostgresPgbouncerSession,
 }
 
@@ -989,18 +989,12 @@ fn backend_url(backend: ChaosBackend, server_url: &str) -> String {
     }
 }
 
-/// The contenders' URL of a PostgreSQL behind PgBouncer, through the proxy at `proxy`: in
-/// transaction mode with `simba_pooler=transaction` (and no other option), in session mode
-/// as it is.
+/// The contenders' URL of a PostgreSQL behind PgBouncer, through the proxy at `proxy`, with
+/// `simba_pooler=` its mode (and no other option).
 fn pooler_url(pooler: &Pooler, proxy: std::net::SocketAddr) -> String {
     let url = pooler.url_via(proxy);
-    match pooler.mode() {
-        PoolMode::Transaction => {
-            let sep = if url.contains('?') { '&' } else { '?' };
-            format!("{url}{sep}simba_pooler=transaction")
-        }
-        PoolMode::Session => url,
-    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}simba_pooler={}", pooler.mode().as_str())
 }
 
 /// Starts PgBouncer again if it exited on its own, and says so in `errors` (the summary's

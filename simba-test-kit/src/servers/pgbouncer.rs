@@ -49,8 +49,11 @@ pub const SESSION_DATABASE: &str = "simba_session";
 /// PgBouncers.
 pub const TRANSACTION_POOL_SIZE: u32 = 4;
 /// Server connections of the session-mode pool (database [`SESSION_DATABASE`]) of the kit's
-/// PgBouncers: the most client connections that can be open at once in session mode.
-pub const SESSION_POOL_SIZE: u32 = 40;
+/// PgBouncers: the most client connections that can be open at once in session mode. A
+/// store holds up to 4 pooled, 4 fast-path, 1 LISTEN and 17 lock-session connections, and
+/// a conformance case runs several stores: 40 left the session suite's stores waiting for
+/// a server connection past their statement timeout when cases ran side by side.
+pub const SESSION_POOL_SIZE: u32 = 150;
 
 /// How PgBouncer hands server connections to clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

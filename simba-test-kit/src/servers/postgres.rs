@@ -250,7 +250,8 @@ impl Postgres {
             .arg(opt("unix_socket_directories", dir))
             .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off"])
-            .args(["-c", "max_connections=200"])
+            // The direct tests' stores, and PgBouncer's session pool in front of it.
+            .args(["-c", "max_connections=400"])
             .args(["-c", "logging_collector=off"])
             // After a killed backend, exit instead of reinitialising: the kit's kill()
             // kills the backends first and lets the postmaster reap them.
