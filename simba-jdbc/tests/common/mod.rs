@@ -35,6 +35,20 @@ pub fn tcp_only(url: &str) -> String {
     format!("{url}{sep}prefer_socket=false")
 }
 
+/// `value` with every byte but unreserved ones `%`-escaped (a URL in a URL's query).
+#[allow(dead_code)]
+pub fn percent_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Where the harness's database lives.
 enum Place {
     /// A server (MariaDB, PostgreSQL) that faults reach through a [`FaultProxy`].
@@ -53,6 +67,9 @@ pub struct SqlHarness {
     pushes_release: bool,
     /// Appended to every URL made from the server's (TLS options).
     query: String,
+    /// The URL of the test's own connections (the table made by hand, an intrusion) when
+    /// not [`SqlHarness::url`]: the PostgreSQL behind a pooler, without simba's options.
+    plain_url: Option<String>,
     /// [`SqlConfig::with_one_statement_acquire`] (MariaDB).
     one_statement: bool,
     /// Kept alive as long as the harness (the certificate files of a TLS server).
@@ -84,7 +101,7 @@ impl SqlHarness {
             #[cfg(feature = "mysql")]
             "mysql" => {
                 use mysql_async::prelude::Queryable;
-                let mut c = mysql_async::Conn::from_url(self.url.as_str())
+                let mut c = mysql_async::Conn::from_url(self.plain())
                     .await
                     .unwrap_or_else(|e| panic!("connect: {e}"));
                 c.query_drop(format!(
@@ -99,7 +116,7 @@ impl SqlHarness {
             }
             #[cfg(feature = "postgres")]
             "postgres" => {
-                let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+                let (client, conn) = tokio_postgres::connect(self.plain(), tokio_postgres::NoTls)
                     .await
                     .unwrap_or_else(|e| panic!("connect: {e}"));
                 let task = tokio::spawn(conn);
@@ -147,6 +164,7 @@ impl SqlHarness {
             table: unique_name("simba_t"),
             pushes_release: false,
             query: String::new(),
+            plain_url: None,
             one_statement: true,
             _keep: None,
         }
@@ -160,6 +178,7 @@ impl SqlHarness {
             table: unique_name("simba_t"),
             pushes_release,
             query: String::new(),
+            plain_url: None,
             one_statement: true,
             _keep: None,
         }
@@ -178,6 +197,39 @@ impl SqlHarness {
         }
         self.query = query.to_owned();
         self
+    }
+
+    /// PostgreSQL through PgBouncer in `mode` (env URLs or private instances): in
+    /// transaction mode with `simba_pooler=transaction`, and with `direct` the PostgreSQL
+    /// behind it as `simba_direct_url` (native wait queue and LISTEN there); in session
+    /// mode with `simba_pooler=session`. The test's own connections go to the PostgreSQL
+    /// directly.
+    #[cfg(feature = "postgres")]
+    #[allow(dead_code)]
+    pub async fn pgbouncer(mode: simba_test_kit::servers::PoolMode, direct: bool) -> Self {
+        use simba_test_kit::servers::{PoolMode, ServerKind};
+        let pooler = simba_test_kit::servers::pgbouncer(mode)
+            .await
+            .unwrap_or_else(|e| panic!("no PgBouncer for the tests: {e}"));
+        let server = TestServer::external(ServerKind::Postgres, pooler.url())
+            .unwrap_or_else(|e| panic!("PgBouncer's URL: {e}"));
+        let query = match (mode, direct) {
+            (PoolMode::Session, _) => "?simba_pooler=session".to_owned(),
+            (PoolMode::Transaction, false) => "?simba_pooler=transaction".to_owned(),
+            (PoolMode::Transaction, true) => format!(
+                "?simba_pooler=transaction&simba_direct_url={}",
+                percent_encode(pooler.direct_url())
+            ),
+        };
+        let pushes = mode == PoolMode::Session || direct;
+        let mut h = Self::on_server("postgres", server, pushes).with_query(&query);
+        h.plain_url = Some(pooler.direct_url().to_owned());
+        h.keeping(pooler)
+    }
+
+    /// The URL of the test's own connections (see `plain_url`).
+    fn plain(&self) -> &str {
+        self.plain_url.as_deref().unwrap_or(&self.url)
     }
 
     /// Every store of this harness acquires with the `UPDATE` and `SELECT` that MySQL runs,
@@ -333,7 +385,7 @@ impl Harness for SqlHarness {
     fn intrude(&self, mutex: &str, owner_id: &str) -> BoxFuture<'_, Result<Intrusion, SetupError>> {
         let (mutex, owner_id) = (mutex.to_owned(), owner_id.to_owned());
         Box::pin(async move {
-            if !self.query.is_empty() {
+            if !self.query.is_empty() && self.plain_url.is_none() {
                 let store = self.store().await?;
                 return intrude_through_store(&store, &mutex, &owner_id, None).await;
             }
@@ -378,14 +430,14 @@ impl SqlHarness {
             #[cfg(feature = "mysql")]
             "mysql" => {
                 use diesel_async::AsyncConnection;
-                let mut c = diesel_async::AsyncMysqlConnection::establish(&self.url).await?;
+                let mut c = diesel_async::AsyncMysqlConnection::establish(self.plain()).await?;
                 let sql = set(format!("`{table}`"));
                 Ok(diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut c).await?)
             }
             #[cfg(feature = "postgres")]
             "postgres" => {
                 use diesel_async::AsyncConnection;
-                let mut c = diesel_async::AsyncPgConnection::establish(&self.url).await?;
+                let mut c = diesel_async::AsyncPgConnection::establish(self.plain()).await?;
                 let sql = set(format!("\"{table}\""));
                 Ok(diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut c).await?)
             }
