@@ -113,6 +113,8 @@ macro_rules! on_conn {
 /// or the call's own), and once more on a new one if the first was found closed (after a
 /// restart of the server or of a pooler every open connection is): every call is safe to
 /// repeat, as in [`on_conn!`].
+// Without PostgreSQL there is no fast path to run on.
+#[cfg_attr(not(feature = "postgres"), allow(unused_macros))]
 macro_rules! on_handle {
     ($get:expr, |$c:ident| $body:expr) => {{
         let mut tries = 0u32;
