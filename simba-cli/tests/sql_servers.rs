@@ -48,7 +48,7 @@ async fn four_execs_through_pgbouncer_in_transaction_mode() {
     let polled = format!("{}?simba_pooler=transaction", pooler.url());
     let direct = format!(
         "{polled}&simba_direct_url={}",
-        percent_encode(pooler.direct_url())
+        simba_test_kit::support::percent_encode(pooler.direct_url())
     );
     tokio::task::spawn_blocking(move || {
         execs_hand_over(&polled, Duration::from_secs(1), "pgb-polled");
@@ -101,17 +101,4 @@ fn execs_hand_over(url: &str, bound: Duration, test: &str) {
         gaps.iter().all(|g| *g <= bound),
         "{test}: gaps {gaps:?} over {bound:?}"
     );
-}
-
-/// `value` with every byte but unreserved ones `%`-escaped (a URL in a URL's query).
-fn percent_encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

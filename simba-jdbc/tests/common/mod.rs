@@ -35,20 +35,6 @@ pub fn tcp_only(url: &str) -> String {
     format!("{url}{sep}prefer_socket=false")
 }
 
-/// `value` with every byte but unreserved ones `%`-escaped (a URL in a URL's query).
-#[allow(dead_code)]
-pub fn percent_encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Where the harness's database lives.
 enum Place {
     /// A server (MariaDB, PostgreSQL) that faults reach through a [`FaultProxy`].
@@ -218,7 +204,7 @@ impl SqlHarness {
             (PoolMode::Transaction, false) => "?simba_pooler=transaction".to_owned(),
             (PoolMode::Transaction, true) => format!(
                 "?simba_pooler=transaction&simba_direct_url={}",
-                percent_encode(pooler.direct_url())
+                simba_test_kit::support::percent_encode(pooler.direct_url())
             ),
         };
         let pushes = mode == PoolMode::Session || direct;

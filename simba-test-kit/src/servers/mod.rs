@@ -734,16 +734,22 @@ async fn resolve(kind: ServerKind) -> Result<TestServer, ServerError> {
         Selection::Local => missing,
         _ => match container::start(kind).await {
             Ok(server) => return Ok(server),
-            Err(reason) => match missing {
-                ServerError::Unavailable { kind, hint } => ServerError::Unavailable {
-                    kind,
-                    hint: format!("{hint}. The container fallback failed too: {reason}"),
-                },
-                other => other,
-            },
+            Err(reason) => container_failed_too(missing, reason),
         },
     };
     Err(missing)
+}
+
+/// `missing` (no local server), with why the container fallback failed too.
+#[cfg(feature = "containers")]
+fn container_failed_too(missing: ServerError, reason: impl fmt::Display) -> ServerError {
+    match missing {
+        ServerError::Unavailable { kind, hint } => ServerError::Unavailable {
+            kind,
+            hint: format!("{hint}. The container fallback failed too: {reason}"),
+        },
+        other => other,
+    }
 }
 
 /// A container of the kit's image for `kind` ([`SERVERS_ENV`]`=containers`).

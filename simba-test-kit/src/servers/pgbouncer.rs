@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use super::process::{self, LocalServer, chown_tree, is_root, lookup_user, which};
+use super::process::{self, LocalServer, chown_tree, run_as_postgres, which};
 use super::{DATABASE, Selection, ServerError, ServerKind, TestServer};
 
 const KIND: ServerKind = ServerKind::Pgbouncer;
@@ -188,13 +188,7 @@ pub async fn pgbouncer(mode: PoolMode) -> Result<Pooler, ServerError> {
         Selection::Local => missing,
         _ => match super::container::start_pooler(mode).await {
             Ok(pooler) => return Ok(pooler),
-            Err(reason) => match missing {
-                ServerError::Unavailable { kind, hint } => ServerError::Unavailable {
-                    kind,
-                    hint: format!("{hint}. The container fallback failed too: {reason}"),
-                },
-                other => other,
-            },
+            Err(reason) => super::container_failed_too(missing, reason),
         },
     };
     Err(missing)
@@ -426,19 +420,7 @@ impl Pgbouncer {
         let bin = which("pgbouncer").ok_or_else(|| {
             ServerError::missing_binary(KIND, "pgbouncer was not found on PATH or in /usr/sbin")
         })?;
-        let run_as = if is_root() {
-            Some(lookup_user("postgres").ok_or_else(|| {
-                ServerError::Unavailable {
-                    kind: KIND,
-                    hint: "this process runs as root, which PgBouncer refuses, and there is no \
-                       `postgres` user to run it as (create one with `useradd -r postgres`, \
-                       or run the tests as another user)"
-                        .to_owned(),
-                }
-            })?)
-        } else {
-            None
-        };
+        let run_as = run_as_postgres(KIND, "PgBouncer")?;
         Ok(Self {
             bin,
             run_as,

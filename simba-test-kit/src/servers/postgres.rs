@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
 
 use super::process::{
-    binary_key, chown_tree, copy_tree, is_executable, is_root, lookup_user, opt, template, which,
+    binary_key, chown_tree, copy_tree, is_executable, opt, run_as_postgres, template, which,
 };
 use super::{DATABASE, ServerError, ServerKind};
 
@@ -67,19 +67,7 @@ impl Postgres {
                      and for postgres + initdb on PATH)",
                 )
             })?;
-        let run_as = if is_root() {
-            Some(lookup_user("postgres").ok_or_else(|| {
-                ServerError::Unavailable {
-                    kind: KIND,
-                    hint: "this process runs as root, which PostgreSQL refuses, and there is \
-                       no `postgres` user to run it as (create one with `useradd -r postgres`, \
-                       or run the tests as another user)"
-                        .to_owned(),
-                }
-            })?)
-        } else {
-            None
-        };
+        let run_as = run_as_postgres(KIND, "PostgreSQL")?;
         Ok(Self {
             bin,
             run_as,

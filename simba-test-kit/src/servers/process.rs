@@ -798,6 +798,27 @@ pub(crate) fn is_executable(path: &Path) -> bool {
 }
 
 /// Whether this process runs as root.
+/// `(uid, gid)` of the `postgres` user when this process is root (PostgreSQL and PgBouncer
+/// refuse to run as root), `None` otherwise; `server` names the refusing program.
+pub(crate) fn run_as_postgres(
+    kind: ServerKind,
+    server: &str,
+) -> Result<Option<(u32, u32)>, ServerError> {
+    if !is_root() {
+        return Ok(None);
+    }
+    lookup_user("postgres")
+        .map(Some)
+        .ok_or_else(|| ServerError::Unavailable {
+            kind,
+            hint: format!(
+                "this process runs as root, which {server} refuses, and there is no `postgres` \
+                 user to run it as (create one with `useradd -r postgres`, or run the tests as \
+                 another user)"
+            ),
+        })
+}
+
 pub(crate) fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
