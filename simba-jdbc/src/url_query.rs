@@ -96,16 +96,20 @@ pub fn redact_url(url: &str) -> String {
     simba_core::redact_url_with(url, simba_core::is_secret_key)
 }
 
+/// The field and reason of an [`Error::InvalidConfig`] (tests of the URL options).
+#[cfg(test)]
+pub(crate) fn invalid_config(e: Error) -> (String, String) {
+    match e {
+        Error::InvalidConfig { field, reason } => (field.to_owned(), reason),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn reason(e: Error) -> (String, String) {
-        match e {
-            Error::InvalidConfig { field, reason } => (field.to_owned(), reason),
-            other => panic!("expected InvalidConfig, got {other:?}"),
-        }
-    }
+    use super::invalid_config as reason;
 
     #[test]
     fn query_options_are_taken_in_order_and_the_rest_kept() {

@@ -495,12 +495,7 @@ pub(crate) fn check_url(url: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn field(e: Error) -> (String, String) {
-        match e {
-            Error::InvalidConfig { field, reason } => (field.to_owned(), reason),
-            other => panic!("expected InvalidConfig, got {other:?}"),
-        }
-    }
+    use crate::url_query::invalid_config as field;
 
     #[test]
     fn tls_options_are_taken_out_of_the_url() {

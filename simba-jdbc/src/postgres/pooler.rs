@@ -181,12 +181,7 @@ pub(crate) fn hint(lower: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
 
-    fn field(e: Error) -> (String, String) {
-        match e {
-            Error::InvalidConfig { field, reason } => (field.to_owned(), reason),
-            other => panic!("expected InvalidConfig, got {other:?}"),
-        }
-    }
+    use crate::url_query::invalid_config as field;
 
     #[test]
     fn options_are_taken_out_and_read() {
