@@ -34,15 +34,15 @@ async fn ownerships_expire_from_one_queue() {
     let gates = local_gates();
     let t0 = Instant::now();
     let ms = Duration::from_millis;
-    gates.outcome("late", "a", true, t0 + ms(10_000));
+    gates.record("late", "a", true, t0 + ms(10_000), false);
     settle().await;
     // The task sleeps until 10 s; a sooner end wakes it.
     for i in 0..100u64 {
-        gates.outcome(&format!("m{i}"), "a", true, t0 + ms(100 + i));
+        gates.record(&format!("m{i}"), "a", true, t0 + ms(100 + i), false);
     }
     // A renewal moves m0's end; an earlier end than the one queued changes nothing.
-    gates.outcome("m0", "a", true, t0 + ms(5_000));
-    gates.outcome("m1", "a", true, t0 + ms(50));
+    gates.record("m0", "a", true, t0 + ms(5_000), false);
+    gates.record("m1", "a", true, t0 + ms(50), false);
     assert_eq!(queued(&gates), 101);
     tokio::time::sleep_until(t0 + ms(99)).await;
     settle().await;
@@ -59,7 +59,7 @@ async fn ownerships_expire_from_one_queue() {
     );
     assert_eq!(queued(&gates), 2);
     // A lost row and a release take their entries out at once.
-    gates.outcome("m0", "a", false, t0 + ms(6_000));
+    gates.record("m0", "a", false, t0 + ms(6_000), false);
     assert_eq!(owner(&gates, "m0"), None);
     gates.done("late", "a", false).await;
     assert_eq!(queued(&gates), 0);
@@ -70,7 +70,7 @@ async fn ownerships_expire_from_one_queue() {
         "the task outlived its queue"
     );
     // And starts again with the next ownership.
-    gates.outcome("again", "b", true, Instant::now() + ms(10));
+    gates.record("again", "b", true, Instant::now() + ms(10), false);
     tokio::time::sleep(ms(20)).await;
     settle().await;
     assert_eq!(owner(&gates, "again"), None);
@@ -81,7 +81,13 @@ async fn ownerships_expire_from_one_queue() {
 #[tokio::test(start_paused = true)]
 async fn an_end_during_a_call_keeps_the_lock_as_a_grant() {
     let gates = local_gates();
-    gates.outcome("m", "a", true, Instant::now() + Duration::from_millis(10));
+    gates.record(
+        "m",
+        "a",
+        true,
+        Instant::now() + Duration::from_millis(10),
+        false,
+    );
     let gate = gates.existing("m").expect("gate");
     gate.lock().held = Some(Held::Local);
     gates.calling("m", "a");
