@@ -183,20 +183,35 @@ impl Dialect {
 
     /// Opens one connection of the same kind as the pool's (same driver, same URL, same
     /// SQLite file; PostgreSQL's through the store's connector, with its TLS), outside the
-    /// pool: for floor measurements (`crate::floor`).
+    /// pool: for floor measurements (`crate::floor`). With `native`, where the native locks
+    /// are (PostgreSQL behind a transaction pooler: the direct URL's server; an error
+    /// without one).
     #[cfg(feature = "bench")]
-    pub(crate) async fn probe(&self) -> diesel::ConnectionResult<ProbeConn> {
+    pub(crate) async fn probe(&self, native: bool) -> diesel::ConnectionResult<ProbeConn> {
         match self {
             #[cfg(feature = "mysql")]
-            Dialect::Mysql(d) => crate::mysql::diesel(&d.url).await.map(ProbeConn::Mysql),
+            Dialect::Mysql(d) => {
+                let _ = native;
+                crate::mysql::diesel(&d.url).await.map(ProbeConn::Mysql)
+            }
             #[cfg(feature = "postgres")]
             Dialect::Postgres(d) => {
-                d.pg.diesel()
-                    .await
-                    .map(|c| ProbeConn::Postgres(Box::new(c)))
+                let pg = match (native, &d.native) {
+                    (false, _) => &d.pg,
+                    (true, Some(n)) => n,
+                    (true, None) => {
+                        return Err(diesel::ConnectionError::BadConnection(
+                            "no native lock is used behind a transaction pooler without \
+                             simba_direct_url"
+                                .to_owned(),
+                        ));
+                    }
+                };
+                pg.diesel().await.map(|c| ProbeConn::Postgres(Box::new(c)))
             }
             #[cfg(feature = "sqlite")]
             Dialect::Sqlite(d) => {
+                let _ = native;
                 <crate::sqlite::SqliteConn as diesel_async::AsyncConnection>::establish(&d.path)
                     .await
                     .map(ProbeConn::Sqlite)

@@ -43,6 +43,17 @@ impl SqlStore {
     /// # Cancel safety
     /// Cancel safe: dropping the future drops the half-open connection.
     pub(crate) async fn probe(&self) -> Result<SqlProbe> {
+        self.probe_on(false).await
+    }
+
+    /// A probe connection where the store's native locks live: PostgreSQL behind a
+    /// transaction pooler, the direct URL's server (a session lock through the pooler would
+    /// stay on whichever server connection took it).
+    async fn native_probe(&self) -> Result<SqlProbe> {
+        self.probe_on(true).await
+    }
+
+    async fn probe_on(&self, native: bool) -> Result<SqlProbe> {
         let kind = self.kind();
         let timeout = self.config().statement_timeout();
         let failed = |e: diesel::ConnectionError| {
@@ -56,7 +67,7 @@ impl SqlStore {
                 e,
             )
         };
-        let open = self.dialect().probe();
+        let open = self.dialect().probe(native);
         let conn = tokio::time::timeout(timeout, open)
             .await
             .map_err(|_| {
@@ -211,8 +222,8 @@ impl SqlStore {
             #[cfg(feature = "sqlite")]
             NativeLock::File(..) => (None, None, None),
             _ => {
-                let holder = self.probe().await?.conn;
-                let mut waiter = self.probe().await?.conn;
+                let holder = self.native_probe().await?.conn;
+                let mut waiter = self.native_probe().await?.conn;
                 let failed = |e: diesel::result::Error| {
                     Error::backend_source(kind.name(), "handoff floor: session id", true, e)
                 };
