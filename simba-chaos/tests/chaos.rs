@@ -50,6 +50,13 @@ async fn chaos_postgres() {
     check(config(ChaosBackend::Postgres)).await;
 }
 
+/// PostgreSQL behind PgBouncer in transaction mode (`simba_pooler=transaction`): the
+/// PostgreSQL faults, and PgBouncer killed, paused and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_postgres_pgbouncer() {
+    check(config(ChaosBackend::PostgresPgbouncer)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_sqlite() {
     check(config(ChaosBackend::Sqlite)).await;
