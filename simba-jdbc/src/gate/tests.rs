@@ -101,3 +101,26 @@ async fn an_end_during_a_call_keeps_the_lock_as_a_grant() {
         "the lock was let go under a call in flight"
     );
 }
+
+/// An acquisition answered after its contender released (a re-acquisition in flight while
+/// the release ran) records nothing: the next contender here gets the lock, not a wait for
+/// a stale ownership's end.
+#[tokio::test]
+async fn an_answer_after_the_release_leaves_no_owner() {
+    let gates = local_gates();
+    let until = Instant::now() + Duration::from_secs(10);
+    // A subscriber keeps the gate in use across the release (as a process's contenders do).
+    let _events = gates.subscribe("m", "observer");
+    assert!(matches!(gates.enter("m", "a").await, Pass::Locked(_)));
+    assert!(gates.outcome("m", "a", true, until));
+    gates.done("m", "a", false).await;
+    assert!(
+        !gates.outcome("m", "a", true, until),
+        "a stale answer was recorded"
+    );
+    assert_eq!(owner(&gates, "m"), None);
+    assert!(
+        matches!(gates.enter("m", "b").await, Pass::Locked(_)),
+        "the next contender waits for a released ownership"
+    );
+}
