@@ -162,15 +162,30 @@ pub(crate) struct Locks {
     swept: std::sync::Once,
 }
 
+/// How many blocking waits a store's locks may run at once: [`MAX_NATIVE_WAITS`]; none
+/// behind a session-mode pooler (`simba_pooler=session`), where every wait tries its lock
+/// once per [`NATIVE_WAIT_POLL`] and on every NOTIFY of a release instead: a blocking wait
+/// given up needs a cancel request, which PgBouncer 1.18 can exit on, and a wait given up
+/// by closing its session stays queued on the server until the lock comes to it, which then
+/// holds the lock a moment after its owner's release (a `try_acquire` then was refused).
+fn blocking_waits(kind: &Kind) -> usize {
+    match kind {
+        #[cfg(feature = "postgres")]
+        Kind::Postgres { pg } if pg.pooler().session => 0,
+        _ => MAX_NATIVE_WAITS,
+    }
+}
+
 impl Locks {
     pub(crate) fn new(kind: Kind, bound: Duration) -> Self {
+        let slots = Arc::new(Semaphore::new(blocking_waits(&kind)));
         Locks {
             kind,
             bound,
             holder: tokio::sync::Mutex::new(None),
             shared: AtomicUsize::new(0),
             spare: StdMutex::new(Vec::new()),
-            slots: Arc::new(Semaphore::new(MAX_NATIVE_WAITS)),
+            slots,
             capped: AtomicUsize::new(0),
             #[cfg(feature = "sqlite")]
             swept: std::sync::Once::new(),

@@ -21,8 +21,9 @@
 //!
 //! *Session* mode gives a client one server connection for as long as it stays connected:
 //! that is a direct connection, except that `simba_pooler=session` sends no cancel request
-//! through the pooler (PgBouncer 1.18, Debian 12's, can exit on one: pgbouncer#801): a
-//! given-up wait for a native lock ends with its session's connection instead. *Statement*
+//! through the pooler (PgBouncer 1.18, Debian 12's, can exit on one: pgbouncer#801): no
+//! blocking wait for a native lock runs (`crate::native`, the cap on blocking waits is 0),
+//! and waiters try the lock on each NOTIFY of a release and once a second. *Statement*
 //! mode allows no transaction of more than one statement: the semaphores' acquisitions and
 //! the migration need them, so it is refused when named, and a pooler's refusal of a
 //! transaction is explained (see [`hint`]).
