@@ -184,6 +184,27 @@ async fn taken_at_once(
     }
 }
 
+/// `value` with every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) `%`-escaped: a
+/// URL given as the value of another URL's query option (e.g. `simba_direct_url=`).
+///
+/// ```
+/// assert_eq!(
+///     simba_test_kit::support::percent_encode("postgres://u@h:5432/db"),
+///     "postgres%3A%2F%2Fu%40h%3A5432%2Fdb"
+/// );
+/// ```
+pub fn percent_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,25 +236,4 @@ mod tests {
             )
         );
     }
-}
-
-/// `value` with every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) `%`-escaped: a
-/// URL given as the value of another URL's query option (e.g. `simba_direct_url=`).
-///
-/// ```
-/// assert_eq!(
-///     simba_test_kit::support::percent_encode("postgres://u@h:5432/db"),
-///     "postgres%3A%2F%2Fu%40h%3A5432%2Fdb"
-/// );
-/// ```
-pub fn percent_encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
