@@ -558,7 +558,10 @@ mod tests {
             "{ini}"
         );
         assert!(
-            ini.contains("simba_session = host=10.0.0.7 port=5433 dbname=simba user=app password=pw pool_mode=session pool_size=40"),
+            ini.contains(&format!(
+                "simba_session = host=10.0.0.7 port=5433 dbname=simba user=app password=pw \
+                 pool_mode=session pool_size={SESSION_POOL_SIZE}"
+            )),
             "{ini}"
         );
         assert!(ini.contains("listen_port = 7000\n"), "{ini}");
