@@ -38,8 +38,9 @@ async fn exec_owner_and_watch_on_mysql() {
 /// error), never two at once, and each starts soon after the previous one ends. Without
 /// a direct URL a waiter reads the owner's row at most 100 ms apart; with one, the
 /// release wakes it. The bounds here (1 s, 500 ms) leave room for a loaded machine and
-/// are still far below the 10 s lease a waiter used to wait out; the measured gaps are
-/// printed (idle machine: 22–107 ms without, 21–38 ms with the direct URL).
+/// are still a tenth of the 10 s lease, which a waiter that nothing wakes would wait out;
+/// the measured gaps are printed (idle machine: 22–107 ms without, 21–38 ms with the
+/// direct URL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_execs_through_pgbouncer_in_transaction_mode() {
     let pooler = servers::pgbouncer(servers::PoolMode::Transaction)
