@@ -181,6 +181,93 @@ impl Dialect {
         }
     }
 
+    /// Whether the store tells other stores (other processes) that it freed permits their
+    /// waiters are owed, and hears them ([`Dialect::permits_freed`],
+    /// [`Dialect::hear_permits`]): PostgreSQL with LISTEN, SQLite's file databases on Linux.
+    pub(crate) fn pushes_permits(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => d.listener.is_some(),
+            #[cfg(all(feature = "sqlite", any(target_os = "linux", target_os = "android")))]
+            Dialect::Sqlite(d) => d.bells.is_some(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Sets what the store does with the news of permits freed by another store (wakes
+    /// its waiters: see [`crate::push`]). Without push, nothing is heard.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn on_permit(&self, f: crate::push::OnPermit) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => {
+                if let Some(l) = &d.listener {
+                    l.on_permit(f);
+                }
+            }
+            #[cfg(all(feature = "sqlite", any(target_os = "linux", target_os = "android")))]
+            Dialect::Sqlite(d) => {
+                if let Some(b) = &d.bells {
+                    b.on_permit(f);
+                }
+            }
+            #[allow(unreachable_patterns)]
+            _ => drop(f),
+        }
+    }
+
+    /// Makes sure the store hears of permits freed by other stores, for a
+    /// waiter about to wait (PostgreSQL: the LISTEN connection runs; SQLite: the
+    /// database's bell file is watched).
+    pub(crate) fn hear_permits(&self) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => {
+                if let Some(l) = &d.listener {
+                    l.start();
+                }
+            }
+            #[cfg(all(feature = "sqlite", any(target_os = "linux", target_os = "android")))]
+            Dialect::Sqlite(d) => {
+                if let Some(b) = &d.bells {
+                    b.watch();
+                }
+            }
+            #[allow(unreachable_patterns)]
+            _ => {}
+        }
+    }
+
+    /// Tells other stores that permits of `semaphore` were freed and are owed to `owed`
+    /// (PostgreSQL: a NOTIFY naming them, sent after the commit; SQLite: the semaphore's
+    /// slot of the bell file). Nothing when `owed` is empty or the store does not push.
+    pub(crate) fn permits_freed(&self, semaphore: &str, owed: &[&str]) {
+        if owed.is_empty() {
+            return;
+        }
+        match self {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres(d) => {
+                if let Some(payload) =
+                    crate::postgres::permit_payload(semaphore, owed.iter().copied())
+                {
+                    d.notifier.send(payload);
+                }
+            }
+            #[cfg(all(feature = "sqlite", any(target_os = "linux", target_os = "android")))]
+            Dialect::Sqlite(d) => {
+                if let Some(b) = &d.bells {
+                    b.ring(semaphore);
+                }
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = semaphore;
+            }
+        }
+    }
+
     /// Opens one connection of the same kind as the pool's (same driver, same URL, same
     /// SQLite file; PostgreSQL's through the store's connector, with its TLS), outside the
     /// pool: for floor measurements (`crate::floor`). With `native`, where the native locks

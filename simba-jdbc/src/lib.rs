@@ -19,6 +19,7 @@ mod floor;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gate;
+mod hash;
 mod lock_error;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -26,6 +27,8 @@ mod native;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod push;
 mod rows;
 mod schema;
 mod sql;

@@ -507,13 +507,25 @@ impl SqlStore {
                 gates.poke(mutex);
             }
         }));
+        // Permits freed by other stores wake this store's waiters (where the database
+        // tells of them). Weak, as above.
+        let permits = permits::Permits::new(kind, config.table());
+        #[cfg(any(feature = "postgres", feature = "sqlite"))]
+        {
+            let weak = Arc::downgrade(&permits.waiters);
+            dialect.on_permit(Box::new(move |news| {
+                if let Some(waiters) = weak.upgrade() {
+                    waiters.heard(news);
+                }
+            }));
+        }
         Ok(SqlStore {
             inner: Arc::new(Inner {
                 kind,
                 discard: kind != Backend::Sqlite,
                 renewals: renew::Renewals::new(kind, config.pool_size()),
                 turns: (kind == Backend::Sqlite).then(Turns::default),
-                permits: permits::Permits::new(kind, config.table()),
+                permits,
                 gates,
                 config,
                 dialect,

@@ -27,7 +27,8 @@ mod postgres {
 }
 
 /// The store-level behaviour of the SQL semaphores beyond the kit's cases: FIFO, one
-/// in-process wake-up per freed permit, and the refusal without the table.
+/// in-process wake-up per freed permit, the wake-up of another store's waiter, and the
+/// refusal without the table.
 mod store_level {
     use std::time::Duration;
 
@@ -101,6 +102,49 @@ mod store_level {
         );
     }
 
+    /// Two stores, as two processes would be: a waiter of `b` is woken by a release in `a`,
+    /// through the database (PostgreSQL: a NOTIFY naming the waiters owed; SQLite on Linux:
+    /// the bell file). Without that push no event reaches the waiter's channel at all (it
+    /// would find the permit only at its own next look, which this does not make), so the
+    /// case fails. `listening` is a mutex subscription of `b` that gets
+    /// [`StoreEvent::Resync`] once `b`'s LISTEN connection is up (PostgreSQL), so the
+    /// release cannot come before `b` listens.
+    pub(super) async fn a_release_in_another_store_wakes_its_waiter(
+        a: SqlStore,
+        b: SqlStore,
+        listening: bool,
+    ) {
+        use simba_core::backend::LeaseStore;
+
+        let sem = unique_name("sem_push");
+        assert!(holds(&a, &sem, "h", 1).await, "the first contender holds");
+        let mut rx = b
+            .permit_subscribe(&sem, "w")
+            .await
+            .expect("subscribe w")
+            .expect("SQL stores push to their waiters");
+        assert!(!holds(&b, &sem, "w", 1).await, "w queues");
+        if listening {
+            let mut probe = LeaseStore::subscribe(&b, &unique_name("probe"), "probe")
+                .await
+                .expect("subscribe a probe")
+                .expect("PostgreSQL observers hear");
+            // Bound: one connection and a LISTEN; 10 s is only a guard.
+            let event = timeout(Duration::from_secs(10), probe.recv())
+                .await
+                .expect("the LISTEN connection did not come up");
+            assert_eq!(event, Some(StoreEvent::Resync));
+        }
+        assert!(a.permit_release(&sem, "h").await.expect("release"));
+        // Bound: the push leaves once the release commits; 10 s is only a guard.
+        let event = timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the waiter of the other store was not woken");
+        assert_eq!(event, Some(StoreEvent::Released));
+        assert!(holds(&b, &sem, "w", 1).await, "w was owed the permit");
+        assert!(b.permit_release(&sem, "w").await.expect("release"));
+    }
+
     /// A renewal keeps the fence and never takes a permit; a waiter that leaves gives its
     /// place up.
     pub(super) async fn renewal_keeps_the_fence_and_leave_gives_up(store: SqlStore) {
@@ -138,6 +182,14 @@ mod store_level {
         async fn fifo_and_one_wakeup_per_permit() {
             let h = SqlHarness::sqlite();
             super::fifo_and_one_wakeup_per_permit(h.store().await.expect("store")).await;
+        }
+
+        #[cfg(target_os = "linux")]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_release_in_another_store_wakes_its_waiter() {
+            let h = SqlHarness::sqlite();
+            let (a, b) = (h.store().await.expect("a"), h.store().await.expect("b"));
+            super::a_release_in_another_store_wakes_its_waiter(a, b, false).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,6 +265,13 @@ mod store_level {
         async fn fifo_and_one_wakeup_per_permit() {
             let h = SqlHarness::postgres().await;
             super::fifo_and_one_wakeup_per_permit(h.store().await.expect("store")).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_release_in_another_store_wakes_its_waiter() {
+            let h = SqlHarness::postgres().await;
+            let (a, b) = (h.store().await.expect("a"), h.store().await.expect("b"));
+            super::a_release_in_another_store_wakes_its_waiter(a, b, true).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,11 +3,13 @@
 //!
 //! Releases, new acquisitions and holds are notified once their UPDATE has committed
 //! (`super::Notifier`: not in the same transaction, which would serialize commits). Payloads are
-//! `R\n{mutex}\n{releaser}` and `A\n{mutex}\n{new owner}`; mutex names and contender ids
-//! cannot contain a newline (they are validated).
+//! `R\n{mutex}\n{releaser}` and `A\n{mutex}\n{new owner}`, and for semaphores
+//! `P\n{semaphore}\n{waiter}\n{waiter}…`: the waiters a freed permit is owed to (see
+//! [`permit_payload`]). Names and contender ids cannot contain a newline (they are validated).
 //!
 //! Notifications are lost while the LISTEN connection is down, so after every successful
-//! (re)connect every subscriber gets [`StoreEvent::Resync`] and re-reads the owner.
+//! (re)connect every subscriber gets [`StoreEvent::Resync`] and re-reads the owner (a
+//! permit waiter finds a permit it missed at its next look).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +24,7 @@ use tokio::time::{MissedTickBehavior, interval_at, sleep, timeout};
 use tokio_postgres::AsyncMessage;
 
 use super::{ConnectError, Connector};
+use crate::push::{Freed, OnPermit};
 use tracing::{debug, info, warn};
 
 /// How often the LISTEN connection is checked when no notification arrives.
@@ -53,6 +56,8 @@ struct Hub {
     subs: StdMutex<HashMap<String, Vec<Sub>>>,
     /// Told of every release heard (see [`Listener::on_release`]).
     on_release: std::sync::OnceLock<OnRelease>,
+    /// Told of every freed permit heard (see [`Listener::on_permit`]).
+    on_permit: std::sync::OnceLock<OnPermit>,
 }
 
 impl Hub {
@@ -106,6 +111,12 @@ impl Hub {
             return;
         };
         match kind {
+            "P" => {
+                if let Some(f) = self.on_permit.get() {
+                    let owed: Vec<&str> = actor.split('\n').collect();
+                    f(Freed::Owed(mutex, &owed));
+                }
+            }
             "R" => {
                 self.dispatch(mutex, actor, &StoreEvent::Released);
                 if let Some(f) = self.on_release.get() {
@@ -132,6 +143,29 @@ pub(crate) fn released_payload(mutex: &str, contender: &str) -> String {
 /// Formats the payload of an acquisition notification.
 pub(crate) fn acquired_payload(mutex: &str, contender: &str) -> String {
     format!("A\n{mutex}\n{contender}")
+}
+
+/// The longest payload sent: PostgreSQL refuses one of 8,000 bytes or more.
+const PAYLOAD_MAX: usize = 7_900;
+
+/// Formats the payload that tells the listeners of other stores which waiters of
+/// `semaphore` a freed permit is owed to; `None` when it is owed to nobody. Waiters beyond
+/// what fits in one payload are not named: they find their permit at their next look.
+pub(crate) fn permit_payload<'a>(
+    semaphore: &str,
+    owed: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
+    let mut payload = format!("P\n{semaphore}");
+    let mut any = false;
+    for who in owed {
+        if payload.len() + 1 + who.len() > PAYLOAD_MAX {
+            break;
+        }
+        payload.push('\n');
+        payload.push_str(who);
+        any = true;
+    }
+    any.then_some(payload)
 }
 
 /// Aborts a task when dropped.
@@ -170,6 +204,12 @@ impl Listener {
         let _ = self.hub.on_release.set(f);
     }
 
+    /// Sets what the store does with every freed permit heard (wakes its waiters owed one).
+    /// Set once; later calls are ignored.
+    pub(crate) fn on_permit(&self, f: OnPermit) {
+        let _ = self.hub.on_permit.set(f);
+    }
+
     /// Registers `contender` for events about `mutex` (on `tx`, until `contending` is set)
     /// and makes sure the listener runs (it also pokes the gates of waits beyond the cap).
     /// A subscriber that contends already would never hear from here: it is not kept (a
@@ -184,6 +224,11 @@ impl Listener {
         if !contending.load(Ordering::Relaxed) {
             self.hub.add(mutex, contender, tx, contending);
         }
+        self.start();
+    }
+
+    /// Makes sure the listener runs (a permit waiter needs it: see [`Listener::on_permit`]).
+    pub(crate) fn start(&self) {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.as_ref().is_none_or(JoinHandle::is_finished) {
             *task = Some(tokio::spawn(run(
@@ -317,5 +362,38 @@ mod tests {
         assert_eq!(a.try_recv().ok(), Some(StoreEvent::Resync));
         assert_eq!(other.try_recv().ok(), Some(StoreEvent::Resync));
         assert_eq!(hub.lock().get("m").map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_permit_payload_names_the_waiters_owed_and_fits() {
+        let heard: Arc<StdMutex<Vec<(String, Vec<String>)>>> = Arc::default();
+        let hub = Hub::default();
+        let log = heard.clone();
+        let _ = hub.on_permit.set(Box::new(move |news| {
+            if let Freed::Owed(s, owed) = news {
+                let owed = owed.iter().map(|w| (*w).to_owned()).collect();
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((s.to_owned(), owed));
+            }
+        }));
+        assert_eq!(
+            permit_payload("s", []),
+            None,
+            "nobody owed: nothing to send"
+        );
+        let payload = permit_payload("s", ["w1", "w2"]).expect("two owed");
+        hub.handle(&payload);
+        // A mutex's release is not a permit's.
+        hub.handle(&released_payload("s", "w1"));
+        let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(
+            heard,
+            vec![("s".to_owned(), vec!["w1".to_owned(), "w2".to_owned()])]
+        );
+        let many: Vec<String> = (0..2_000).map(|i| format!("waiter-{i}")).collect();
+        let long = permit_payload("s", many.iter().map(String::as_str)).expect("some fit");
+        assert!(long.len() <= PAYLOAD_MAX, "{} bytes", long.len());
+        assert!(long.ends_with("\nwaiter-0") || long.contains("\nwaiter-0\n"));
     }
 }

@@ -20,7 +20,7 @@ use simba_core::tls::TlsFailure;
 
 pub(crate) use connect::{ConnectError, Connector};
 pub(crate) use fast::{Fast, Notifier};
-pub(crate) use listen::{Listener, acquired_payload, released_payload};
+pub(crate) use listen::{Listener, acquired_payload, permit_payload, released_payload};
 
 use crate::config::{Backend, SqlConfig};
 use crate::conn::impl_sql_conn;

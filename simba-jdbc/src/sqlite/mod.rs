@@ -3,6 +3,8 @@
 //! elsewhere a lock file per mutex).
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
+mod bell;
+#[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) mod lock;
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 #[path = "lock_files.rs"]
@@ -19,6 +21,8 @@ use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use simba_core::Result;
 
 pub(crate) use crate::lock_error::Refused;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) use bell::Bells;
 pub(crate) use lock::{DbFile, FileKey, FileLock, sweep_earlier};
 
 use crate::config::{Backend, SqlConfig};
@@ -61,6 +65,9 @@ pub(crate) struct Store {
     pub(crate) path: String,
     /// `:memory:`: no other process can reach the database.
     pub(crate) memory: bool,
+    /// How the store hears of permits freed by other processes (a file database on Linux).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    pub(crate) bells: Option<Bells>,
 }
 
 impl Store {
@@ -123,6 +130,8 @@ impl Store {
             renew,
             path: path.to_owned(),
             memory,
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            bells: (!memory).then(|| Bells::new(path, config.table())),
         })
     }
 }

@@ -13,9 +13,12 @@
 //! The transaction runs in a task of its own, so that a caller that gives up never leaves
 //! a connection halfway through it.
 //!
-//! Waiters are woken by push within one store (a release, or a waiter leaving, sends
-//! [`StoreEvent::Released`] to the local waiters owed a freed permit); waiters of other
-//! stores look again every [`PERMIT_POLL`] at most.
+//! Waiters are woken by push: a release, or a waiter leaving, sends
+//! [`StoreEvent::Released`] to the store's own waiters owed a freed permit, and tells the
+//! other stores where the database lets it (PostgreSQL: a NOTIFY naming the waiters owed;
+//! SQLite on Linux: the semaphore's bell file, see `crate::sqlite::Bells`), whose waiters
+//! are woken the same way. MySQL has no push: waiters of other stores look again every
+//! [`PERMIT_POLL`] at most, as every waiter does should a push be missed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -104,38 +107,58 @@ pub fn create_permits_table_sql(backend: Backend, table: &str) -> Result<String>
 /// The store's semaphores: their statements and the local waiters to wake.
 pub(crate) struct Permits {
     pub(crate) sql: PermitSql,
-    /// Per semaphore, the waiters of this store that subscribed (contender, sender).
-    waiters: std::sync::Mutex<HashMap<String, Subscribers>>,
+    /// This store's waiters that subscribed.
+    pub(crate) waiters: Arc<Waiters>,
 }
 
 impl Permits {
     pub(crate) fn new(backend: Backend, table: &str) -> Self {
         Permits {
             sql: PermitSql::new(backend, table),
-            waiters: std::sync::Mutex::new(HashMap::new()),
+            waiters: Arc::default(),
         }
+    }
+}
+
+/// Per semaphore, a store's waiters that subscribed (contender, sender).
+#[derive(Default)]
+pub(crate) struct Waiters(std::sync::Mutex<HashMap<String, Subscribers>>);
+
+impl Waiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Subscribers>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn subscribe(&self, semaphore: &str, contender: &str) -> EventReceiver {
         let (tx, rx) = events::channel(4);
-        let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.lock();
         let list = map.entry(semaphore.to_owned()).or_default();
         list.retain(|(_, tx)| !tx.is_closed());
         list.push((contender.to_owned(), tx));
         rx
     }
 
-    /// Wakes the local waiters among `owed`; forgets the ones that stopped listening.
-    fn wake<'a>(&self, semaphore: &str, owed: impl Iterator<Item = &'a str>) {
-        let mut map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+    /// Wakes the waiters of `semaphore` that `owed` names (all of them with `None`);
+    /// forgets the ones that stopped listening.
+    fn wake<'a>(&self, semaphore: &str, owed: Option<impl Iterator<Item = &'a str>>) {
+        let mut map = self.lock();
         let Some(list) = map.get_mut(semaphore) else {
             return;
         };
         list.retain(|(_, tx)| !tx.is_closed());
-        for who in owed {
-            for (_, tx) in list.iter().filter(|(id, _)| id == who) {
-                // A full channel already holds an event that makes the waiter look again.
-                let _ = tx.try_send(StoreEvent::Released);
+        // A full channel already holds an event that makes the waiter look again.
+        match owed {
+            Some(owed) => {
+                for who in owed {
+                    for (_, tx) in list.iter().filter(|(id, _)| id == who) {
+                        let _ = tx.try_send(StoreEvent::Released);
+                    }
+                }
+            }
+            None => {
+                for (_, tx) in list.iter() {
+                    let _ = tx.try_send(StoreEvent::Released);
+                }
             }
         }
         if list.is_empty() {
@@ -143,10 +166,32 @@ impl Permits {
         }
     }
 
+    /// Wakes the waiters that news of freed permits from another store concerns.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn heard(&self, news: crate::push::Freed<'_>) {
+        use crate::push::Freed;
+        match news {
+            Freed::Owed(semaphore, owed) => self.wake(semaphore, Some(owed.iter().copied())),
+            Freed::Matching(test) => {
+                let names: Vec<String> = self.lock().keys().filter(|s| test(s)).cloned().collect();
+                for semaphore in &names {
+                    self.wake(semaphore, None::<std::iter::Empty<&str>>);
+                }
+            }
+        }
+    }
+
     fn has_waiters(&self, semaphore: &str) -> bool {
-        let map = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.lock();
         map.get(semaphore)
             .is_some_and(|l| l.iter().any(|(_, tx)| !tx.is_closed()))
+    }
+
+    /// Whether `contender` is one of this store's waiters of `semaphore`.
+    fn has(&self, semaphore: &str, contender: &str) -> bool {
+        let map = self.lock();
+        map.get(semaphore)
+            .is_some_and(|l| l.iter().any(|(id, tx)| id == contender && !tx.is_closed()))
     }
 }
 
@@ -317,7 +362,7 @@ impl Ops<'_> {
                 let released = c.exec(&sql.release, &args).await? > 0;
                 // A waiter's place, or a holder past its lease.
                 let left = c.exec(&sql.delete, &args).await? > 0;
-                let view = if (released || left) && inner.permits.has_waiters(semaphore) {
+                let view = if (released || left) && self.wakes(semaphore) {
                     Some(read(c, sql, semaphore).await?)
                 } else {
                     None
@@ -327,7 +372,7 @@ impl Ops<'_> {
         )
         .map_err(|e| self.explain(e))?;
         if let Some(view) = view {
-            inner.permits.wake(semaphore, view.owed());
+            self.woken(semaphore, &view);
         }
         Ok(released)
     }
@@ -360,7 +405,24 @@ impl Ops<'_> {
 
     pub(crate) fn subscribe(&self, semaphore: &str, me: &str) -> Result<Option<EventReceiver>> {
         self.check(semaphore, Some(me))?;
-        Ok(Some(self.inner.permits.subscribe(semaphore, me)))
+        let rx = self.inner.permits.waiters.subscribe(semaphore, me);
+        self.inner.dialect.hear_permits();
+        Ok(Some(rx))
+    }
+
+    /// Whether freeing a permit of `semaphore` wakes anyone: a waiter of this store, or
+    /// (where the store pushes to others) one of another store.
+    fn wakes(&self, semaphore: &str) -> bool {
+        self.inner.dialect.pushes_permits() || self.inner.permits.waiters.has_waiters(semaphore)
+    }
+
+    /// Wakes the waiters owed the permits freed, as `view` (read after the change) shows:
+    /// this store's, and the other stores' through the database.
+    fn woken(&self, semaphore: &str, view: &View) {
+        let waiters = &self.inner.permits.waiters;
+        waiters.wake(semaphore, Some(view.owed()));
+        let elsewhere: Vec<&str> = view.owed().filter(|w| !waiters.has(semaphore, w)).collect();
+        self.inner.dialect.permits_freed(semaphore, &elsewhere);
     }
 
     /// Leaves the queue only: a permit held stays held until its lease ends.
@@ -375,7 +437,7 @@ impl Ops<'_> {
                 // Only a waiter's row (fence 0).
                 let args = [Arg::Text(semaphore), Arg::Text(me)];
                 let left = c.exec(&sql.leave, &args).await? > 0;
-                if left && inner.permits.has_waiters(semaphore) {
+                if left && self.wakes(semaphore) {
                     Ok::<_, diesel::result::Error>(Some(read(c, sql, semaphore).await?))
                 } else {
                     Ok(None)
@@ -384,7 +446,7 @@ impl Ops<'_> {
         )
         .map_err(|e| self.explain(e))?;
         if let Some(view) = view {
-            inner.permits.wake(semaphore, view.owed());
+            self.woken(semaphore, &view);
         }
         Ok(())
     }

@@ -270,11 +270,14 @@ impl SqlHarness {
 }
 
 /// What a SQLite harness's directory may hold: the database, its WAL and shared-memory
-/// files (on Linux simba locks in the database file itself; elsewhere it adds a lock
-/// file per mutex, which this does not allow).
+/// files, and the semaphores' bell file (on Linux simba locks in the database file itself;
+/// elsewhere it adds a lock file per mutex, which this does not allow).
 #[allow(dead_code)]
 pub fn sqlite_dir_files_allowed(name: &str) -> bool {
-    matches!(name, "simba.db" | "simba.db-wal" | "simba.db-shm")
+    matches!(
+        name,
+        "simba.db" | "simba.db-wal" | "simba.db-shm" | "simba.db-simba-permits"
+    )
 }
 
 /// The files of `dir` that a SQLite harness's directory must not hold (see
