@@ -366,7 +366,8 @@ mod tests {
 
     #[test]
     fn a_permit_payload_names_the_waiters_owed_and_fits() {
-        let heard: Arc<StdMutex<Vec<(String, Vec<String>)>>> = Arc::default();
+        type Heard = Vec<(String, Vec<String>)>;
+        let heard: Arc<StdMutex<Heard>> = Arc::default();
         let hub = Hub::default();
         let log = heard.clone();
         let _ = hub.on_permit.set(Box::new(move |news| {
