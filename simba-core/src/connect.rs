@@ -229,6 +229,25 @@ pub trait Connection: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Opens the read-write lock `name` ([`RwLock`](crate::RwLock)): a mutex of
+    /// [`Connection::factory`] as its gate and this connection's semaphore of the same
+    /// name ([`Connection::open_semaphore`], [`MAX_READERS`](crate::MAX_READERS) permits)
+    /// for its readers. Every backend with semaphores has read-write locks.
+    ///
+    /// # Errors
+    /// As [`Connection::open_semaphore`] ([`Error::Unsupported`] where the backend has no
+    /// semaphores) and [`Locker::new`](crate::Locker::new).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind: the lock takes nothing until asked.
+    fn open_rwlock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<crate::RwLock>> {
+        Box::pin(async move {
+            let readers = self.open_semaphore(name, crate::MAX_READERS).await?;
+            let gate = crate::Locker::new(self.factory(), name)?;
+            crate::RwLock::new(gate, readers)
+        })
+    }
+
     /// Opens a probe of this backend's bare round trips, on connections of the kind the
     /// services use. `name` is a unique token for any key or channel the probe needs
     /// (under the store's own prefix).

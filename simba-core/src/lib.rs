@@ -27,6 +27,7 @@ mod owner;
 mod permit_store;
 mod redact;
 mod rt;
+mod rwlock;
 mod scheduler;
 mod semaphore;
 mod service;
@@ -52,6 +53,7 @@ pub use owner::{
     MutexState,
 };
 pub use redact::{is_secret_key, redact_url_with};
+pub use rwlock::{DRAIN_POLL_MAX, MAX_READERS, ReadGuard, RwLock, WriteGuard};
 pub use scheduler::{LeaderScheduler, Schedule, WorkContext};
 pub use semaphore::{PermitGuard, Semaphore};
 pub use service::{

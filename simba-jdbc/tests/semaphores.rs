@@ -1,4 +1,4 @@
-//! The semaphore cases of the kit (issue #28) on every SQL database: MariaDB/MySQL,
+//! The semaphore and read-write lock cases of the kit on every SQL database: MariaDB/MySQL,
 //! PostgreSQL and SQLite, each on a table of its own (`{table}_permits` beside it).
 #![allow(missing_docs)]
 #![cfg(any(feature = "mysql", feature = "postgres", feature = "sqlite"))]
@@ -10,6 +10,7 @@ mod sqlite {
     use super::common;
 
     simba_test_kit::semaphore_tests!(common::SqlHarness::sqlite());
+    simba_test_kit::rw_lock_tests!(common::SqlHarness::sqlite());
 }
 
 #[cfg(feature = "mysql")]
@@ -17,6 +18,7 @@ mod mysql {
     use super::common;
 
     simba_test_kit::semaphore_tests!(common::SqlHarness::mysql().await);
+    simba_test_kit::rw_lock_tests!(common::SqlHarness::mysql().await);
 }
 
 #[cfg(feature = "postgres")]
@@ -24,6 +26,7 @@ mod postgres {
     use super::common;
 
     simba_test_kit::semaphore_tests!(common::SqlHarness::postgres().await);
+    simba_test_kit::rw_lock_tests!(common::SqlHarness::postgres().await);
 }
 
 /// The store-level behaviour of the SQL semaphores beyond the kit's cases: FIFO, one

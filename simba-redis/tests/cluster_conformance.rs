@@ -1,5 +1,5 @@
-//! The simba conformance suite, and the kit's store-level and semaphore cases, on a
-//! 3-primary Redis Cluster started by the test kit.
+//! The simba conformance suite, and the kit's store-level, semaphore and read-write lock
+//! cases, on a 3-primary Redis Cluster started by the test kit.
 //!
 //! The cases that need a fault point on one factory's connections
 //! (`lost_signal_on_outage`, `failover_after_crash`, `safety_under_partitions`) run too. A
@@ -27,6 +27,8 @@ async fn harness() -> ClusterHarness {
 simba_test_kit::store_conformance_tests!(harness().await);
 
 simba_test_kit::semaphore_tests!(harness().await);
+
+simba_test_kit::rw_lock_tests!(harness().await);
 
 simba_test_kit::conformance_tests!(harness().await);
 

@@ -1,5 +1,5 @@
-//! The simba conformance suite, and the kit's store-level and semaphore cases, on a real
-//! Redis server.
+//! The simba conformance suite, and the kit's store-level, semaphore and read-write lock
+//! cases, on a real Redis server.
 
 // Tests fail by panicking; unwrap on a setup step is the clearest report.
 #![allow(clippy::unwrap_used)]
@@ -11,6 +11,8 @@ simba_test_kit::conformance_tests!(common::RedisHarness::start().await);
 simba_test_kit::store_conformance_tests!(common::RedisHarness::start().await);
 
 simba_test_kit::semaphore_tests!(common::RedisHarness::start().await);
+
+simba_test_kit::rw_lock_tests!(common::RedisHarness::start().await);
 
 /// The store contract's property test (the kit's `store_props`): a bounded number of
 /// random call sequences on the server's clock, checked against the lease model. Strict:

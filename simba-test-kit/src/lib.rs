@@ -6,6 +6,7 @@ pub mod history;
 pub mod memory;
 pub mod permit_model;
 pub mod proxy;
+pub mod rw_cases;
 pub mod semaphore_cases;
 pub mod servers;
 pub mod store_cases;

@@ -5,3 +5,5 @@ simba_test_kit::conformance_tests!(simba_test_kit::memory::MemoryHarness::memory
 simba_test_kit::store_conformance_tests!(simba_test_kit::memory::MemoryHarness::memory());
 
 simba_test_kit::semaphore_tests!(simba_test_kit::memory::MemoryHarness::memory());
+
+simba_test_kit::rw_lock_tests!(simba_test_kit::memory::MemoryHarness::memory());

@@ -1,5 +1,5 @@
-//! Semaphores on a real ZooKeeper: the kit's semaphore cases, and a holder cut off from
-//! the server.
+//! Semaphores on a real ZooKeeper: the kit's semaphore and read-write lock cases, and a
+//! holder cut off from the server.
 
 // Tests fail by panicking; unwrap on a setup step is the clearest report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +16,8 @@ use tokio::time::{Instant, sleep, timeout};
 use zookeeper_async::ZooKeeper;
 
 simba_test_kit::semaphore_tests!(common::ZkPermitHarness::start().await);
+
+simba_test_kit::rw_lock_tests!(common::ZkPermitHarness::start().await);
 
 /// A holder whose connection is cut (as for a partitioned or killed process) stops
 /// believing at its local deadline; its permit then returns to the waiter (at the lease's

@@ -212,6 +212,37 @@ impl ZkPermitHarness {
     }
 }
 
+impl simba_test_kit::rw_cases::RwSource for ZkPermitHarness {
+    fn name(&self) -> String {
+        "zookeeper".to_owned()
+    }
+
+    /// The gate a mutex of a new session, the readers permits of the same session.
+    fn rwlock<'a>(
+        &'a self,
+        lock: &'a str,
+        config: simba_core::LeaseConfig,
+    ) -> BoxFuture<'a, Result<simba_core::RwLock, SetupError>> {
+        Box::pin(async move {
+            let session = test_config(self.server.url(), &self.root, PERMIT_SESSION);
+            let factory = ZkFactory::connect(session).await?;
+            let readers = simba_core::Semaphore::new(
+                factory.permit_store(),
+                config,
+                lock,
+                simba_core::MAX_READERS,
+            )?;
+            let gates: Arc<dyn ContendServiceFactory> = Arc::new(factory);
+            let gate = simba_core::Locker::new(gates, lock)?;
+            Ok(simba_core::RwLock::new(gate, readers)?)
+        })
+    }
+
+    fn pushes_release(&self) -> bool {
+        true
+    }
+}
+
 impl simba_test_kit::semaphore_cases::PermitSource for ZkPermitHarness {
     type Store = simba_zookeeper::ZkPermitStore;
 
