@@ -267,7 +267,8 @@ impl Load {
 
 impl fmt::Display for Load {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| d.as_millis().to_string());
+        let ms =
+            |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| d.as_millis().to_string());
         write!(
             f,
             "load: acquisitions_per_s={:.1} holders_while_queued=",
@@ -296,7 +297,11 @@ fn share(buckets: &[Duration], total: Duration, k: usize) -> f64 {
 }
 
 /// Merges spans into sorted, disjoint ones, clipped to `[from, to)`; empty spans go.
-fn merge(mut spans: Vec<(Instant, Instant)>, from: Instant, to: Instant) -> Vec<(Instant, Instant)> {
+fn merge(
+    mut spans: Vec<(Instant, Instant)>,
+    from: Instant,
+    to: Instant,
+) -> Vec<(Instant, Instant)> {
     spans.sort();
     let mut out: Vec<(Instant, Instant)> = Vec::new();
     for (a, b) in spans {
@@ -374,7 +379,10 @@ pub fn load(
     to: Instant,
 ) -> Load {
     let queued_spans = merge(
-        waits.iter().map(|w| (w.start, w.end.unwrap_or(to))).collect(),
+        waits
+            .iter()
+            .map(|w| (w.start, w.end.unwrap_or(to)))
+            .collect(),
         from,
         to,
     );
@@ -740,7 +748,11 @@ mod tests {
         let base = Instant::now();
         let ms = Duration::from_millis;
         let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
-        let intervals = [mk("a", 1, 0, 100), mk("b", 2, 50, 200), mk("c", 3, 100, 120)];
+        let intervals = [
+            mk("a", 1, 0, 100),
+            mk("b", 2, 50, 200),
+            mk("c", 3, 100, 120),
+        ];
         let at = |a: u64, b: u64| (base + ms(a), base + ms(b));
         // 0..50: 1, 50..100: 2, 100..120: 2 (a ended as c began), 120..200: 1, after: 0.
         let t = holder_time(&intervals, 2, &[at(0, 300)], base + ms(300));

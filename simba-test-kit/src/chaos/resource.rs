@@ -641,9 +641,7 @@ mod tests {
 
     #[tokio::test]
     async fn waits_end_at_begin_or_death() {
-        let r = FencedResource::start_with_permits(2)
-            .await
-            .expect("start");
+        let r = FencedResource::start_with_permits(2).await.expect("start");
         let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
         let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
         a.wait().await.expect("wait");
