@@ -1310,7 +1310,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         .iter()
         .copied()
         .filter(|f| match f {
-            FaultKind::Kill | FaultKind::Pause => true,
+            FaultKind::Kill | FaultKind::Pause | FaultKind::PauseWaiter => true,
             FaultKind::Restart => cfg.url.is_none() && cfg.backend != ChaosBackend::Sqlite,
             _ => cfg.backend != ChaosBackend::Sqlite,
         })
