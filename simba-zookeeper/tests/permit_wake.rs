@@ -140,8 +140,9 @@ async fn a_silent_waiter_holds_up_nobody_past_its_lease() {
 async fn a_live_waiter_keeps_its_place_past_its_lease() {
     let (_factory, store) = store().await;
     let s = unique_name("keep");
-    assert!(holds(&acquire(&store, &s, "a").await, "a"));
-    assert!(holds(&acquire(&store, &s, "b").await, "b"));
+    let a = acquire(&store, &s, "a").await;
+    let b = acquire(&store, &s, "b").await;
+    assert!(holds(&a, "a") && holds(&b, "b"));
     let mut v = acquire(&store, &s, "v").await;
     assert!(!holds(&v, "v"));
     // Two leases of waiting: the holders renew every 300 ms, v looks again when asked.
@@ -167,5 +168,13 @@ async fn a_live_waiter_keeps_its_place_past_its_lease() {
         !holds(&acquire(&store, &s, "u").await, "u"),
         "u got ahead of v"
     );
-    assert!(holds(&acquire(&store, &s, "v").await, "v"));
+    // v's node was written as a waiter before: the write that made it a holder is its
+    // fence, above every earlier permit's, and its renewals keep it.
+    let v = acquire(&store, &s, "v").await;
+    assert!(holds(&v, "v"), "{v:?}");
+    assert!(v.owner.fence > a.owner.fence.max(b.owner.fence), "{v:?}");
+    let renewed = acquire(&store, &s, "v").await;
+    assert!(holds(&renewed, "v"));
+    assert_eq!(renewed.owner.fence, v.owner.fence);
+    assert_eq!(renewed.owner.acquired_at, v.owner.acquired_at);
 }
