@@ -707,7 +707,9 @@ impl Inner {
         // A waiter keeps its place by writing within its lease: every half ttl.
         let half_ttl = lease.ttl_ms() / 2;
         let mut written = me.stat.mtime;
-        if now >= written.saturating_add(half_ttl) {
+        // (A node written as a holder is never rewritten as a waiter: it cannot be this far
+        // back, as no node comes ahead of one, but its fence must not be lost if it were.)
+        if now >= written.saturating_add(half_ttl) && !me.renewed() {
             match self.keep_place(&me, contender_id, lease).await? {
                 Some(stat) => written = stat.mtime,
                 None => return Ok(Round::Again),
