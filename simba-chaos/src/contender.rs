@@ -2,7 +2,8 @@
 //!
 //! It loops: acquire, report the ownership to the fenced resource, write under its fence
 //! for a few milliseconds (checking before every write that it still owns), then release
-//! — or, now and then, exit without releasing, as a crashing process would. Its orders
+//! — or, now and then, exit without releasing, as a crashing process would (not with
+//! `SIMBA_CHAOS_CRASH=0`). It tells the resource when it starts waiting (`WAIT`). Its orders
 //! come from the `SIMBA_BACKEND` and `SIMBA_CHAOS_*` variables that the run sets (see
 //! `simba_test_kit::chaos`). With `SIMBA_CHAOS_PERMITS` set it holds one permit of a
 //! semaphore of that many permits instead, in the same loop.
@@ -128,6 +129,8 @@ pub(crate) async fn run() -> Result<()> {
     let id = var("SIMBA_CHAOS_ID")?;
     let mutex = var("SIMBA_CHAOS_MUTEX")?;
     let unsafe_mode = var("SIMBA_CHAOS_UNSAFE").is_ok_and(|v| v == "1");
+    // Crashes are on unless the run turned them off (a load measurement).
+    let crashes = std::env::var("SIMBA_CHAOS_CRASH").map_or(true, |v| v != "0");
     let (hold_from, hold_span) = match std::env::var("SIMBA_CHAOS_HOLD_MS") {
         Ok(range) if !range.is_empty() => {
             let parsed = range.split_once("..").and_then(|(a, b)| {
@@ -176,6 +179,7 @@ pub(crate) async fn run() -> Result<()> {
         )?),
     };
     loop {
+        resource.wait().await.context("the fenced resource")?;
         let guard = match &source {
             Source::Locker(l) => Guard::Lock(l.acquire().await.context("acquire")?),
             Source::Semaphore(s) => Guard::Permit(s.acquire().await.context("acquire a permit")?),
@@ -212,7 +216,7 @@ pub(crate) async fn run() -> Result<()> {
                     .context("the fenced resource")?;
                 drop(guard);
             }
-            None if roll(100) < 3 => {
+            None if crashes && roll(100) < 3 => {
                 // Crash while owning: no release, no END.
                 std::process::exit(3);
             }

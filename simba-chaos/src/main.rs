@@ -13,10 +13,20 @@
 //!
 //! ```text
 //! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster
-//!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition]
-//!             [--contenders 3] [--semaphore N]
+//!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition|none]
+//!             [--contenders 3] [--semaphore N] [--hold 20ms] [--waiter-pause 500ms]
 //!             [--min-handoffs N] [--unsafe]
 //! ```
+//!
+//! Before the last line, a `load:` line gives the run's acquisitions per second, the share
+//! of the time with 0, 1, … N holders while at least one contender waited, and the
+//! median and longest wait (`simba_test_kit::history::load`). `--faults none` makes a
+//! load measurement: no faults and no contender crashes; `--hold` fixes how long each
+//! ownership is held (5–40 ms at random otherwise). The fault `pause-waiter` (not among
+//! the defaults) stops a waiting contender for `--waiter-pause` (500 ms) every 2 s, and
+//! a `waiter_pauses=` line gives the share of the paused time during which the others
+//! held every permit, and none; runs whose faults are all `pause-waiter` have no crashes
+//! either.
 //!
 //! `zookeeper-ensemble` (feature `containers`) starts a three-node ensemble in containers
 //! and has its own faults: `leader-kill,follower-partition,contender-partition,kill,pause`;
@@ -75,8 +85,9 @@ fn usage(msg: &str) -> ExitCode {
         "usage: simba-chaos --backend \
          redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|\
          sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster \
-         [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition] \
-         [--contenders N] [--semaphore PERMITS] [--min-handoffs N] [--unsafe]\n\
+         [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition,\
+         pause-waiter|none] [--contenders N] [--semaphore PERMITS] [--hold 20ms] \
+         [--waiter-pause 500ms] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\
          redis-cluster: --faults failover,kill,pause,cut\n\
          postgres-pgbouncer, postgres-pgbouncer-session (no --url): --faults \
@@ -208,6 +219,8 @@ async fn orchestrate() -> ExitCode {
     let mut permits = None;
     let mut min_handoffs = None;
     let mut unsafe_contenders = false;
+    let mut hold = None;
+    let mut waiter_pause = None;
     let program = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -233,6 +246,10 @@ async fn orchestrate() -> ExitCode {
                 let Some(v) = value() else {
                     return usage("--faults needs a value");
                 };
+                if v == "none" {
+                    faults = Some(Vec::new());
+                    continue;
+                }
                 let parsed: Result<Vec<FaultKind>, _> = v.split(',').map(str::parse).collect();
                 match parsed {
                     Ok(f) => faults = Some(f),
@@ -251,6 +268,14 @@ async fn orchestrate() -> ExitCode {
                 Some(n) => min_handoffs = Some(n),
                 None => return usage("--min-handoffs takes a number"),
             },
+            "--hold" => match value().as_deref().and_then(parse_duration) {
+                Some(d) if !d.is_zero() => hold = Some(d),
+                _ => return usage("--hold takes a duration above 0, e.g. 20ms"),
+            },
+            "--waiter-pause" => match value().as_deref().and_then(parse_duration) {
+                Some(d) if !d.is_zero() => waiter_pause = Some(d),
+                _ => return usage("--waiter-pause takes a duration above 0, e.g. 500ms"),
+            },
             "--unsafe" => unsafe_contenders = true,
             other => return usage(&format!("unknown argument {other:?}")),
         }
@@ -262,7 +287,16 @@ async fn orchestrate() -> ExitCode {
     cfg.url = url;
     cfg.duration = duration;
     if let Some(f) = faults {
+        // A load measurement: no crashes either, when there is no fault but waiter pauses.
+        cfg.crashes = f.iter().any(|k| *k != FaultKind::PauseWaiter);
         cfg.faults = f;
+    }
+    if let Some(h) = hold {
+        let ms = u64::try_from(h.as_millis()).unwrap_or(u64::MAX - 1);
+        cfg.hold_ms = ms..ms + 1;
+    }
+    if let Some(p) = waiter_pause {
+        cfg.waiter_pause = p;
     }
     // A semaphore needs more contenders than permits to be contended.
     cfg.contenders = contenders.unwrap_or(if permits.is_some() { 6 } else { 3 });

@@ -5,10 +5,14 @@
 //! time and fences that do not increase; [`check_permits`] does the same for a semaphore
 //! of N permits: more than N holders at one instant, a fence handed to two holders, a
 //! holder's later permit with a fence not above its earlier one.
+//!
+//! [`load`] and [`holder_time`] measure instead of check: how many acquisitions a run made,
+//! how long waiters waited, and how many permits were held while someone waited (or
+//! during given spans, such as a waiter's pause).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use simba_core::{Contender, LossReason, MutexState};
 
@@ -204,6 +208,206 @@ pub fn check_permits(intervals: &[Interval], permits: usize) -> Vec<Violation> {
     out
 }
 
+/// One wait of a contender for an ownership, as the run saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    /// Who waited.
+    pub contender: String,
+    /// When it began waiting.
+    pub start: Instant,
+    /// When the wait ended (`None`: still waiting).
+    pub end: Option<Instant>,
+    /// Whether it ended in an ownership (otherwise the contender gave up or died).
+    pub acquired: bool,
+}
+
+/// The load figures of a run between two instants, from [`load`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Load {
+    /// The length of the measured window.
+    pub window: Duration,
+    /// Ownerships that began in the window.
+    pub acquisitions: usize,
+    /// Time in the window during which at least one contender waited.
+    pub queued: Duration,
+    /// Of `queued`: the time with `k` holders believing, for `k` in `0..=permits` (more
+    /// than `permits` counts as `permits`).
+    pub holders_while_queued: Vec<Duration>,
+    /// Waits that ended in an ownership within the window, in ascending order of length.
+    pub waits: Vec<Duration>,
+}
+
+impl Load {
+    /// Acquisitions per second of the window.
+    pub fn per_second(&self) -> f64 {
+        let secs = self.window.as_secs_f64();
+        if secs > 0.0 {
+            self.acquisitions as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// The share (0 to 1) of the queued time with `k` holders; 0 when nobody ever waited.
+    pub fn share_while_queued(&self, k: usize) -> f64 {
+        share(&self.holders_while_queued, self.queued, k)
+    }
+
+    /// The median wait (the lower middle one of an even count), if any wait ended.
+    pub fn wait_p50(&self) -> Option<Duration> {
+        let n = self.waits.len();
+        (n > 0).then(|| self.waits[(n - 1) / 2])
+    }
+
+    /// The longest wait that ended, if any.
+    pub fn wait_max(&self) -> Option<Duration> {
+        self.waits.last().copied()
+    }
+}
+
+impl fmt::Display for Load {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms =
+            |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| d.as_millis().to_string());
+        write!(
+            f,
+            "load: acquisitions_per_s={:.1} holders_while_queued=",
+            self.per_second()
+        )?;
+        for k in 0..self.holders_while_queued.len() {
+            let sep = if k == 0 { "" } else { "/" };
+            write!(f, "{sep}{:.1}", self.share_while_queued(k) * 100.0)?;
+        }
+        write!(
+            f,
+            "% queued_s={:.1} window_s={:.1} wait_p50_ms={} wait_max_ms={}",
+            self.queued.as_secs_f64(),
+            self.window.as_secs_f64(),
+            ms(self.wait_p50()),
+            ms(self.wait_max())
+        )
+    }
+}
+
+fn share(buckets: &[Duration], total: Duration, k: usize) -> f64 {
+    match buckets.get(k) {
+        Some(d) if !total.is_zero() => d.as_secs_f64() / total.as_secs_f64(),
+        _ => 0.0,
+    }
+}
+
+/// Merges spans into sorted, disjoint ones, clipped to `[from, to)`; empty spans go.
+fn merge(
+    mut spans: Vec<(Instant, Instant)>,
+    from: Instant,
+    to: Instant,
+) -> Vec<(Instant, Instant)> {
+    spans.sort();
+    let mut out: Vec<(Instant, Instant)> = Vec::new();
+    for (a, b) in spans {
+        let (a, b) = (a.max(from), b.min(to));
+        if a >= b {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// The time within `spans` (which may overlap; counted once) during which `k` holders
+/// believed, for `k` in `0..=permits` (more than `permits` counts as `permits`).
+///
+/// A holder counts from its start to its end (an open interval to `now`), as in
+/// [`check_permits`]: one ending at the instant another starts is not counted with it.
+pub fn holder_time(
+    intervals: &[Interval],
+    permits: usize,
+    spans: &[(Instant, Instant)],
+    now: Instant,
+) -> Vec<Duration> {
+    let mut buckets = vec![Duration::ZERO; permits + 1];
+    let Some(from) = spans.iter().map(|s| s.0).min() else {
+        return buckets;
+    };
+    let to = spans.iter().map(|s| s.1).max().unwrap_or(from);
+    let spans = merge(spans.to_vec(), from, to);
+    // Edges at one instant: ends (-1) before starts (+1); span edges carry no count.
+    let mut edges: Vec<(Instant, i64)> = Vec::with_capacity(intervals.len() * 2);
+    for iv in intervals {
+        let end = iv.end_or(now);
+        if end > iv.start {
+            edges.push((iv.start, 1));
+            edges.push((end, -1));
+        }
+    }
+    edges.sort();
+    let mut held: i64 = 0;
+    let mut e = 0;
+    for (a, b) in spans {
+        // Holders at `a`: every edge up to and including `a`.
+        while e < edges.len() && edges[e].0 <= a {
+            held += edges[e].1;
+            e += 1;
+        }
+        let mut t = a;
+        while t < b {
+            let next = edges.get(e).map_or(b, |x| x.0.min(b));
+            let k = usize::try_from(held.max(0)).unwrap_or(0).min(permits);
+            buckets[k] += next - t;
+            t = next;
+            while e < edges.len() && edges[e].0 <= t && t < b {
+                held += edges[e].1;
+                e += 1;
+            }
+        }
+    }
+    buckets
+}
+
+/// The load figures of a run's history between `from` and `to`: the ownerships that
+/// began in it, the time at least one contender waited and how many of the `permits`
+/// were held during it ([`holder_time`] over the waits), and the waits that ended in an
+/// ownership in it. Open intervals and waits count as lasting until `to`.
+pub fn load(
+    intervals: &[Interval],
+    waits: &[Wait],
+    permits: usize,
+    from: Instant,
+    to: Instant,
+) -> Load {
+    let queued_spans = merge(
+        waits
+            .iter()
+            .map(|w| (w.start, w.end.unwrap_or(to)))
+            .collect(),
+        from,
+        to,
+    );
+    let queued = queued_spans.iter().map(|(a, b)| *b - *a).sum();
+    let holders_while_queued = holder_time(intervals, permits, &queued_spans, to);
+    let mut lengths: Vec<Duration> = waits
+        .iter()
+        .filter_map(|w| match w.end {
+            Some(end) if w.acquired && end >= from && end < to => Some(end - w.start),
+            _ => None,
+        })
+        .collect();
+    lengths.sort();
+    Load {
+        window: to.saturating_duration_since(from),
+        acquisitions: intervals
+            .iter()
+            .filter(|i| i.start >= from && i.start < to)
+            .count(),
+        queued,
+        holders_while_queued,
+        waits: lengths,
+    }
+}
+
 /// A shared, append-only history.
 #[derive(Debug, Clone, Default)]
 pub struct History(Arc<Mutex<Vec<Interval>>>);
@@ -295,7 +499,6 @@ impl Contender for RecordingContender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     /// `c`'s ownership with `fence` from `start` to `end` ms after `base`.
     fn iv(base: Instant, c: &str, fence: u64, start: u64, end: u64) -> Interval {
@@ -463,5 +666,105 @@ mod tests {
             (7, Some(LossReason::LeaseExpired))
         );
         assert!(iv[0].end.is_some());
+    }
+
+    fn wait(base: Instant, c: &str, start: u64, end: Option<u64>, acquired: bool) -> Wait {
+        Wait {
+            contender: c.into(),
+            start: base + Duration::from_millis(start),
+            end: end.map(|e| base + Duration::from_millis(e)),
+            acquired,
+        }
+    }
+
+    #[test]
+    fn load_counts_holders_while_someone_waits() {
+        let base = Instant::now();
+        let ms = Duration::from_millis;
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
+        // Two permits, over 0..1000 ms:
+        //   a holds 0..400, b 0..300, c 300..900 (after waiting 100..300),
+        //   d 450..1000 (after waiting 200..450), e waits 500..700 and gives up.
+        let intervals = [
+            mk("a", 1, 0, 400),
+            mk("b", 2, 0, 300),
+            mk("c", 3, 300, 900),
+            mk("d", 4, 450, 1000),
+        ];
+        let waits = [
+            wait(base, "c", 100, Some(300), true),
+            wait(base, "d", 200, Some(450), true),
+            wait(base, "e", 500, Some(700), false),
+        ];
+        let l = load(&intervals, &waits, 2, base, base + ms(1000));
+        assert_eq!(l.acquisitions, 4);
+        assert!((l.per_second() - 4.0).abs() < 1e-9, "{}", l.per_second());
+        // Queued: 100..450 and 500..700.
+        assert_eq!(l.queued, ms(550));
+        // 100..300: a, b (2); 300..400: a, c (2); 400..450: c (1);
+        // 500..700: c, d (2).
+        assert_eq!(l.holders_while_queued, [ms(0), ms(50), ms(500)]);
+        assert!((l.share_while_queued(1) - 50.0 / 550.0).abs() < 1e-9);
+        // The give-up is not a wait that ended in an ownership.
+        assert_eq!(l.waits, [ms(200), ms(250)]);
+        assert_eq!(l.wait_p50(), Some(ms(200)));
+        assert_eq!(l.wait_max(), Some(ms(250)));
+        let line = l.to_string();
+        assert!(
+            line.starts_with("load: acquisitions_per_s=4.0 holders_while_queued=0.0/9.1/90.9% "),
+            "{line}"
+        );
+        assert!(line.ends_with("wait_p50_ms=200 wait_max_ms=250"), "{line}");
+    }
+
+    #[test]
+    fn load_window_clips_and_open_waits_last_to_its_end() {
+        let base = Instant::now();
+        let ms = Duration::from_millis;
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
+        // One permit; the window is 100..300. a holds 0..150; b waits from 50 and holds
+        // 200..250; c waits from 260 on and never gets it.
+        let intervals = [mk("a", 1, 0, 150), mk("b", 2, 200, 250)];
+        let waits = [
+            wait(base, "b", 50, Some(200), true),
+            wait(base, "c", 260, None, false),
+        ];
+        let l = load(&intervals, &waits, 1, base + ms(100), base + ms(300));
+        assert_eq!(l.acquisitions, 1, "a began before the window");
+        // Queued 100..200 and 260..300: held 100..150 only.
+        assert_eq!(l.queued, ms(140));
+        assert_eq!(l.holders_while_queued, [ms(90), ms(50)]);
+        assert_eq!(l.waits, [ms(150)]);
+        // Nobody waited: every share is 0, and there is no median.
+        let idle = load(&intervals, &[], 1, base, base + ms(300));
+        assert_eq!(idle.queued, Duration::ZERO);
+        assert_eq!(idle.share_while_queued(0), 0.0);
+        assert_eq!(idle.wait_p50(), None);
+        assert!(idle.to_string().contains("wait_p50_ms=- wait_max_ms=-"));
+    }
+
+    #[test]
+    fn holder_time_over_spans() {
+        let base = Instant::now();
+        let ms = Duration::from_millis;
+        let mk = |c: &str, f: u64, s: u64, e: u64| iv(base, c, f, s, e);
+        let intervals = [
+            mk("a", 1, 0, 100),
+            mk("b", 2, 50, 200),
+            mk("c", 3, 100, 120),
+        ];
+        let at = |a: u64, b: u64| (base + ms(a), base + ms(b));
+        // 0..50: 1, 50..100: 2, 100..120: 2 (a ended as c began), 120..200: 1, after: 0.
+        let t = holder_time(&intervals, 2, &[at(0, 300)], base + ms(300));
+        assert_eq!(t, [ms(100), ms(130), ms(70)]);
+        // Overlapping spans count once; a gap between spans is not counted.
+        let t = holder_time(&intervals, 2, &[at(40, 60), at(50, 70), at(150, 250)], base);
+        assert_eq!(t, [ms(50), ms(60), ms(20)]);
+        // An open interval lasts until `now`; more than `permits` count as `permits`.
+        let mut open = mk("d", 4, 0, 0);
+        open.end = None;
+        let t = holder_time(&[open, mk("e", 5, 0, 10)], 1, &[at(0, 20)], base + ms(15));
+        assert_eq!(t, [ms(5), ms(15)]);
+        assert_eq!(holder_time(&intervals, 2, &[], base), [Duration::ZERO; 3]);
     }
 }

@@ -4,16 +4,31 @@
 //! Layout: the semaphore `s` is the container node `{root}/%semaphores/{s}` whose data is
 //! the permit count N (text); each contender is an ephemeral sequential child
 //! `_p_{hex of contender id}-{sequence}` whose data is its lease (`{ttl_ms}
-//! {transition_ms}`, then ` {fence}` once it has one, a line break, its contender id). The
-//! first N children by sequence have the permits; a holder's node has been written at
-//! least once (version ≥ 1), and its lease ends at its `mtime` (the server's clock at its
-//! latest renewal) plus its lease. A holder's fence is the `mzxid` of the write that made
-//! it a holder (version 0 to 1): zxids only grow, so a permit taken later has a greater
-//! fence than every permit taken before it, whatever the order the nodes were made in.
-//! Later renewals keep it in the data (a node written by an older simba, whose fence was
-//! its `czxid`, keeps that). Lease ends are compared with the server's clock: the `mtime`
-//! of a write to `{root}/%semaphores` (a name [`encode_name`] never makes: its `%` is not
-//! followed by two hex digits).
+//! {transition_ms}`, then a mark, a line break, its contender id). The mark is absent on a
+//! new node, ` w` on a waiter that kept its place, ` h` on the write that made a waiter
+//! that kept its place a holder, and ` {fence}` on a holder's later renewals.
+//!
+//! The first N children by sequence whose lease has not ended have the permits; a holder's
+//! node has been written as a holder at least once (version ≥ 1, not marked ` w`). Every
+//! node's lease ends at its `mtime` (the server's clock at its latest write) plus its
+//! lease, a waiter's as a holder's: a waiter keeps its place by writing ` w` again every
+//! half ttl, so a waiter that stopped (paused, or gone without its session ending) loses
+//! its place within its lease, and the nodes behind it move up. Nodes past their lease
+//! are removed by whoever reads them, version-checked: a node written meanwhile stays.
+//!
+//! A holder's fence is the `mzxid` of the version-checked write that made it a holder
+//! (from version 0 to 1, or the ` h` write): zxids only grow, so a permit taken later has a
+//! greater fence than every permit taken before it, whatever the order the nodes were
+//! made in. Later renewals keep it in the data (a node written by an older simba, whose
+//! fence was its `czxid`, keeps that). Lease ends are compared with the server's clock:
+//! the `mtime` of a write to `{root}/%semaphores` (a name [`encode_name`] never makes: its
+//! `%` is not followed by two hex digits).
+//!
+//! Wake-ups: a waiter with fewer than 2N live nodes ahead watches the children of the
+//! semaphore, so that any node going (a release, a waiter leaving or losing its place)
+//! wakes it, even when the node just ahead of it is a waiter that never writes again;
+//! one further back watches the node just ahead only (no herd), and looks again when that
+//! node's lease ends.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,6 +87,21 @@ struct Inner {
     following: AtomicBool,
 }
 
+/// What a node's data says after its lease (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// Nothing: a new node (version 0), or the write that made it a holder (version 1;
+    /// fence: that write's `mzxid`), or an older simba's holder (fence: its `czxid`).
+    Plain,
+    /// ` w`: a waiter that kept its place (not a holder, whatever its version).
+    Waiting,
+    /// ` h`: the write that made a waiter that had kept its place a holder (fence: this
+    /// write's `mzxid`).
+    Taken,
+    /// ` {fence}`: a holder's renewal.
+    Fence(u64),
+}
+
 /// One permit node, read.
 #[derive(Debug)]
 struct Node {
@@ -79,45 +109,46 @@ struct Node {
     owner: String,
     ttl_ms: i64,
     total_ms: i64,
-    /// The fence its data names (renewals after the first).
-    fence: Option<u64>,
+    mark: Mark,
     stat: Stat,
 }
 
-/// The fence of a holder's node whose data names `named` (see the module docs).
-fn fence_of(named: Option<u64>, stat: &Stat) -> u64 {
-    let zxid = if stat.version == 1 {
-        stat.mzxid
-    } else {
-        stat.czxid
+/// The fence of a holder's node marked `mark` (see the module docs).
+fn fence_of(mark: Mark, stat: &Stat) -> u64 {
+    let zxid = match mark {
+        Mark::Fence(f) => return f,
+        Mark::Taken => stat.mzxid,
+        Mark::Plain if stat.version == 1 => stat.mzxid,
+        Mark::Plain | Mark::Waiting => stat.czxid,
     };
-    named.unwrap_or_else(|| u64::try_from(zxid).unwrap_or(0))
+    u64::try_from(zxid).unwrap_or(0)
 }
 
 impl Node {
     /// Its fence, once it is a holder.
     fn fence(&self) -> u64 {
-        fence_of(self.fence, &self.stat)
+        fence_of(self.mark, &self.stat)
     }
 
-    /// Whether the node has been renewed as a holder (a waiter's node never is).
+    /// Whether the node has been written as a holder (a waiter's node never is).
     fn renewed(&self) -> bool {
-        self.stat.version >= 1
+        self.stat.version >= 1 && self.mark != Mark::Waiting
     }
 
-    /// Whether the node's lease ended by the server's `now`: only a renewed node has one
-    /// (a waiter never believed it held; its node lasts as long as its session).
+    /// Whether the node's lease ended by the server's `now` (a holder's or a waiter's:
+    /// a waiter that does not keep its place loses it).
     fn expired(&self, now: i64) -> bool {
-        self.renewed() && self.stat.mtime.saturating_add(self.total_ms) <= now
+        self.stat.mtime.saturating_add(self.total_ms) <= now
     }
 
     /// When the node's permit may come free at the latest, as far as `now` can tell: the
-    /// end of its lease, or, for a node never renewed, the end of its session.
+    /// end of its lease (for a node without one, the end of its session).
     fn ends_at(&self, now: i64, session_ms: i64) -> i64 {
+        let end = self.stat.mtime.saturating_add(self.total_ms);
         if self.renewed() {
-            self.stat.mtime.saturating_add(self.total_ms)
+            end
         } else {
-            now.saturating_add(session_ms)
+            end.min(now.saturating_add(session_ms))
         }
     }
 
@@ -177,10 +208,15 @@ fn sort_nodes(children: &[String]) -> Vec<&str> {
     nodes.into_iter().map(|(_, c)| c).collect()
 }
 
-fn node_data(contender_id: &str, lease: Lease, fence: Option<u64>) -> Vec<u8> {
-    let fence = fence.map(|f| format!(" {f}")).unwrap_or_default();
+fn node_data(contender_id: &str, lease: Lease, mark: Mark) -> Vec<u8> {
+    let mark = match mark {
+        Mark::Plain => String::new(),
+        Mark::Waiting => " w".to_owned(),
+        Mark::Taken => " h".to_owned(),
+        Mark::Fence(f) => format!(" {f}"),
+    };
     format!(
-        "{} {}{fence}\n{contender_id}",
+        "{} {}{mark}\n{contender_id}",
         lease.ttl_ms(),
         lease.transition_ms()
     )
@@ -192,20 +228,22 @@ fn node_data(contender_id: &str, lease: Lease, fence: Option<u64>) -> Vec<u8> {
 struct NodeData {
     ttl_ms: i64,
     transition_ms: i64,
-    fence: Option<u64>,
+    mark: Mark,
     owner: String,
 }
 
-/// A node's data: `{ttl_ms} {transition_ms}[ {fence}]`, a line break, the contender id.
+/// A node's data: `{ttl_ms} {transition_ms}[ {mark}]`, a line break, the contender id.
 fn parse_node(data: &[u8]) -> Option<NodeData> {
     let text = std::str::from_utf8(data).ok()?;
     let (lease, owner) = text.split_once('\n')?;
     let mut words = lease.split(' ');
     let ttl_ms = words.next()?.parse().ok()?;
     let transition_ms = words.next()?.parse().ok()?;
-    let fence = match words.next() {
-        Some(f) => Some(f.parse().ok()?),
-        None => None,
+    let mark = match words.next() {
+        None => Mark::Plain,
+        Some("w") => Mark::Waiting,
+        Some("h") => Mark::Taken,
+        Some(f) => Mark::Fence(f.parse().ok()?),
     };
     if words.next().is_some() {
         return None;
@@ -213,7 +251,7 @@ fn parse_node(data: &[u8]) -> Option<NodeData> {
     Some(NodeData {
         ttl_ms,
         transition_ms,
-        fence,
+        mark,
         owner: owner.to_owned(),
     })
 }
@@ -234,8 +272,8 @@ fn millis(d: Duration) -> i64 {
 }
 
 /// The reply naming `contender_id` the holder of its renewed node (`stat` after the
-/// write), whose fence the data names (`None` for the write that made it a holder).
-fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease, fence: Option<u64>) -> LeaseReply {
+/// write that marked it `mark`).
+fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease, mark: Mark) -> LeaseReply {
     LeaseReply {
         owner: MutexOwner {
             owner_id: contender_id.to_owned(),
@@ -245,7 +283,7 @@ fn holder_reply(contender_id: &str, stat: &Stat, lease: Lease, fence: Option<u64
                 .mtime
                 .saturating_add(lease.ttl_ms())
                 .saturating_add(lease.transition_ms()),
-            fence: fence_of(fence, stat),
+            fence: fence_of(mark, stat),
         },
         now: stat.mtime,
     }
@@ -380,12 +418,12 @@ impl Inner {
                     let NodeData {
                         ttl_ms,
                         transition_ms,
-                        fence,
+                        mark,
                         owner,
                     } = parse_node(&data).unwrap_or(NodeData {
                         ttl_ms: 0,
                         transition_ms: 0,
-                        fence: None,
+                        mark: Mark::Plain,
                         owner: String::new(),
                     });
                     let total_ms = if ttl_ms > 0 {
@@ -398,7 +436,7 @@ impl Inner {
                         owner,
                         ttl_ms,
                         total_ms,
-                        fence,
+                        mark,
                         stat,
                     });
                 }
@@ -601,7 +639,7 @@ impl Inner {
         let created = core
             .write(core.zk().create2(
                 &path,
-                node_data(contender_id, lease, None),
+                node_data(contender_id, lease, Mark::Plain),
                 core.acl(),
                 CreateMode::EphemeralSequential,
             ))
@@ -653,17 +691,39 @@ impl Inner {
         if at < n {
             return self.take_or_renew(parent, mine, contender_id, lease).await;
         }
-        let ahead = self.read_nodes(parent, &sorted[..at]).await?;
+        let mut ahead = self.read_nodes(parent, &sorted[..=at]).await?;
+        let Some(me) = ahead
+            .pop()
+            .filter(|m| m.path.ends_with(&format!("/{mine}")))
+        else {
+            // Gone meanwhile: join again.
+            return Ok(Round::Again);
+        };
         let now = self.clock().await?;
         let live = self.prune(ahead, now).await?;
         if live.len() < n {
-            return self.take_or_renew(parent, mine, contender_id, lease).await;
+            return self.renew(&me, contender_id, lease).await;
         }
+        // A waiter keeps its place by writing within its lease: every half ttl.
+        let half_ttl = lease.ttl_ms() / 2;
+        let mut written = me.stat.mtime;
+        // (A node written as a holder is never rewritten as a waiter: it cannot be this far
+        // back, as no node comes ahead of one, but its fence must not be lost if it were.)
+        if now >= written.saturating_add(half_ttl) && !me.renewed() {
+            match self.keep_place(&me, contender_id, lease).await? {
+                Some(stat) => written = stat.mtime,
+                None => return Ok(Round::Again),
+            }
+        }
+        let keep_by = written.saturating_add(half_ttl).saturating_add(1);
         let session_ms = self.session_ms();
         let waker = self.waker(semaphore, contender_id);
-        if live.len() == n {
-            // First in line: any holder's node going frees a permit for it. A new node
-            // behind it wakes it too (one waiter; holders' renewals do not).
+        if live.len() < 2 * n {
+            // Near the front: any node going (a holder's release, a waiter leaving or
+            // losing its place) may give it a permit or bring it nearer; a node that comes
+            // behind it wakes it too. Not only the node just ahead: a waiter there that
+            // stopped (paused) would never write again, and the permits freed ahead of it
+            // would go unheard.
             let fresh = match core.call(core.zk().get_children_w(parent, waker)).await {
                 Ok(c) => c,
                 Err(Fail::Zk(ZkError::NoNode)) => return Ok(Round::Again),
@@ -675,27 +735,52 @@ impl Inner {
             if gone {
                 return Ok(Round::Again);
             }
-            // Look again when the first lease ends (a holder that stopped renewing).
+            // Look again when the first lease ahead ends (one that stopped renewing or
+            // keeping its place), or when this one must keep its place.
             let at = live
                 .iter()
                 .map(|h| h.ends_at(now, session_ms))
                 .min()
                 .unwrap_or(now)
                 .saturating_add(1);
-            return Ok(Round::Done(LeaseReply::look_again_at(at, now)));
+            return Ok(Round::Done(LeaseReply::look_again_at(at.min(keep_by), now)));
         }
-        // Further back: watch the node just ahead only. It goes, or it writes when it
-        // becomes a holder (its first renewal), which makes this one first in line.
+        // Further back: watch the node just ahead only. It goes, or it writes (it keeps its
+        // place, or becomes a holder); and its lease ends if it stops writing.
         let Some(before) = live.last() else {
             return Ok(Round::Again);
         };
         match core.call(core.zk().exists_w(&before.path, waker)).await {
-            Ok(Some(_)) => Ok(Round::Done(LeaseReply::look_again_at(
-                now.saturating_add(session_ms),
-                now,
-            ))),
+            Ok(Some(_)) => {
+                let at = before.ends_at(now, session_ms).saturating_add(1);
+                Ok(Round::Done(LeaseReply::look_again_at(at.min(keep_by), now)))
+            }
             Ok(None) => Ok(Round::Again),
             Err(e) => Err(e.into_error(&format!("watching {}", before.path))),
+        }
+    }
+
+    /// Writes waiter `node`'s data again (version-checked), which keeps its place for
+    /// another lease; the stat after the write, or `None` when the node went or changed
+    /// meanwhile (it lost its place: join again).
+    async fn keep_place(
+        &self,
+        node: &Node,
+        contender_id: &str,
+        lease: Lease,
+    ) -> Result<Option<Stat>> {
+        let core = self.core();
+        match core
+            .write(core.zk().set_data(
+                &node.path,
+                node_data(contender_id, lease, Mark::Waiting),
+                Some(node.stat.version),
+            ))
+            .await
+        {
+            Ok(stat) => Ok(Some(stat)),
+            Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => Ok(None),
+            Err(e) => Err(e.into_error(&format!("keeping the place of {}", node.path))),
         }
     }
 
@@ -723,17 +808,24 @@ impl Inner {
         lease: Lease,
     ) -> Result<Round<LeaseReply>> {
         let core = self.core();
-        // A waiter's node becomes a holder by this write: its fence is this write's zxid.
-        let fence = node.renewed().then(|| node.fence());
+        // A waiter's node becomes a holder by this write: its fence is this write's zxid
+        // (a new node's version goes from 0 to 1; one that kept its place is marked).
+        let mark = if node.renewed() {
+            Mark::Fence(node.fence())
+        } else if node.stat.version == 0 {
+            Mark::Plain
+        } else {
+            Mark::Taken
+        };
         match core
             .write(core.zk().set_data(
                 &node.path,
-                node_data(contender_id, lease, fence),
+                node_data(contender_id, lease, mark),
                 Some(node.stat.version),
             ))
             .await
         {
-            Ok(stat) => Ok(Round::Done(holder_reply(contender_id, &stat, lease, fence))),
+            Ok(stat) => Ok(Round::Done(holder_reply(contender_id, &stat, lease, mark))),
             Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => Ok(Round::Again),
             Err(e) => Err(e.into_error(&format!("renewing {}", node.path))),
         }
@@ -922,16 +1014,19 @@ mod tests {
             ttl: Duration::from_millis(4000),
             transition: Duration::from_millis(2000),
         };
-        let data = node_data("me", lease, None);
-        let parsed = |fence| NodeData {
+        let parsed = |mark| NodeData {
             ttl_ms: 4000,
             transition_ms: 2000,
-            fence,
+            mark,
             owner: "me".to_owned(),
         };
-        assert_eq!(parse_node(&data), Some(parsed(None)));
-        let data = node_data("me", lease, Some(77));
-        assert_eq!(parse_node(&data), Some(parsed(Some(77))));
+        for mark in [Mark::Plain, Mark::Waiting, Mark::Taken, Mark::Fence(77)] {
+            assert_eq!(
+                parse_node(&node_data("me", lease, mark)),
+                Some(parsed(mark))
+            );
+        }
+        assert_eq!(node_data("me", lease, Mark::Waiting), b"4000 2000 w\nme");
         assert_eq!(parse_node(b"garbage"), None);
         assert_eq!(parse_node(b"1 2 3 4\nme"), None);
         assert_eq!(parse_node(b"1 2 x\nme"), None);

@@ -84,6 +84,45 @@ pub(crate) fn backoff(retry: Duration, ttl: Duration, failures: u32) -> Duration
     Duration::from_millis(u64::try_from(jittered).unwrap_or(0))
 }
 
+/// Whether `reply` is a permit store's [`LeaseReply::look_again_at`]: no holder named, the
+/// time to look again in its lease times.
+fn is_look_again(reply: &LeaseReply) -> bool {
+    let o = &reply.owner;
+    o.owner_id.is_empty() && o.fence == 0 && o.acquired_at == 0 && o.ttl_at == o.transition_at
+}
+
+/// How long a contender that does not own waits before it looks again, after `reply`.
+///
+/// - A store's [`LeaseReply::look_again_at`] names the instant itself: the waiter looks
+///   again then, with no jitter on top (the store knows when the turn may come; jitter
+///   would only delay it), or after `waiter_poll` if one is configured and comes first —
+///   a store that asks to be looked at again does not promise a push before then, even
+///   when it has an event channel.
+/// - Otherwise Simba's schedule ([`ContendPeriod::next_delay`]: the owner's transition end
+///   plus jitter), cut to a random time in the second half of `waiter_poll` when the store
+///   cannot push (so that waiters that started together do not poll in lockstep).
+fn waiter_delay(
+    period: &ContendPeriod,
+    reply: &LeaseReply,
+    pushed: bool,
+    waiter_poll: Option<Duration>,
+) -> Duration {
+    if is_look_again(reply) {
+        let ms = reply.owner.transition_at.saturating_sub(reply.now).max(0);
+        let at = Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        return waiter_poll.map_or(at, |poll| at.min(poll));
+    }
+    let delay = period.next_delay(&reply.owner, reply.now);
+    match waiter_poll {
+        Some(poll) if !pushed => {
+            let ms = i64::try_from(poll.as_millis()).unwrap_or(i64::MAX);
+            let jittered = crate::owner::random_in(ms - ms / 2..ms + 1);
+            delay.min(Duration::from_millis(u64::try_from(jittered).unwrap_or(0)))
+        }
+        _ => delay,
+    }
+}
+
 impl<S: LeaseStore> Driver<S> {
     pub(super) fn new(
         shared: Arc<Shared<S>>,
@@ -407,17 +446,8 @@ impl<S: LeaseStore> Driver<S> {
                 .lose(LossReason::TakenOver, reply.owner.clone());
             self.tracker.observe(reply.owner.clone());
             self.tracker.handoff_missed();
-            let mut delay = self.period.next_delay(&reply.owner, reply.now);
-            if self.events.is_none()
-                && let Some(poll) = self.shared.config.waiter_poll
-            {
-                // Somewhere in the second half of the poll period, so that waiters that
-                // started together do not poll in lockstep.
-                let ms = i64::try_from(poll.as_millis()).unwrap_or(i64::MAX);
-                let jittered = crate::owner::random_in(ms - ms / 2..ms + 1);
-                delay = delay.min(Duration::from_millis(u64::try_from(jittered).unwrap_or(0)));
-            }
-            self.next = now + delay;
+            let poll = self.shared.config.waiter_poll;
+            self.next = now + waiter_delay(&self.period, &reply, self.events.is_some(), poll);
         }
         self.tracker.count_attempt(None);
     }
@@ -689,7 +719,9 @@ async fn recv_event(events: &mut Option<EventReceiver>) -> Option<StoreEvent> {
 
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, waiter_delay};
+    use crate::owner::{ContendPeriod, MutexOwner};
+    use crate::store::LeaseReply;
     use std::time::Duration;
 
     const MS: Duration = Duration::from_millis(1);
@@ -727,5 +759,54 @@ mod tests {
             .map(|_| backoff(MS * 1000, MS * 30_000, 4))
             .collect();
         assert!(pauses.len() > 10, "{} distinct pauses of 50", pauses.len());
+    }
+
+    /// A permit store's look-again time is kept to the millisecond, with or without a
+    /// push channel (the default jitter without a transition adds 0 to 1,000 ms), and a
+    /// configured `waiter_poll` caps it; other replies keep Simba's jittered schedule.
+    #[test]
+    fn a_look_again_reply_is_waited_for_without_jitter() {
+        let period = ContendPeriod::new("me".to_owned());
+        let now = 1_000_000;
+        let look = LeaseReply::look_again_at(now + 250, now);
+        for _ in 0..200 {
+            for pushed in [true, false] {
+                assert_eq!(waiter_delay(&period, &look, pushed, None), MS * 250);
+                assert_eq!(waiter_delay(&period, &look, pushed, Some(MS * 50)), MS * 50);
+                assert_eq!(
+                    waiter_delay(&period, &look, pushed, Some(MS * 400)),
+                    MS * 250
+                );
+            }
+        }
+        // A look-again time already past: at once.
+        let past = LeaseReply::look_again_at(now - 5, now);
+        assert_eq!(waiter_delay(&period, &past, true, None), Duration::ZERO);
+        // A named owner whose lease has a transition: its end plus jitter in [-200, 1000).
+        let owned = LeaseReply {
+            owner: MutexOwner {
+                owner_id: "other".to_owned(),
+                acquired_at: now - 100,
+                ttl_at: now + 300,
+                transition_at: now + 500,
+                fence: 7,
+            },
+            now,
+        };
+        let delays: std::collections::HashSet<Duration> = (0..100)
+            .map(|_| {
+                let d = waiter_delay(&period, &owned, true, Some(MS * 50));
+                assert!(d >= MS * 300 && d < MS * 1500, "{d:?}");
+                d
+            })
+            .collect();
+        assert!(
+            delays.len() > 10,
+            "jitter kept: {} distinct delays",
+            delays.len()
+        );
+        // Without a push channel the poll cuts it, in its second half.
+        let d = waiter_delay(&period, &owned, false, Some(MS * 50));
+        assert!(d >= MS * 25 && d <= MS * 50, "{d:?}");
     }
 }

@@ -14,6 +14,11 @@
 //! | `SIMBA_CHAOS_PERMITS` | a number: contend for one permit of a semaphore of this many permits (empty: the mutex) |
 //! | `SIMBA_CHAOS_TTL_MS`, `SIMBA_CHAOS_TRANSITION_MS` | lease timing |
 //! | `SIMBA_CHAOS_UNSAFE` | `1`: ignore the local deadline (to prove the checker catches it) |
+//! | `SIMBA_CHAOS_HOLD_MS` | `FROM..TO`: how long to hold, in milliseconds |
+//! | `SIMBA_CHAOS_CRASH` | `0`: never exit while holding (by default it does now and then) |
+//!
+//! A contender tells the resource when it starts waiting (`WAIT`), so that the run also
+//! measures its load ([`ChaosSummary::load`]).
 
 #[cfg(feature = "containers")]
 mod nodes;
@@ -34,7 +39,7 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
 use tracing::{info, warn};
 
-use crate::history::Violation;
+use crate::history::{self, Load, Violation};
 use crate::proxy::FaultProxy;
 use crate::servers::{self, PoolMode, Pooler, ServerError, ServerKind, TestServer};
 
@@ -213,13 +218,19 @@ pub enum FaultKind {
     PoolerPause,
     /// `postgres-pgbouncer*`: restart PgBouncer (graceful stop, start on its port).
     PoolerRestart,
+    /// SIGSTOP a contender that waits (announced `WAIT`, holds nothing) for
+    /// [`ChaosConfig::waiter_pause`], then SIGCONT; the summary says how many permits the
+    /// others held meanwhile. Not among the default faults: it is a measurement (a waiter
+    /// that the backend has just granted but that did not report its `BEGIN` yet is
+    /// paused as a waiter, and holds its permit meanwhile).
+    PauseWaiter,
 }
 
 impl FaultKind {
     /// Whether this fault can be injected on `backend`.
     fn applies_to(self, backend: ChaosBackend) -> bool {
         match self {
-            FaultKind::Kill | FaultKind::Pause => true,
+            FaultKind::Kill | FaultKind::Pause | FaultKind::PauseWaiter => true,
             FaultKind::Failover => matches!(
                 backend,
                 ChaosBackend::RedisSentinel | ChaosBackend::RedisCluster
@@ -275,9 +286,11 @@ impl FromStr for FaultKind {
             "pooler-kill" => FaultKind::PoolerKill,
             "pooler-pause" => FaultKind::PoolerPause,
             "pooler-restart" => FaultKind::PoolerRestart,
+            "pause-waiter" => FaultKind::PauseWaiter,
             other => {
                 return Err(ChaosError::Usage(format!(
-                    "unknown fault {other:?}: use kill, pause, restart, cut, delay, partition, \
+                    "unknown fault {other:?}: use kill, pause, pause-waiter, restart, cut, \
+                     delay, partition, \
                      on redis-sentinel and redis-cluster failover, on zookeeper-ensemble \
                      leader-kill, follower-partition, contender-partition, on etcd-cluster \
                      leader-kill, member-partition, member-restart, or on postgres-pgbouncer \
@@ -322,6 +335,11 @@ pub struct ChaosConfig {
     /// `Some(n)`: contend for the permits of a semaphore of `n` permits instead of a mutex;
     /// the checker then allows `n` holders at once (see [`crate::history::check_permits`]).
     pub permits: Option<u32>,
+    /// Whether a contender now and then exits while holding, as a crashing process would
+    /// (3 % of its ownerships; on by default). Off for load measurements.
+    pub crashes: bool,
+    /// How long [`FaultKind::PauseWaiter`] keeps a waiter stopped (500 ms by default).
+    pub waiter_pause: Duration,
 }
 
 impl ChaosConfig {
@@ -371,6 +389,8 @@ impl ChaosConfig {
             unsafe_contenders: false,
             hold_ms: 5..45,
             permits: None,
+            crashes: true,
+            waiter_pause: Duration::from_millis(500),
         }
     }
 }
@@ -420,6 +440,11 @@ pub struct ChaosSummary {
     pub fault_errors: Vec<String>,
     /// The semaphore's permits (`None`: a mutex run).
     pub permits: Option<u32>,
+    /// The run's load, from the first ownership to the end (see [`history::load`]).
+    pub load: Load,
+    /// Waiter pauses ([`FaultKind::PauseWaiter`]) made, and the time during them with `k`
+    /// holders, for `k` in `0..=permits` ([`history::holder_time`]).
+    pub waiter_pauses: (usize, Vec<Duration>),
 }
 
 impl ChaosSummary {
@@ -465,6 +490,24 @@ impl fmt::Display for ChaosSummary {
             self.report.writes_rejected,
             self.faults_by_kind
         )?;
+        writeln!(f, "{}", self.load)?;
+        let (pauses, held) = &self.waiter_pauses;
+        if *pauses > 0 {
+            let total: Duration = held.iter().sum();
+            let pct = |k: usize| {
+                held.get(k).map_or(0.0, |d| {
+                    100.0 * d.as_secs_f64() / total.as_secs_f64().max(f64::MIN_POSITIVE)
+                })
+            };
+            writeln!(
+                f,
+                "waiter_pauses={pauses} paused_s={:.1} all_permits_held_while_paused={:.1}% \
+                 none_held_while_paused={:.1}%",
+                total.as_secs_f64(),
+                pct(held.len().saturating_sub(1)),
+                pct(0)
+            )?;
+        }
         match self.permits {
             Some(permits) => write!(
                 f,
@@ -518,6 +561,8 @@ struct Run<'a> {
     /// Member partitions and member restarts begun, to alternate their targets.
     #[cfg(feature = "containers")]
     member_faults: [usize; 2],
+    /// The spans during which a waiter was stopped ([`FaultKind::PauseWaiter`]).
+    waiter_pauses: Vec<(Instant, Instant)>,
 }
 
 impl Run<'_> {
@@ -549,6 +594,7 @@ impl Run<'_> {
                 "SIMBA_CHAOS_HOLD_MS",
                 format!("{}..{}", cfg.hold_ms.start, cfg.hold_ms.end),
             )
+            .env("SIMBA_CHAOS_CRASH", if cfg.crashes { "1" } else { "0" })
             .env(
                 "SIMBA_CHAOS_UNSAFE",
                 if cfg.unsafe_contenders { "1" } else { "0" },
@@ -623,6 +669,37 @@ impl Run<'_> {
         self.cfg.ttl + self.cfg.transition
     }
 
+    /// [`FaultKind::PauseWaiter`]: stops a contender that waits for
+    /// [`ChaosConfig::waiter_pause`] and records the span; false when none waits.
+    async fn pause_waiter(&mut self) -> Result<bool, ChaosError> {
+        let waiting: Vec<usize> = (0..self.contenders.len())
+            .filter(|&i| {
+                let name = &self.contenders[i].name;
+                self.resource.is_waiting(name) && !self.resource.believes(name)
+            })
+            .collect();
+        if waiting.is_empty() {
+            return Ok(false);
+        }
+        let pick = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as usize);
+        let i = waiting[pick % waiting.len()];
+        self.signal(i, "STOP").await?;
+        // It may have got its ownership while the signal was on its way: a stopped holder
+        // is not a stopped waiter (let go, try again at the next tick).
+        if !self.stopped(i).await || !self.resource.is_waiting(&self.contenders[i].name) {
+            self.signal(i, "CONT").await?;
+            return Ok(false);
+        }
+        info!(waiter = %self.contenders[i].name, "pause a waiter");
+        let from = Instant::now();
+        sleep(self.cfg.waiter_pause).await;
+        self.waiter_pauses.push((from, Instant::now()));
+        self.signal(i, "CONT").await?;
+        Ok(true)
+    }
+
     /// Injects one fault; returns whether it applied.
     /// `server` is the backend's server (PostgreSQL behind PgBouncer), `pooler` PgBouncer.
     async fn fault(
@@ -631,6 +708,9 @@ impl Run<'_> {
         server: Option<&TestServer>,
         pooler: Option<&TestServer>,
     ) -> Result<bool, ChaosError> {
+        if kind == FaultKind::PauseWaiter {
+            return self.pause_waiter().await;
+        }
         let Some(owner) = self.owner_index() else {
             return Ok(false);
         };
@@ -797,6 +877,8 @@ impl Run<'_> {
                     _ => target.restart().await?,
                 }
             }
+            // Made by `pause_waiter`, before the owner is looked for.
+            FaultKind::PauseWaiter => return self.pause_waiter().await,
         }
         Ok(true)
     }
@@ -1211,6 +1293,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         etcd_cluster,
         #[cfg(feature = "containers")]
         member_faults: [0; 2],
+        waiter_pauses: Vec::new(),
     };
     for i in 0..cfg.contenders {
         run.spawn(i)?;
@@ -1227,7 +1310,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         .iter()
         .copied()
         .filter(|f| match f {
-            FaultKind::Kill | FaultKind::Pause => true,
+            FaultKind::Kill | FaultKind::Pause | FaultKind::PauseWaiter => true,
             FaultKind::Restart => cfg.url.is_none() && cfg.backend != ChaosBackend::Sqlite,
             _ => cfg.backend != ChaosBackend::Sqlite,
         })
@@ -1283,6 +1366,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
             next_fault = Instant::now() + cfg.fault_every;
         }
     }
+    let ended = Instant::now();
     for c in &mut run.contenders {
         if let Some(ch) = c.child.as_mut() {
             // One that exited by itself since the last look is dead since its last message.
@@ -1298,6 +1382,30 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     }
     let violations = run.resource.violations();
     let report = run.resource.report();
+    let permits = cfg.permits.map_or(1, |n| n as usize);
+    let intervals = run.resource.intervals();
+    // From the first ownership: the contenders' start (connecting) is not load.
+    let load_from = intervals
+        .iter()
+        .map(|i| i.start)
+        .min()
+        .unwrap_or_else(|| ended.into_std());
+    let load = history::load(
+        &intervals,
+        &run.resource.waits(),
+        permits,
+        load_from,
+        ended.into_std(),
+    );
+    let spans: Vec<(std::time::Instant, std::time::Instant)> = run
+        .waiter_pauses
+        .iter()
+        .map(|(a, b)| (a.into_std(), b.into_std()))
+        .collect();
+    let waiter_pauses = (
+        spans.len(),
+        history::holder_time(&intervals, permits, &spans, ended.into_std()),
+    );
     let mut log_tails = Vec::new();
     if !violations.is_empty()
         || report.handoffs < cfg.min_handoffs
@@ -1320,6 +1428,8 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         log_tails,
         fault_errors,
         permits: cfg.permits,
+        load,
+        waiter_pauses,
     })
 }
 

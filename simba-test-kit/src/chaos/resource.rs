@@ -8,6 +8,7 @@
 //! | `BEGIN <fence> <valid_ms>` | I own the mutex with `fence`, for at most `valid_ms` more | `OK` |
 //! | `WRITE <fence> <valid_ms>` | a write under `fence`; I still own for `valid_ms` | `OK` or `REJECT` |
 //! | `END <fence> <reason>` | I stopped owning | `OK` |
+//! | `WAIT` | I start waiting to acquire (my next `BEGIN`, or my death, ends the wait) | `OK` |
 //!
 //! The resource **rejects a write whose fence is lower than one it already accepted** (and
 //! one that says its lease already ran out).
@@ -40,7 +41,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use crate::history::{self, Interval, Violation};
+use crate::history::{self, Interval, Violation, Wait};
 use simba_core::LossReason;
 
 #[derive(Debug, Clone)]
@@ -78,6 +79,22 @@ struct State {
     permits: usize,
     /// The highest distinct fences accepted, at most `permits`, highest first (semaphores).
     top_accepted: Vec<u64>,
+    /// Every wait announced with `WAIT`, in order.
+    waits: Vec<Wait>,
+    /// Index into `waits` of each contender's open wait.
+    waiting: HashMap<String, usize>,
+}
+
+impl State {
+    /// Ends `contender`'s open wait at `at` (`acquired`: it ended in a `BEGIN`).
+    fn end_wait(&mut self, contender: &str, at: Instant, acquired: bool) {
+        if let Some(i) = self.waiting.remove(contender)
+            && let Some(w) = self.waits.get_mut(i)
+        {
+            w.end = Some(at);
+            w.acquired = acquired;
+        }
+    }
 }
 
 /// What the resource saw.
@@ -179,6 +196,7 @@ impl FencedResource {
     /// nothing it did can come after both.
     pub fn died(&self, contender: &str, killed: Option<Instant>) {
         let mut s = self.lock();
+        s.end_wait(contender, killed.unwrap_or_else(Instant::now), false);
         if let Some(&i) = s.current.get(contender) {
             let o = &mut s.ownerships[i];
             if o.end.is_none() {
@@ -200,6 +218,17 @@ impl FencedResource {
                 reason: o.reason,
             })
             .collect()
+    }
+
+    /// The waits announced with `WAIT` (open ones have no end), for
+    /// [`history::load`].
+    pub fn waits(&self) -> Vec<Wait> {
+        self.lock().waits.clone()
+    }
+
+    /// Whether `contender` announced a wait that has not ended (no `BEGIN` since).
+    pub fn is_waiting(&self, contender: &str) -> bool {
+        self.lock().waiting.contains_key(contender)
     }
 
     /// Safety violations in what was recorded: [`history::check`] for a mutex,
@@ -258,6 +287,7 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 return "ERR";
             };
             s.max_begun = s.max_begun.max(fence);
+            s.end_wait(&id, now, true);
             let n = s.ownerships.len();
             s.ownerships.push(Open {
                 contender: id.clone(),
@@ -317,6 +347,19 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 o.bound = o.bound.max(b);
                 o.last = now;
             }
+            "OK"
+        }
+        (Some("WAIT"), Some(id)) if words.len() == 1 => {
+            // A wait not ended by a BEGIN (a give-up) ends where the next one starts.
+            s.end_wait(&id, now, false);
+            let n = s.waits.len();
+            s.waits.push(Wait {
+                contender: id.clone(),
+                start: now,
+                end: None,
+                acquired: false,
+            });
+            s.waiting.insert(id, n);
             "OK"
         }
         (Some("END"), Some(id)) => {
@@ -430,6 +473,15 @@ impl ResourceClient {
         self.call(&format!("BEGIN {fence} {}", valid.as_millis()))
             .await
             .map(|_| ())
+    }
+
+    /// Reports that this contender starts waiting to acquire (its next
+    /// [`begin`](Self::begin) ends the wait).
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn wait(&mut self) -> std::io::Result<()> {
+        self.call("WAIT").await.map(|_| ())
     }
 
     /// Writes under `fence`; `Ok(false)` when the resource refused it.
@@ -585,5 +637,30 @@ mod tests {
         a.write(1, Duration::from_secs(60)).await.expect("write");
         r.died("a", Some(before));
         assert_eq!(r.violations().len(), 1, "{:?}", r.violations());
+    }
+
+    #[tokio::test]
+    async fn waits_end_at_begin_or_death() {
+        let r = FencedResource::start_with_permits(2).await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.wait().await.expect("wait");
+        b.wait().await.expect("wait");
+        assert!(r.is_waiting("a") && r.is_waiting("b"));
+        a.begin(1, Duration::from_secs(60)).await.expect("begin");
+        assert!(!r.is_waiting("a"));
+        r.died("b", None);
+        assert!(!r.is_waiting("b"));
+        let waits = r.waits();
+        assert_eq!(waits.len(), 2);
+        assert!(waits[0].acquired && waits[0].end.is_some());
+        assert!(!waits[1].acquired && waits[1].end.is_some());
+        // A second WAIT without a BEGIN ends the first one as given up.
+        a.wait().await.expect("wait");
+        a.wait().await.expect("wait");
+        let waits = r.waits();
+        assert_eq!(waits.len(), 4);
+        assert!(!waits[2].acquired && waits[2].end.is_some());
+        assert!(waits[3].end.is_none());
     }
 }
