@@ -85,10 +85,16 @@ pub(crate) fn backoff(retry: Duration, ttl: Duration, failures: u32) -> Duration
 }
 
 /// Whether `reply` is a permit store's [`LeaseReply::look_again_at`]: no holder named, the
-/// time to look again in its lease times.
+/// time to look again in its lease times. A reply with no owner at all
+/// ([`MutexOwner::NONE`](crate::MutexOwner::NONE), every time zero) is not one: it keeps
+/// Simba's schedule rather than an immediate look.
 fn is_look_again(reply: &LeaseReply) -> bool {
     let o = &reply.owner;
-    o.owner_id.is_empty() && o.fence == 0 && o.acquired_at == 0 && o.ttl_at == o.transition_at
+    o.owner_id.is_empty()
+        && o.fence == 0
+        && o.acquired_at == 0
+        && o.ttl_at > 0
+        && o.ttl_at == o.transition_at
 }
 
 /// How long a contender that does not own waits before it looks again, after `reply`.
@@ -779,6 +785,12 @@ mod tests {
                 );
             }
         }
+        // No owner at all is not a look-again reply: Simba's schedule, not at once.
+        let none = LeaseReply {
+            owner: MutexOwner::NONE,
+            now,
+        };
+        assert!(!super::is_look_again(&none));
         // A look-again time already past: at once.
         let past = LeaseReply::look_again_at(now - 5, now);
         assert_eq!(waiter_delay(&period, &past, true, None), Duration::ZERO);
