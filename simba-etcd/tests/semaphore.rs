@@ -1,0 +1,150 @@
+//! Semaphores on a real etcd: the kit's semaphore cases, and a waiter that stops renewing
+//! (its process paused or cut off) without holding up the waiters behind it.
+
+// Tests fail by panicking; unwrap on a setup step is the clearest report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{proxied, random_prefix, server, test_config};
+use etcd_client::GetOptions;
+use simba_core::backend::{Lease, PermitStore};
+use simba_core::{LeaseConfig, Semaphore};
+use simba_etcd::EtcdFactory;
+use simba_test_kit::support::unique_name;
+use tokio::time::{Instant, sleep, timeout};
+
+simba_test_kit::semaphore_tests!(common::EtcdPermitHarness::start().await);
+
+/// The permit lease of the paused-waiter test: long, so that a waiter kept in the queue
+/// by the admission rule alone (its place lasts a lease and two seconds past its last
+/// call) would hold the live one up for well over 14 s.
+const LONG: Lease = Lease {
+    ttl: Duration::from_secs(8),
+    transition: Duration::from_secs(4),
+};
+
+/// How many contender keys `semaphore` has (holders and waiters).
+async fn keys(factory: &EtcdFactory, store: &simba_etcd::EtcdPermitStore, name: &str) -> usize {
+    let range = format!("{}/", store.semaphore_key(name));
+    factory
+        .client()
+        .kv_client()
+        .get(range, Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .unwrap()
+        .count() as usize
+}
+
+/// A waiter that stops renewing — its connection blackholed, as for a SIGSTOPped or
+/// partitioned process — is first in line when one of a 2-permit semaphore's permits
+/// frees. It loses its place when its store's presence lease (2 s) ends, and the live
+/// waiter behind it gets the permit then: within the presence lease, not after the 12 s
+/// permit lease the rule would keep its place for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_waiter_does_not_stall_the_ones_behind_it() {
+    let etcd = server().await;
+    let prefix = random_prefix();
+    let name = unique_name("sem_silent");
+    let config = LeaseConfig::with_lease(LONG.ttl, LONG.transition);
+    let direct = EtcdFactory::connect(test_config(etcd.url(), &prefix, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let holders = Semaphore::new(direct.permit_store(), config.clone(), &name, 2).unwrap();
+    let first = holders
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let second = holders
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    // The silent waiter: queued first through a proxy, with a 2 s presence lease.
+    let (paused, proxy) = proxied(&etcd, &prefix).await;
+    let silent = paused.permit_store();
+    let _wakeups = silent.permit_subscribe(&name, "silent").await.unwrap();
+    let reply = silent
+        .permit_acquire(&name, "silent", 2, LONG)
+        .await
+        .unwrap();
+    assert!(reply.owner.owner_id.is_empty(), "{:?}", reply.owner);
+
+    // The live waiter, behind it.
+    let live_store = direct.permit_store();
+    let live = Semaphore::new(live_store.clone(), config, &name, 2).unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = live.acquire_timeout(Duration::from_secs(60)).await;
+        (Instant::now(), g)
+    });
+    // Bound: the live waiter queues with its first call, a round trip or two.
+    let queued = timeout(Duration::from_secs(15), async {
+        while keys(&direct, &live_store, &name).await < 4 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(queued.is_ok(), "the live waiter never queued");
+
+    proxy.blackhole(true);
+    let released_at = Instant::now();
+    first.release().await.unwrap();
+    let (taken_at, taken) = waiter.await.unwrap();
+    let taken = taken.expect("the live waiter got a permit");
+    let took = taken_at - released_at;
+    println!("a permit past a silent waiter: {took:?}");
+    // The presence lease is 2 s (kept alive every 2/3 s: it ends at most 2 s after the
+    // blackhole), the leader revokes an expired lease within 500 ms, then the watch wakes
+    // the live waiter; 7 s leaves room for a loaded machine and stays far below the 14 s
+    // the silent waiter's place would last by the rule alone.
+    assert!(took <= Duration::from_secs(7), "took {took:?}");
+    assert!(taken.fence() > second.fence(), "the new fence is not greater");
+    let listed = holders.holders().await.unwrap();
+    let mut ids: Vec<String> = listed.holders.iter().map(|h| h.owner_id.clone()).collect();
+    ids.sort_unstable();
+    let mut expected = vec![
+        second.contender_id().to_owned(),
+        taken.contender_id().to_owned(),
+    ];
+    expected.sort_unstable();
+    assert_eq!(ids, expected);
+    taken.release().await.unwrap();
+    second.release().await.unwrap();
+    proxy.heal();
+}
+
+/// The connector opens working etcd semaphores: one permit, held on one connection, is
+/// refused to the other until released, and a count mismatch is typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connector_opens_semaphores() {
+    use simba_core::connect::{ConnectOptions, Connectors};
+    let etcd = server().await;
+    let url = format!("{}{}", etcd.url(), random_prefix());
+    let connectors = Connectors::new(vec![&simba_etcd::CONNECTOR]);
+    let a = connectors
+        .connect(&url, &ConnectOptions::default())
+        .await
+        .unwrap();
+    let b = connectors
+        .connect(&url, &ConnectOptions::default())
+        .await
+        .unwrap();
+    let name = unique_name("sem_conn");
+    let sa = a.open_semaphore(&name, 1).await.unwrap();
+    let sb = b.open_semaphore(&name, 1).await.unwrap();
+    let g = sa.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+    assert!(matches!(
+        sb.try_acquire().await,
+        Err(simba_core::Error::WouldBlock { .. })
+    ));
+    let wrong = b.open_semaphore(&name, 2).await.unwrap();
+    assert!(matches!(
+        wrong.try_acquire().await,
+        Err(simba_core::Error::PermitsMismatch { existing: 1, .. })
+    ));
+    g.release().await.unwrap();
+    let g = sb.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+    g.release().await.unwrap();
+}
