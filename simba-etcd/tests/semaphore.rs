@@ -148,3 +148,49 @@ async fn the_connector_opens_semaphores() {
     let g = sb.acquire_timeout(Duration::from_secs(10)).await.unwrap();
     g.release().await.unwrap();
 }
+
+/// The fence of a permit is given when it is taken, not when its contender queued: with
+/// two permits freed at once, the later of two waiters taking first gets the smaller
+/// fence, and the earlier one, taking after it, a greater one (fences from the keys'
+/// create revisions would have it the other way round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_takes_later_gets_the_greater_fence() {
+    let etcd = server().await;
+    let f = EtcdFactory::connect(test_config(
+        etcd.url(),
+        &random_prefix(),
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let store = f.permit_store();
+    let name = unique_name("sem_late");
+    let ask = |who: &'static str| store.permit_acquire(&name, who, 3, LONG);
+    let mut fences = Vec::new();
+    for who in ["a", "b", "c"] {
+        let reply = ask(who).await.unwrap();
+        assert_eq!(reply.owner.owner_id, who);
+        fences.push(reply.owner.fence);
+    }
+    for who in ["w1", "w2"] {
+        assert!(ask(who).await.unwrap().owner.owner_id.is_empty(), "{who} waits");
+    }
+    assert!(store.permit_release(&name, "a").await.unwrap());
+    assert!(store.permit_release(&name, "b").await.unwrap());
+    // Two permits free, one owed to each waiter: w2 calls first.
+    let second = ask("w2").await.unwrap();
+    assert_eq!(second.owner.owner_id, "w2");
+    let first = ask("w1").await.unwrap();
+    assert_eq!(first.owner.owner_id, "w1");
+    let last = fences.iter().copied().max().unwrap_or(0);
+    assert!(second.owner.fence > last, "{} after {last}", second.owner.fence);
+    assert!(
+        first.owner.fence > second.owner.fence,
+        "w1 took after w2 with fence {}, not above w2's {}",
+        first.owner.fence,
+        second.owner.fence
+    );
+    for who in ["c", "w1", "w2"] {
+        assert!(store.permit_release(&name, who).await.unwrap(), "{who}");
+    }
+}
