@@ -170,6 +170,7 @@ impl Connection for EtcdConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(not(feature = "tls"))]
     use simba_core::Error;
     use simba_core::connect::Connectors;
 

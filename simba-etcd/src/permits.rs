@@ -343,11 +343,19 @@ impl Inner {
         let limit = self.limit();
         let mut leases = self.client.lease_client();
         let ttl = self.config.lease_secs();
-        let id = bounded("granting the presence lease", limit, leases.grant(ttl, None))
-            .await?
-            .id();
-        let (keeper, stream) =
-            bounded("keeping the presence lease alive", limit, leases.keep_alive(id)).await?;
+        let id = bounded(
+            "granting the presence lease",
+            limit,
+            leases.grant(ttl, None),
+        )
+        .await?
+        .id();
+        let (keeper, stream) = bounded(
+            "keeping the presence lease alive",
+            limit,
+            leases.keep_alive(id),
+        )
+        .await?;
         let alive = Arc::new(AtomicBool::new(true));
         let every = self.config.lease_ttl / 3;
         tokio::spawn(keep_presence(
@@ -365,10 +373,10 @@ impl Inner {
     /// Forgets the presence lease `id` (the server no longer has it).
     async fn presence_gone(&self, id: i64) {
         let mut slot = self.presence.lock().await;
-        if slot.as_ref().is_some_and(|p| p.id == id) {
-            if let Some(p) = slot.take() {
-                p.alive.store(false, Ordering::SeqCst);
-            }
+        if slot.as_ref().is_some_and(|p| p.id == id)
+            && let Some(p) = slot.take()
+        {
+            p.alive.store(false, Ordering::SeqCst);
         }
     }
 
@@ -395,7 +403,10 @@ impl Inner {
         let limit = self.limit();
         tokio::spawn(async move {
             if let Err(e) = bounded("revoking an unused lease", limit, leases.revoke(id)).await {
-                debug!(lease = id, "revoking an unused lease failed ({e}); it ends by its TTL");
+                debug!(
+                    lease = id,
+                    "revoking an unused lease failed ({e}); it ends by its TTL"
+                );
             }
         });
     }
@@ -418,7 +429,14 @@ impl Inner {
         ));
         for _ in 0..MAX_ROUNDS {
             match self
-                .round(semaphore, contender_id, permits, lease, renew_only, &mut spare)
+                .round(
+                    semaphore,
+                    contender_id,
+                    permits,
+                    lease,
+                    renew_only,
+                    &mut spare,
+                )
                 .await
             {
                 Ok(Round::Done(reply)) => {
@@ -553,16 +571,16 @@ impl Inner {
                 };
                 let fence = r.fence();
                 // The holder's lease, if it outlives the new transition_at; else a new one.
-                let (lease_id, lease_until, fresh) =
-                    if r.lease != 0 && lease_until >= transition_at {
-                        (r.lease, lease_until, false)
-                    } else {
-                        let (id, until) = match spare.take() {
-                            Some(s) => s,
-                            None => self.holder_lease(lease).await?,
-                        };
-                        (id, until, true)
+                let (lease_id, lease_until, fresh) = if r.lease != 0 && lease_until >= transition_at
+                {
+                    (r.lease, lease_until, false)
+                } else {
+                    let (id, until) = match spare.take() {
+                        Some(s) => s,
+                        None => self.holder_lease(lease).await?,
                     };
+                    (id, until, true)
+                };
                 let entry = Entry::Holder {
                     fence,
                     acquired_at,
@@ -607,7 +625,9 @@ impl Inner {
                 };
                 let count_key = self.count_key(semaphore);
                 let guard_count = match count {
-                    Some((_, rev)) => Compare::mod_revision(count_key.clone(), CompareOp::Equal, rev),
+                    Some((_, rev)) => {
+                        Compare::mod_revision(count_key.clone(), CompareOp::Equal, rev)
+                    }
                     None => Compare::create_revision(count_key.clone(), CompareOp::Equal, 0),
                 };
                 let entry = Entry::Holder {
@@ -701,7 +721,8 @@ impl Inner {
                 old.mod_revision,
             )])
             .and_then([TxnOp::delete(old.key.clone(), None)]);
-        self.write("removing a key past its time", txn, None).await?;
+        self.write("removing a key past its time", txn, None)
+            .await?;
         Ok(Round::Again)
     }
 
@@ -725,8 +746,12 @@ impl Inner {
                 .is_some_and(|r| r.holds_at(now));
             return Ok(freed);
         }
-        let resp = bounded("reading a waiter's key", self.limit(), kv.get(key.clone(), None))
-            .await?;
+        let resp = bounded(
+            "reading a waiter's key",
+            self.limit(),
+            kv.get(key.clone(), None),
+        )
+        .await?;
         let Some(r) = resp.kvs().first().map(read_key) else {
             return Ok(false);
         };
@@ -1009,7 +1034,10 @@ mod tests {
             lease_until: 4,
         };
         let v = entry_value(&holder, "a\nb c");
-        assert_eq!(parse_entry(v.as_bytes()), Some((holder, "a\nb c".to_owned())));
+        assert_eq!(
+            parse_entry(v.as_bytes()),
+            Some((holder, "a\nb c".to_owned()))
+        );
         let waiter = Entry::Waiter { keep_until: -5 };
         let v = entry_value(&waiter, "w");
         assert_eq!(parse_entry(v.as_bytes()), Some((waiter, "w".to_owned())));

@@ -32,7 +32,10 @@ async fn keys(factory: &EtcdFactory, store: &simba_etcd::EtcdPermitStore, name: 
     factory
         .client()
         .kv_client()
-        .get(range, Some(GetOptions::new().with_prefix().with_count_only()))
+        .get(
+            range,
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
         .await
         .unwrap()
         .count() as usize
@@ -100,7 +103,10 @@ async fn a_silent_waiter_does_not_stall_the_ones_behind_it() {
     // the live waiter; 7 s leaves room for a loaded machine and stays far below the 14 s
     // the silent waiter's place would last by the rule alone.
     assert!(took <= Duration::from_secs(7), "took {took:?}");
-    assert!(taken.fence() > second.fence(), "the new fence is not greater");
+    assert!(
+        taken.fence() > second.fence(),
+        "the new fence is not greater"
+    );
     let listed = holders.holders().await.unwrap();
     let mut ids: Vec<String> = listed.holders.iter().map(|h| h.owner_id.clone()).collect();
     ids.sort_unstable();
@@ -173,7 +179,10 @@ async fn a_waiter_that_takes_later_gets_the_greater_fence() {
         fences.push(reply.owner.fence);
     }
     for who in ["w1", "w2"] {
-        assert!(ask(who).await.unwrap().owner.owner_id.is_empty(), "{who} waits");
+        assert!(
+            ask(who).await.unwrap().owner.owner_id.is_empty(),
+            "{who} waits"
+        );
     }
     assert!(store.permit_release(&name, "a").await.unwrap());
     assert!(store.permit_release(&name, "b").await.unwrap());
@@ -183,7 +192,11 @@ async fn a_waiter_that_takes_later_gets_the_greater_fence() {
     let first = ask("w1").await.unwrap();
     assert_eq!(first.owner.owner_id, "w1");
     let last = fences.iter().copied().max().unwrap_or(0);
-    assert!(second.owner.fence > last, "{} after {last}", second.owner.fence);
+    assert!(
+        second.owner.fence > last,
+        "{} after {last}",
+        second.owner.fence
+    );
     assert!(
         first.owner.fence > second.owner.fence,
         "w1 took after w2 with fence {}, not above w2's {}",
