@@ -21,18 +21,27 @@
 //! and each one's revision is greater than every earlier take's: a waiter that takes later
 //! gets a greater fence than everyone before it, whenever its key was created.
 //!
-//! **Leases.** A holder's key is attached to an etcd lease of its own, granted after the
-//! time its lease is counted from and lasting at least `2 × (ttl + transition)` (whole
-//! seconds, rounded up, plus one): the key lives at least until its `transition_at`, and
-//! a renewal reuses the lease while it still covers the new `transition_at`. A waiter's
-//! key is attached to the store's *presence* lease ([`EtcdConfig::lease_ttl`]), which a
-//! task of the store keeps alive: a waiter whose process stops (killed, SIGSTOPped,
-//! partitioned) loses its key, and its place, when that lease ends, and the deletion wakes
-//! the waiters behind it. A waiter that stops calling in a live process loses its place at
-//! its `keep_until` (the admission rule).
+//! **A holder holds exactly while its key exists.** No contender judges another's permit
+//! over by a clock: the times a holder writes are its own clock's and tell the others only
+//! when to look again. A holder's key goes when its release deletes it or when its etcd
+//! lease ends — which only the leader decides. Every take and every renewal puts the key
+//! on a lease granted during that call, after the engine sent it, with a TTL of `ttl +
+//! transition` rounded up to whole seconds, and revokes the key's previous lease once the
+//! put succeeded; the engine's local deadline (send time + ttl + transition − drift margin)
+//! therefore passes before the leader can end the key's lease, as for the mutex. A holder
+//! judges only its *own* key by its own clock: past its own `transition_at` it deletes the
+//! key and takes anew (a new fence), as the engine has already given the permit up.
 //!
-//! Times are this machine's clock in milliseconds (etcd keeps no times on keys): the
-//! contenders' clocks must agree within the drift margin, as for the mutex.
+//! **Waiters** are judged by clocks, as the admission rule says: a waiter's place is kept
+//! until its `keep_until` (its own clock), and another contender may drop it once that is
+//! past on the other's clock. A place dropped early costs the waiter its turn, never a
+//! permit too many. A waiter's key is attached to the store's *presence* lease
+//! ([`EtcdConfig::lease_ttl`]), which a task of the store keeps alive: a waiter whose
+//! process stops (killed, SIGSTOPped, partitioned) loses its key, and its place, when that
+//! lease ends, and the deletion wakes the waiters behind it.
+//!
+//! Times are milliseconds since the Unix epoch on the writer's clock (etcd keeps no times
+//! on keys).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,6 +69,11 @@ const TURN_MS: i64 = 250;
 
 /// How many times one call reads again after the keys changed under its transaction.
 const MAX_ROUNDS: usize = 16;
+
+/// How soon a waiter looks again when a holder's `transition_at` is past on our clock
+/// while its key still exists (ms): its key goes when its etcd lease ends, and the
+/// deletion wakes us through the watch first; this is the backstop.
+const HELD_LOOK_MS: i64 = 1000;
 
 /// How often a semaphore's watch task checks whether anyone still listens.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
@@ -106,6 +120,9 @@ struct Inner {
     dir: String,
     presence: tokio::sync::Mutex<Option<Presence>>,
     watches: tokio::sync::Mutex<HashMap<String, Watched>>,
+    /// Added to this machine's clock (ms): `0`, except in tests that play a contender
+    /// whose clock is off ([`EtcdPermitStore::with_clock_offset`]).
+    clock_offset_ms: i64,
 }
 
 /// A contender key, read.
@@ -117,7 +134,8 @@ enum Entry {
         acquired_at: i64,
         ttl_at: i64,
         transition_at: i64,
-        /// The local time before which its etcd lease cannot end.
+        /// The writer's time before which the key's etcd lease cannot end (informative:
+        /// nobody decides on it).
         lease_until: i64,
     },
     Waiter {
@@ -144,9 +162,9 @@ impl Read {
         }
     }
 
-    /// A holder within its lease at `now`.
-    fn holds_at(&self, now: i64) -> bool {
-        matches!(self.entry, Entry::Holder { transition_at, .. } if transition_at > now)
+    /// A holder: its key exists, so its etcd lease has not ended.
+    fn holds(&self) -> bool {
+        matches!(self.entry, Entry::Holder { .. })
     }
 
     fn owner(&self) -> Option<MutexOwner> {
@@ -210,16 +228,20 @@ fn parse_entry(value: &[u8]) -> Option<(Entry, String)> {
     Some((entry, id.to_owned()))
 }
 
-/// The TTL (whole seconds) of a holder key's lease for `lease`: twice the lease, rounded
-/// up, plus one second (so that a few renewals reuse it), at least 2 s.
+/// The TTL (whole seconds) of a holder key's lease for `lease`: `ttl + transition`,
+/// rounded up, at least 1 s.
+///
+/// No margin beyond the rounding: the lease is granted after the engine sent the call, and
+/// the leader sets its expiry to its own now + TTL when it applies the grant (a new leader
+/// only extends it), so it cannot end before `send + ttl + transition`; the engine stops
+/// believing at that minus the drift margin, which covers the clocks' rates as it does for
+/// the mutex's keep-alives. etcd raises a TTL below its minimum, which only makes it later.
 fn holder_lease_secs(lease: Lease) -> i64 {
     let ms = lease.ttl_ms().saturating_add(lease.transition_ms());
-    ms.saturating_mul(2)
-        .saturating_add(999)
+    ms.saturating_add(999)
         .checked_div(1000)
         .unwrap_or(i64::MAX)
-        .saturating_add(1)
-        .max(2)
+        .max(1)
 }
 
 /// The lease config of permits on a store whose etcd lease is `lease_ttl`: a permit lease
@@ -251,6 +273,10 @@ enum Round<T> {
 
 impl EtcdPermitStore {
     pub(crate) fn new(client: Client, config: Arc<EtcdConfig>) -> Self {
+        Self::with_offset(client, config, 0)
+    }
+
+    fn with_offset(client: Client, config: Arc<EtcdConfig>, clock_offset_ms: i64) -> Self {
         let dir = format!("{}/%sem", config.prefix.trim_end_matches('/'));
         EtcdPermitStore {
             inner: Arc::new(Inner {
@@ -259,8 +285,22 @@ impl EtcdPermitStore {
                 dir,
                 presence: tokio::sync::Mutex::new(None),
                 watches: tokio::sync::Mutex::new(HashMap::new()),
+                clock_offset_ms,
             }),
         }
+    }
+
+    /// A store on the same client and settings whose clock reads `offset_ms` later than
+    /// this machine's (earlier when negative), with a presence lease and watches of its
+    /// own: a contender on a host whose clock is off. For tests only.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_clock_offset(&self, offset_ms: i64) -> Self {
+        Self::with_offset(
+            self.inner.client.clone(),
+            self.inner.config.clone(),
+            offset_ms,
+        )
     }
 
     /// The key below which semaphore `name`'s contender keys live (followed by `/`), which
@@ -271,6 +311,11 @@ impl EtcdPermitStore {
 }
 
 impl Inner {
+    /// This store's clock (ms since the Unix epoch).
+    fn now(&self) -> i64 {
+        now_millis().saturating_add(self.clock_offset_ms)
+    }
+
     fn count_key(&self, semaphore: &str) -> String {
         format!("{}/{}", self.dir, encode_name(semaphore))
     }
@@ -384,7 +429,7 @@ impl Inner {
     /// cannot end.
     async fn holder_lease(&self, lease: Lease) -> Result<(i64, i64)> {
         let secs = holder_lease_secs(lease);
-        let sent = now_millis();
+        let sent = self.now();
         let mut leases = self.client.lease_client();
         let id = bounded(
             "granting a permit's lease",
@@ -467,7 +512,7 @@ impl Inner {
         spare: &mut Option<(i64, i64)>,
     ) -> Result<Round<LeaseReply>> {
         // Taken before the read: every time written counts from no later than this.
-        let now = now_millis();
+        let now = self.now();
         let (count, reads) = self.read(semaphore).await?;
         let key = self.key_of(semaphore, contender_id);
         let mine = reads.iter().find(|r| r.key == key);
@@ -476,12 +521,19 @@ impl Inner {
             .filter(|r| matches!(r.entry, Entry::Holder { .. }))
             .collect();
         holders.sort_by_key(|r| r.fence());
+        // Another contender's key holds while it exists, whatever its transition_at says on
+        // our clock (see the module docs): the rule sees it within its lease, and looks
+        // again at its transition_at or a second from now, whichever is later (the watch
+        // wakes us first when the key goes). Our own key is judged by our own clock.
         let admission_holders: Vec<AdmissionHolder<'_>> = holders
             .iter()
             .map(|r| AdmissionHolder {
                 contender_id: &r.id,
                 transition_at: match r.entry {
-                    Entry::Holder { transition_at, .. } => transition_at,
+                    Entry::Holder { transition_at, .. } if r.key == key => transition_at,
+                    Entry::Holder { transition_at, .. } => {
+                        transition_at.max(now.saturating_add(HELD_LOOK_MS))
+                    }
                     Entry::Waiter { .. } => 0,
                 },
                 fence: r.fence(),
@@ -518,8 +570,8 @@ impl Inner {
         };
         let admission = admit_permit(&state, &request);
         let decision = admission.decision;
-        // What the rule dropped: a take deletes those keys, if they did not change since
-        // the read (a holder that renewed meanwhile still holds).
+        // What the rule dropped: waiters past their kept place (never another's holder key,
+        // see above); a take deletes those keys, if they did not change since the read.
         let dropped: Vec<&Read> = admission
             .expired_holders
             .iter()
@@ -561,25 +613,15 @@ impl Inner {
                 ..
             } => {
                 let Some(r) = mine else { return not_held() };
-                let Entry::Holder {
-                    acquired_at,
-                    lease_until,
-                    ..
-                } = r.entry
-                else {
+                let Entry::Holder { acquired_at, .. } = r.entry else {
                     return not_held();
                 };
                 let fence = r.fence();
-                // The holder's lease, if it outlives the new transition_at; else a new one.
-                let (lease_id, lease_until, fresh) = if r.lease != 0 && lease_until >= transition_at
-                {
-                    (r.lease, lease_until, false)
-                } else {
-                    let (id, until) = match spare.take() {
-                        Some(s) => s,
-                        None => self.holder_lease(lease).await?,
-                    };
-                    (id, until, true)
+                // A lease granted during this call: it cannot end before the engine's new
+                // local deadline. The old one is revoked once the key has moved.
+                let (lease_id, lease_until) = match spare.take() {
+                    Some(s) => s,
+                    None => self.holder_lease(lease).await?,
                 };
                 let entry = Entry::Holder {
                     fence,
@@ -593,13 +635,17 @@ impl Inner {
                     entry_value(&entry, contender_id),
                     Some(PutOptions::new().with_lease(lease_id)),
                 )]);
-                if !self.write("renewing a permit", txn, None).await? {
-                    if fresh {
+                match self.write("renewing a permit", txn, None).await {
+                    Ok(true) => {}
+                    Ok(false) => {
                         *spare = Some((lease_id, lease_until));
+                        return Ok(Round::Again);
                     }
-                    return Ok(Round::Again);
+                    // The lease ended before the put (a very slow call): grant another.
+                    Err(e) if is_lease_not_found(&e) => return Ok(Round::Again),
+                    Err(e) => return Err(e),
                 }
-                if fresh && r.lease != 0 {
+                if r.lease != 0 && r.lease != lease_id {
                     self.revoke_later(r.lease);
                 }
                 Ok(Round::Done(LeaseReply {
@@ -656,13 +702,18 @@ impl Inner {
                 }
                 let txn = Txn::new().when(compares).and_then(ops);
                 let mut revision = 0;
-                if !self
+                match self
                     .write("taking a permit", txn, Some(&mut revision))
-                    .await?
-                    || revision <= 0
+                    .await
                 {
-                    *spare = Some((lease_id, lease_until));
-                    return Ok(Round::Again);
+                    Ok(true) if revision > 0 => {}
+                    Ok(_) => {
+                        *spare = Some((lease_id, lease_until));
+                        return Ok(Round::Again);
+                    }
+                    // The lease ended before the put (a very slow call): grant another.
+                    Err(e) if is_lease_not_found(&e) => return Ok(Round::Again),
+                    Err(e) => return Err(e),
                 }
                 debug!(semaphore, contender_id, fence = revision, "permit taken");
                 Ok(Round::Done(LeaseReply {
@@ -721,17 +772,23 @@ impl Inner {
                 old.mod_revision,
             )])
             .and_then([TxnOp::delete(old.key.clone(), None)]);
-        self.write("removing a key past its time", txn, None)
-            .await?;
+        if self
+            .write("removing a key past its time", txn, None)
+            .await?
+            && old.holds()
+            && old.lease != 0
+        {
+            self.revoke_later(old.lease);
+        }
         Ok(Round::Again)
     }
 
     /// Deletes `contender_id`'s key: always (`release`), or only while it waits; whether
-    /// it held a permit within its lease (and so freed one).
+    /// it held a permit (its holder key existed, so its etcd lease had not ended) and so
+    /// freed one.
     async fn remove(&self, semaphore: &str, contender_id: &str, release: bool) -> Result<bool> {
         let key = self.key_of(semaphore, contender_id);
         let mut kv = self.client.kv_client();
-        let now = now_millis();
         if release {
             let resp = bounded(
                 "releasing a permit",
@@ -739,12 +796,14 @@ impl Inner {
                 kv.delete(key, Some(DeleteOptions::new().with_prev_key())),
             )
             .await?;
-            let freed = resp
-                .prev_kvs()
-                .first()
-                .map(read_key)
-                .is_some_and(|r| r.holds_at(now));
-            return Ok(freed);
+            let Some(prev) = resp.prev_kvs().first().map(read_key) else {
+                return Ok(false);
+            };
+            if prev.holds() && prev.lease != 0 {
+                // The holder's own lease, which no key uses any more.
+                self.revoke_later(prev.lease);
+            }
+            return Ok(prev.holds());
         }
         let resp = bounded(
             "reading a waiter's key",
@@ -770,10 +829,12 @@ impl Inner {
         Ok(false)
     }
 
+    /// Every holder key, whatever its `transition_at` says on our clock: it holds until
+    /// its etcd lease ends.
     async fn owners(&self, semaphore: &str) -> Result<PermitHolders> {
-        let now = now_millis();
+        let now = self.now();
         let (count, reads) = self.read(semaphore).await?;
-        let mut holders: Vec<&Read> = reads.iter().filter(|r| r.holds_at(now)).collect();
+        let mut holders: Vec<&Read> = reads.iter().filter(|r| r.holds()).collect();
         holders.sort_by_key(|r| r.fence());
         let holders: Vec<MutexOwner> = holders.iter().filter_map(|r| r.owner()).collect();
         Ok(PermitHolders {
@@ -1048,14 +1109,15 @@ mod tests {
     }
 
     #[test]
-    fn holder_leases_outlive_two_permit_leases() {
+    fn holder_leases_are_the_permit_lease_rounded_up() {
         let lease = |ttl, transition| Lease {
             ttl: Duration::from_millis(ttl),
             transition: Duration::from_millis(transition),
         };
-        assert_eq!(holder_lease_secs(lease(1000, 500)), 4);
-        assert_eq!(holder_lease_secs(lease(20_000, 5_000)), 51);
-        assert_eq!(holder_lease_secs(lease(1, 0)), 2);
+        assert_eq!(holder_lease_secs(lease(1000, 500)), 2);
+        assert_eq!(holder_lease_secs(lease(2000, 1000)), 3);
+        assert_eq!(holder_lease_secs(lease(20_000, 5_001)), 26);
+        assert_eq!(holder_lease_secs(lease(1, 0)), 1);
         let c = lease_config(Duration::from_secs(3));
         assert_eq!(c.ttl + c.transition, Duration::from_secs(3));
         assert!(c.validate().is_ok());

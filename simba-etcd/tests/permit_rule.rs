@@ -5,8 +5,15 @@
 //! outcome and the fences must agree at every step.
 //!
 //! The lease is 5 minutes and a run takes seconds: nothing expires during a run, so the
-//! runs compare the admission rule, not timing (each run is on a new semaphore). A failure
-//! names its seed; `SIMBA_PERMIT_SEED=<seed>` runs that one only.
+//! runs compare the admission rule, not timing (each run is on a new semaphore). This is
+//! also why the store and the model agree on holders although they judge a holder's end
+//! differently: the model drops a holder at its `transition_at` on the test's clock, the
+//! store keeps another contender's holder key until etcd deletes it (its etcd lease ends,
+//! `ttl + transition` rounded up to whole seconds after its last take or renewal). Holder
+//! expiry is tested against etcd itself in `tests/semaphore.rs`
+//! (`a_silent_holders_permit_returns_when_its_key_lease_ends`,
+//! `a_renewing_holder_keeps_its_permit_against_a_clock_running_ahead`), not here. A
+//! failure names its seed; `SIMBA_PERMIT_SEED=<seed>` runs that one only.
 
 mod common;
 

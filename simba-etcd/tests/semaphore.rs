@@ -207,3 +207,126 @@ async fn a_waiter_that_takes_later_gets_the_greater_fence() {
         assert!(store.permit_release(&name, who).await.unwrap(), "{who}");
     }
 }
+
+/// The permit lease of the clock and lease-end tests: 2 s + 1 s, so a holder key's etcd
+/// lease is 3 s.
+const SHORT: Lease = Lease {
+    ttl: Duration::from_secs(2),
+    transition: Duration::from_secs(1),
+};
+
+/// A holder that keeps renewing keeps its permit against a contender whose clock runs
+/// 10 s ahead: that one sees the holder's `transition_at` long past on its clock, yet does
+/// not take the permit, and reads the holder as holding, until the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewing_holder_keeps_its_permit_against_a_clock_running_ahead() {
+    let etcd = server().await;
+    let f = EtcdFactory::connect(test_config(
+        etcd.url(),
+        &random_prefix(),
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let here = f.permit_store();
+    let ahead = here.with_clock_offset(10_000);
+    let name = unique_name("sem_skew");
+    let took = here.permit_acquire(&name, "a", 1, SHORT).await.unwrap();
+    assert_eq!(took.owner.owner_id, "a");
+    let fence = took.owner.fence;
+    // Two key leases and more: the holder renews every 500 ms (well within its 2 s ttl on
+    // a loaded machine), the other asks in between.
+    let until = Instant::now() + Duration::from_secs(7);
+    let mut asked = 0;
+    while Instant::now() < until {
+        let renewed = here.permit_guard(&name, "a", 1, SHORT).await.unwrap();
+        assert_eq!(renewed.owner.owner_id, "a", "the holder lost its permit");
+        assert_eq!(renewed.owner.fence, fence);
+        let other = ahead.permit_acquire(&name, "b", 1, SHORT).await.unwrap();
+        assert!(
+            other.owner.owner_id.is_empty(),
+            "the contender 10 s ahead took the permit of a live holder: {:?}",
+            other.owner
+        );
+        let seen = ahead.permit_owners(&name).await.unwrap();
+        let ids: Vec<&str> = seen.holders.iter().map(|h| h.owner_id.as_str()).collect();
+        assert_eq!(ids, ["a"], "read by the contender 10 s ahead");
+        assert!(
+            seen.holders[0].transition_at < seen.now,
+            "the holder's transition_at is past on the skewed clock (the case under test)"
+        );
+        asked += 1;
+        sleep(Duration::from_millis(500)).await;
+    }
+    assert!(asked >= 3, "asked {asked} times");
+    assert!(here.permit_release(&name, "a").await.unwrap());
+    let next = ahead.permit_acquire(&name, "b", 1, SHORT).await.unwrap();
+    assert_eq!(
+        next.owner.owner_id, "b",
+        "the freed permit goes to the waiter"
+    );
+    assert!(next.owner.fence > fence);
+    assert!(ahead.permit_release(&name, "b").await.unwrap());
+}
+
+/// A holder that stops renewing (without releasing) keeps its permit until its key's etcd
+/// lease ends — `ttl + transition` rounded up to whole seconds after its last renewal —
+/// and no longer: a waiter on the engine takes it then, woken by the key's deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_holders_permit_returns_when_its_key_lease_ends() {
+    let etcd = server().await;
+    let f = EtcdFactory::connect(test_config(
+        etcd.url(),
+        &random_prefix(),
+        Duration::from_secs(5),
+    ))
+    .await
+    .unwrap();
+    let store = f.permit_store();
+    let name = unique_name("sem_dead");
+    assert_eq!(
+        store
+            .permit_acquire(&name, "a", 1, SHORT)
+            .await
+            .unwrap()
+            .owner
+            .owner_id,
+        "a"
+    );
+    // The renewal's send time: its key lease is granted after it.
+    let sent = Instant::now();
+    let renewed = store.permit_guard(&name, "a", 1, SHORT).await.unwrap();
+    assert_eq!(renewed.owner.owner_id, "a");
+    let key = format!("{}/a", store.semaphore_key(&name));
+    let kv = f.client().kv_client().get(key, None).await.unwrap();
+    let lease = kv.kvs().first().map(|k| k.lease()).unwrap_or(0);
+    assert_ne!(lease, 0, "the holder key is on a lease");
+    let ttl = f
+        .client()
+        .lease_client()
+        .time_to_live(lease, None)
+        .await
+        .unwrap();
+    assert_eq!(ttl.granted_ttl(), 3, "ttl + transition, rounded up");
+    // "a" falls silent. A waiter on the engine, on another store.
+    let waiter = Semaphore::new(
+        f.permit_store(),
+        LeaseConfig::with_lease(SHORT.ttl, SHORT.transition),
+        &name,
+        1,
+    )
+    .unwrap();
+    let permit = waiter
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let after = sent.elapsed();
+    eprintln!("a silent holder's permit returned {after:?} after its last renewal was sent");
+    assert!(permit.fence() > renewed.owner.fence);
+    // Not before the key lease (3 s from a grant made after `sent`); the leader's lessor
+    // looks for expired leases every 500 ms and the revoke goes through Raft, then the
+    // watch wakes the waiter: 3 s of slack on a loaded 2-core machine.
+    assert!(after >= Duration::from_secs(3), "returned after {after:?}");
+    assert!(after <= Duration::from_secs(6), "returned after {after:?}");
+    permit.release().await.unwrap();
+}
