@@ -164,7 +164,8 @@ pub(crate) async fn run() -> Result<()> {
     }
     // A semaphore on the connection's backend: Redis and the SQL backends time its
     // permits by the run's lease; ZooKeeper holds them on the connection's session
-    // (timeout `ttl + transition`) with the longest lease it allows; etcd has none.
+    // (timeout `ttl + transition`) with the longest lease it allows; etcd times them by
+    // its lease TTL (`EtcdFactory::permit_lease`).
     let source = match permits {
         Some(n) => Source::Semaphore(
             connect(&url, lease_config)

@@ -7,9 +7,9 @@
 //! `permits=N acquisitions=A handoffs=H over_capacity=X fence_violations=F
 //! stale_writes_accepted=Y faults=Z`: never more than N holders believing at once (see
 //! `simba_test_kit::history::check_permits` and the resource's rules in
-//! `simba_test_kit::chaos`). Semaphores run on Redis (single, Sentinel), ZooKeeper and the
-//! SQL backends; on etcd (no semaphores) the contenders fail with `Unsupported`, and Redis
-//! Cluster is refused (its failover fault targets the mutex's shard).
+//! `simba_test_kit::chaos`). Semaphores run on Redis (single, Sentinel), ZooKeeper, etcd and
+//! the SQL backends; Redis Cluster is refused (its failover fault targets the mutex's
+//! shard).
 //!
 //! ```text
 //! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster

@@ -3,7 +3,8 @@
 //! whatever the backend. Redis and the SQL backends time the permits with the lease of
 //! `timing`; ZooKeeper holds them on the connection's session (its timeout chosen by
 //! `timing` as for a mutex, or the URL's default), with the longest lease that session
-//! allows; etcd has no semaphores.
+//! allows; etcd with the connection's lease (the URL's `lease_ttl`, or the one `timing`
+//! chooses).
 
 use simba_core::{Result, Semaphore};
 

@@ -55,10 +55,10 @@ async fn hold_at_least_keeps_the_mutex_on_etcd() {
     .expect("test body");
 }
 
-/// etcd has no semaphores: the connection refuses to open one (`Error::Unsupported`),
-/// and `simba bench` reports that in its semaphore section instead of failing.
+/// etcd has semaphores: `simba bench` measures a permit's cycle and hand-over, with no
+/// overlap and no fence going back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_has_no_semaphores() {
+async fn etcd_semaphores_are_measured() {
     let server = servers::etcd().await.expect("an etcd server");
     let url = format!("{}/simba-cli-test", server.url());
     tokio::task::spawn_blocking(move || {
@@ -83,9 +83,11 @@ async fn etcd_has_no_semaphores() {
         );
         let v: serde_json::Value = serde_json::from_str(stdout.trim())
             .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
-        assert_eq!(v["semaphore"]["supported"], false, "{v:#}");
-        let reason = v["semaphore"]["reason"].as_str().unwrap_or_default();
-        assert!(reason.contains("no semaphores on etcd"), "{v:#}");
+        assert_eq!(v["semaphore"]["supported"], true, "{v:#}");
+        for field in ["overlaps", "fence_regressions"] {
+            let n = v["semaphore"][field].as_f64();
+            assert_eq!(n, Some(0.0), "{field}: {v:#}");
+        }
     })
     .await
     .expect("test body");

@@ -205,8 +205,7 @@ pub trait Connection: Send + Sync + fmt::Debug {
     /// allows, whose timeout the options chose. The semaphore keeps what it needs of the
     /// connection: it works after the connection is dropped.
     ///
-    /// The default, for backends without semaphores (etcd), is
-    /// [`Error::Unsupported`].
+    /// The default, for backends without semaphores, is [`Error::Unsupported`].
     ///
     /// # Errors
     /// [`Error::Unsupported`] where the backend has no semaphores; as

@@ -241,8 +241,9 @@ enum Wait {
 /// refused with [`Error::PermitsMismatch`]. Semaphore names are apart from mutex names.
 ///
 /// Backends: any [`PermitStore`] — [`MemoryStore`](crate::MemoryStore), Redis
-/// (simba-redis), SQL (simba-jdbc: MariaDB/MySQL, PostgreSQL, SQLite) and ZooKeeper
-/// (simba-zookeeper's `ZkFactory::semaphore`). A backend without semaphores does not
+/// (simba-redis), SQL (simba-jdbc: MariaDB/MySQL, PostgreSQL, SQLite), ZooKeeper
+/// (simba-zookeeper's `ZkFactory::semaphore`) and etcd (simba-etcd's
+/// `EtcdFactory::semaphore`). A backend without semaphores does not
 /// implement [`PermitStore`], so no semaphore can be made over it.
 ///
 /// Waiters queue in the backend first come first served (roughly: a waiter that misses

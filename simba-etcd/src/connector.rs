@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use simba_core::backend::{BoxFuture, LeaseReply};
 use simba_core::connect::{Capabilities, ConnectOptions, Connection, Connector, Ownership};
-use simba_core::{ContendServiceFactory, Error, Result, Semaphore};
+use simba_core::{ContendServiceFactory, Result, Semaphore};
 
-use crate::common::{BACKEND, bounded, first_key, now_millis, owner_of};
+use crate::common::{bounded, first_key, now_millis, owner_of};
 use crate::config::{EtcdConfig, PLAIN_SCHEMES, TLS_SCHEMES, redact_url};
 use crate::factory::EtcdFactory;
 #[cfg(feature = "bench")]
@@ -139,20 +139,14 @@ impl Connection for EtcdConnection {
         }))
     }
 
-    /// etcd has no semaphores: [`Error::Unsupported`].
+    /// A semaphore over [`EtcdFactory::permit_store`], timed by
+    /// [`EtcdFactory::permit_lease`].
     fn open_semaphore<'a>(
         &'a self,
         name: &'a str,
         permits: u32,
     ) -> BoxFuture<'a, Result<Semaphore>> {
-        let _ = (name, permits);
-        Box::pin(async {
-            Err(Error::unsupported(
-                BACKEND,
-                "semaphores",
-                "no semaphores on etcd backends (simba-etcd has no permit store)",
-            ))
-        })
+        Box::pin(async move { self.factory.semaphore(name, permits) })
     }
 
     #[cfg(feature = "bench")]
@@ -176,6 +170,8 @@ impl Connection for EtcdConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(not(feature = "tls"))]
+    use simba_core::Error;
     use simba_core::connect::Connectors;
 
     #[test]

@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 use simba_core::backend::{ServiceFactory, contender_id_for};
-use simba_core::{Contender, Error, MutexRetriever, Result, check_common_mutex_name};
+use simba_core::{
+    Contender, Error, LeaseConfig, MutexRetriever, Result, Semaphore, check_common_mutex_name,
+};
 
 use crate::common::{BACKEND, backend_error};
 use crate::config::EtcdConfig;
 use crate::contend::EtcdContendService;
+use crate::permits::EtcdPermitStore;
 use crate::retrieve::EtcdRetrievalService;
 
 /// Makes etcd contend and retrieval services that share one client (one gRPC channel to
@@ -58,6 +61,30 @@ impl EtcdFactory {
     /// The client, for reads of your own.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The store of this client's semaphores, a
+    /// [`PermitStore`](simba_core::backend::PermitStore) for [`Semaphore`] (see the crate
+    /// docs, *Semaphores*). Each call makes a new store (its own presence lease and
+    /// watches) over this factory's client.
+    pub fn permit_store(&self) -> EtcdPermitStore {
+        EtcdPermitStore::new(self.client.clone(), self.config.clone())
+    }
+
+    /// The lease config of permits: a permit lease (ttl + transition) of
+    /// [`EtcdConfig::lease_ttl`], ttl two thirds of it, other settings as
+    /// [`LeaseConfig::default`].
+    pub fn permit_lease(&self) -> LeaseConfig {
+        crate::permits::lease_config(self.config.lease_ttl)
+    }
+
+    /// The semaphore `name` with `permits` permits over a new
+    /// [`permit_store`](Self::permit_store), timed by [`permit_lease`](Self::permit_lease).
+    ///
+    /// # Errors
+    /// As [`Semaphore::new`].
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.permit_store(), self.permit_lease(), name, permits)
     }
 
     /// The key prefix of `mutex`'s waiter keys, `{prefix}/{mutex}/` with `/` and `%` in

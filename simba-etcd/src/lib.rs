@@ -8,6 +8,7 @@ mod contend;
 mod factory;
 #[cfg(feature = "bench")]
 mod floor;
+mod permits;
 mod retrieve;
 mod tls;
 
@@ -19,6 +20,7 @@ pub use connector::{CONNECTOR, EtcdConnector};
 pub use contend::EtcdContendService;
 pub use etcd_client;
 pub use factory::EtcdFactory;
+pub use permits::EtcdPermitStore;
 pub use retrieve::EtcdRetrievalService;
 /// Why a TLS connection failed: the `source` of the error [`EtcdFactory::connect`] returns
 /// then (feature `tls`).

@@ -39,7 +39,7 @@ async fn the_connector_passes_the_kits_check() {
             ownership: simba_core::connect::Ownership::Lease,
             round_trip: "put",
             counts_connections: false,
-            semaphores: false,
+            semaphores: true,
         },
     )
     .await;

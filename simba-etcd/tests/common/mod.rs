@@ -153,3 +153,41 @@ impl Harness for EtcdHarness {
         })
     }
 }
+
+/// The semaphore harness: every store is a new [`EtcdFactory`]'s permit store (its own
+/// client), on one server, under a key prefix of its own per harness.
+pub struct EtcdPermitHarness {
+    server: TestServer,
+    prefix: String,
+}
+
+impl EtcdPermitHarness {
+    /// A harness on the kit's etcd server.
+    pub async fn start() -> Self {
+        EtcdPermitHarness {
+            server: server().await,
+            prefix: random_prefix(),
+        }
+    }
+}
+
+impl simba_test_kit::semaphore_cases::PermitSource for EtcdPermitHarness {
+    type Store = simba_etcd::EtcdPermitStore;
+
+    fn name(&self) -> String {
+        "etcd".to_owned()
+    }
+
+    fn store(&self) -> BoxFuture<'_, Result<simba_etcd::EtcdPermitStore, SetupError>> {
+        Box::pin(async move {
+            let f =
+                EtcdFactory::connect(test_config(self.server.url(), &self.prefix, LEASE)).await?;
+            Ok(f.permit_store())
+        })
+    }
+
+    fn pushes_release(&self) -> bool {
+        // A watch on the semaphore's keys wakes its waiters when a key is deleted.
+        true
+    }
+}
