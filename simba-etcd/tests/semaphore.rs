@@ -1,5 +1,5 @@
-//! Semaphores on a real etcd: the kit's semaphore cases, and a waiter that stops renewing
-//! (its process paused or cut off) without holding up the waiters behind it.
+//! Semaphores on a real etcd: the kit's semaphore and read-write lock cases, and a waiter
+//! that stops renewing (its process paused or cut off) without holding up the ones behind it.
 
 // Tests fail by panicking; unwrap on a setup step is the clearest report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,6 +17,8 @@ use simba_test_kit::support::unique_name;
 use tokio::time::{Instant, sleep, timeout};
 
 simba_test_kit::semaphore_tests!(common::EtcdPermitHarness::start().await);
+
+simba_test_kit::rw_lock_tests!(common::EtcdPermitHarness::start().await);
 
 /// The permit lease of the paused-waiter test: long, so that a waiter kept in the queue
 /// by the admission rule alone (its place lasts a lease and two seconds past its last

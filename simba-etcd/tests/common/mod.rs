@@ -171,6 +171,37 @@ impl EtcdPermitHarness {
     }
 }
 
+impl simba_test_kit::rw_cases::RwSource for EtcdPermitHarness {
+    fn name(&self) -> String {
+        "etcd".to_owned()
+    }
+
+    /// The gate a mutex of a new factory (its own client), the readers permits of the same.
+    fn rwlock<'a>(
+        &'a self,
+        lock: &'a str,
+        config: simba_core::LeaseConfig,
+    ) -> BoxFuture<'a, Result<simba_core::RwLock, SetupError>> {
+        Box::pin(async move {
+            let f =
+                EtcdFactory::connect(test_config(self.server.url(), &self.prefix, LEASE)).await?;
+            let readers = simba_core::Semaphore::new(
+                f.permit_store(),
+                config,
+                lock,
+                simba_core::MAX_READERS,
+            )?;
+            let gates: Arc<dyn ContendServiceFactory> = Arc::new(f);
+            let gate = simba_core::Locker::new(gates, lock)?;
+            Ok(simba_core::RwLock::new(gate, readers)?)
+        })
+    }
+
+    fn pushes_release(&self) -> bool {
+        true
+    }
+}
+
 impl simba_test_kit::semaphore_cases::PermitSource for EtcdPermitHarness {
     type Store = simba_etcd::EtcdPermitStore;
 
