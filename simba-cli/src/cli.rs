@@ -416,6 +416,36 @@ mod tests {
     }
 
     #[test]
+    fn permits_parse_and_refuse_what_means_nothing_for_a_semaphore() {
+        let cli = Cli::try_parse_from(["simba", "exec", "--permits", "3", "s", "--", "true"])
+            .expect("parses");
+        let Command::Exec(a) = cli.command else {
+            panic!("not exec");
+        };
+        assert_eq!((a.permits, a.names()), (Some(3), vec!["s".to_owned()]));
+        for (argv, expect) in [
+            (&["--permits", "0", "s"][..], "at least one permit"),
+            (&["--permits", "-1", "s"][..], "--permits"),
+            (&["--permits", "x", "s"][..], "not a permit count"),
+            (&["--permits", "2", "s", "--mutex", "t"][..], "--mutex"),
+            (&["--permits", "2", "s", "--hold-at-least", "1s"][..], "--hold-at-least"),
+        ] {
+            let mut full = vec!["simba", "exec"];
+            full.extend_from_slice(argv);
+            full.extend_from_slice(&["--", "true"]);
+            let e = Cli::try_parse_from(&full).expect_err("refused");
+            let text = e.to_string();
+            assert!(e.use_stderr() && text.contains(expect), "{argv:?}: {text}");
+        }
+        let cli = Cli::try_parse_from(["simba", "owner", "s", "--permits", "--json"])
+            .expect("parses");
+        let Command::Owner(a) = cli.command else {
+            panic!("not owner");
+        };
+        assert!(a.permits && a.json && a.mutex == "s");
+    }
+
+    #[test]
     fn bench_parses() {
         let cli = Cli::try_parse_from([
             "simba",

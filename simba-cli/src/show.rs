@@ -479,6 +479,37 @@ mod tests {
     }
 
     #[test]
+    fn permit_holders_text() {
+        let holder = |id: &str, fence| MutexOwner {
+            owner_id: id.into(),
+            acquired_at: 1_000,
+            ttl_at: 11_000,
+            transition_at: 17_000,
+            fence,
+        };
+        let read = simba_core::backend::PermitHolders {
+            permits: Some(3),
+            holders: vec![holder("a", 4), holder("b", 5)],
+            now: 3_000,
+        };
+        let text = describe_holders("s", &read, true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "s: 2 of 3 permits held", "{text}");
+        assert_eq!(lines[1], "  a (fence 4)", "{text}");
+        assert!(lines[2].contains("acquired:") && lines[2].contains("(2.0s ago)"), "{text}");
+        assert!(lines[4].contains("lease ends:") && lines[4].contains("(in 14.0s)"), "{text}");
+        assert_eq!(lines[5], "  b (fence 5)", "{text}");
+        assert_eq!(lines.len(), 9, "{text}");
+        assert_eq!(describe_holders("s", &read, false).lines().count(), 5);
+        let none = simba_core::backend::PermitHolders {
+            permits: None,
+            holders: Vec::new(),
+            now: 3_000,
+        };
+        assert_eq!(describe_holders("s", &none, true), "s: no holder");
+    }
+
+    #[test]
     fn text_forms() {
         let owner = MutexOwner {
             owner_id: "a".into(),
