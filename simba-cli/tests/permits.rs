@@ -129,7 +129,8 @@ fn holders_json(url: &str, semaphore: &str) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("simba owner --permits output {:?}: {e}", text(&out.stdout)))
 }
 
-/// Three `simba exec --permits 2` whose commands wait for a file: two run, each with its
+/// Three `simba exec --permits 2` whose commands wait for a file (a minute at most, so
+/// that none outlives a failed test for long): two run, each with its
 /// semaphore, count, holder id and fence in its environment; `owner --permits` lists
 /// exactly those two holders and the count 2; `--no-wait` and `--timeout` are not acquired
 /// (75) without running; the third runs once one ends; afterwards nobody holds a permit.
@@ -143,7 +144,7 @@ fn holders_are_listed_and_a_full_semaphore_is_not_acquired(url: &str, test: &str
         format!(
             "echo \"$SIMBA_SEMAPHORE $SIMBA_PERMITS $SIMBA_PERMIT $SIMBA_FENCE ${{SIMBA_MUTEX:-none}}\" \
              > {seen}.tmp; mv {seen}.tmp {seen}; \
-             while [ ! -e {go} ]; do sleep 0.05; done",
+             i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
             seen = seen.display(),
             go = go.display()
         )
