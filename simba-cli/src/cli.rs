@@ -118,8 +118,9 @@ pub(crate) struct ExecArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
     pub(crate) timeout: Option<Duration>,
 
-    /// Do not wait: exit with 75 at once if another contender holds the mutex. With
-    /// --hold-at-least: run at most once per period, and skip if someone else did.
+    /// Do not wait: exit with 75 at once if another contender holds the mutex (with
+    /// --permits: if every permit is held). With --hold-at-least: run at most once per
+    /// period, and skip if someone else did.
     #[arg(long)]
     pub(crate) no_wait: bool,
 
@@ -425,10 +426,13 @@ mod tests {
         assert_eq!((a.permits, a.names()), (Some(3), vec!["s".to_owned()]));
         for (argv, expect) in [
             (&["--permits", "0", "s"][..], "at least one permit"),
-            (&["--permits", "-1", "s"][..], "--permits"),
+            (&["--permits", "-1", "s"][..], "'-1'"),
             (&["--permits", "x", "s"][..], "not a permit count"),
             (&["--permits", "2", "s", "--mutex", "t"][..], "--mutex"),
-            (&["--permits", "2", "s", "--hold-at-least", "1s"][..], "--hold-at-least"),
+            (
+                &["--permits", "2", "s", "--hold-at-least", "1s"][..],
+                "--hold-at-least",
+            ),
         ] {
             let mut full = vec!["simba", "exec"];
             full.extend_from_slice(argv);
@@ -437,8 +441,8 @@ mod tests {
             let text = e.to_string();
             assert!(e.use_stderr() && text.contains(expect), "{argv:?}: {text}");
         }
-        let cli = Cli::try_parse_from(["simba", "owner", "s", "--permits", "--json"])
-            .expect("parses");
+        let cli =
+            Cli::try_parse_from(["simba", "owner", "s", "--permits", "--json"]).expect("parses");
         let Command::Owner(a) = cli.command else {
             panic!("not owner");
         };

@@ -304,7 +304,17 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
 
     backend.announce_quarantine("waiting").await;
     let acquire = acquire(&asking, &args);
-    debug!(names = ?names, permits = ?args.permits, backend = %backend.shown, "waiting");
+    match &asking {
+        Asking::Mutexes(_) => {
+            debug!(mutexes = ?names, backend = %backend.shown, "waiting for the mutex")
+        }
+        Asking::Permit(s) => debug!(
+            semaphore = s.name(),
+            permits = s.permits(),
+            backend = %backend.shown,
+            "waiting for a permit"
+        ),
+    }
     let waited = tokio::select! {
         r = acquire => Ok(r),
         sig = signals.recv() => Err(sig),

@@ -496,8 +496,14 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "s: 2 of 3 permits held", "{text}");
         assert_eq!(lines[1], "  a (fence 4)", "{text}");
-        assert!(lines[2].contains("acquired:") && lines[2].contains("(2.0s ago)"), "{text}");
-        assert!(lines[4].contains("lease ends:") && lines[4].contains("(in 14.0s)"), "{text}");
+        assert!(
+            lines[2].contains("acquired:") && lines[2].contains("(2.0s ago)"),
+            "{text}"
+        );
+        assert!(
+            lines[4].contains("lease ends:") && lines[4].contains("(in 14.0s)"),
+            "{text}"
+        );
         assert_eq!(lines[5], "  b (fence 5)", "{text}");
         assert_eq!(lines.len(), 9, "{text}");
         assert_eq!(describe_holders("s", &read, false).lines().count(), 5);
