@@ -102,8 +102,9 @@ enum Held {
         guard: PermitGuard,
         /// The semaphore's permit count, for the command's environment.
         permits: u32,
-        /// When the acquisition returned (a permit guard does not say when its
-        /// acquisition was sent; this is at most one backend reply later).
+        /// When the acquisition returned: a permit guard does not say when its winning
+        /// request was sent (a mutex's `acquired_at`), so this is later by that request's
+        /// round trip, and `--hold-at-most` may run longer by as much.
         acquired_at: tokio::time::Instant,
     },
 }

@@ -373,3 +373,29 @@ fn a_lost_permit_stops_the_command() {
         !alive(pid)
     });
 }
+
+/// `--hold-at-most` stops the command of a permit as it does a mutex's: SIGTERM after the
+/// time given, exit 79, a message naming the permit.
+#[test]
+fn hold_at_most_stops_the_command_of_a_permit() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path(), "most.db");
+    let semaphore = mutex_name("permits-most");
+    let started = std::time::Instant::now();
+    let out = run(
+        simba(Some(&url))
+            .args(["exec", "--permits", "1", &semaphore, "--hold-at-most", "1s"])
+            .args(["--", "sleep", "30"]),
+        Duration::from_secs(25),
+        "simba exec --permits --hold-at-most",
+    );
+    let took = started.elapsed();
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(LOST), "{said}");
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    assert!(
+        said.contains(&format!("held a permit of semaphore {semaphore:?} (fence "))
+            && said.contains("--hold-at-most 1s"),
+        "{said}"
+    );
+}
