@@ -58,12 +58,16 @@ pub(crate) enum Command {
     /// With --mutex given several times, simba holds every mutex (all or none, taken in
     /// sorted order) while the command runs; the loss of any one is a loss, and the
     /// earliest lease deadline of them all is the guardian's.
+    ///
+    /// With --permits N, simba holds one of the N permits of a semaphore instead: at most
+    /// N commands run at once, across hosts, and each is guarded as with a mutex.
     #[command(after_help = EXIT_STATUS_HELP)]
     Exec(ExecArgs),
 
-    /// Print the current owner of the mutex (or "no owner").
+    /// Print the current owner of the mutex (or "no owner"); with --permits, every holder
+    /// of the semaphore.
     #[command(after_help = EXIT_STATUS_HELP)]
-    Owner(ShowArgs),
+    Owner(OwnerArgs),
 
     /// Print one line per ownership change until interrupted (SIGINT ends with 0).
     #[command(after_help = EXIT_STATUS_HELP)]
@@ -81,9 +85,25 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct ExecArgs {
-    /// The mutex name (or give the names with --mutex).
+    /// The mutex name (or give the names with --mutex); with --permits, the semaphore's.
     #[arg(value_name = "MUTEX", required_unless_present = "mutexes")]
     pub(crate) mutex: Option<String>,
+
+    /// Hold one of the N permits of the semaphore MUTEX instead of a mutex: at most N
+    /// commands hold one at once. Every exec of one semaphore must give the same N while
+    /// it has holders (else 64). The command gets SIMBA_SEMAPHORE, SIMBA_PERMITS (N),
+    /// SIMBA_PERMIT (this holder's id) and SIMBA_FENCE (the permit's fence). A lost permit
+    /// stops the command as a lost mutex does (79). Semaphore names are apart from mutex
+    /// names. One name only: not with --mutex, nor with --hold-at-least (a permit cannot
+    /// be kept held past its release). On SQLite the lock file is not handed to the
+    /// command's processes: the lease deadline guards a permit, as on the other backends.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = parse_permits,
+        conflicts_with_all = ["mutexes", "hold_at_least"]
+    )]
+    pub(crate) permits: Option<u32>,
 
     /// A mutex to hold; repeat it to hold several at once (at most 32), all or none. They
     /// are taken in one order (sorted by name), so execs that ask for the same mutexes in
@@ -98,8 +118,9 @@ pub(crate) struct ExecArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, conflicts_with = "no_wait")]
     pub(crate) timeout: Option<Duration>,
 
-    /// Do not wait: exit with 75 at once if another contender holds the mutex. With
-    /// --hold-at-least: run at most once per period, and skip if someone else did.
+    /// Do not wait: exit with 75 at once if another contender holds the mutex (with
+    /// --permits: if every permit is held). With --hold-at-least: run at most once per
+    /// period, and skip if someone else did.
     #[arg(long)]
     pub(crate) no_wait: bool,
 
@@ -125,6 +146,18 @@ pub(crate) struct ExecArgs {
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
+}
+
+/// `--permits N`: a whole number of at least 1.
+fn parse_permits(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(0) => Err("`0`: a semaphore needs at least one permit".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{s}` is not a permit count (a whole number from 1 to {})",
+            u32::MAX
+        )),
+    }
 }
 
 impl ExecArgs {
@@ -314,6 +347,21 @@ pub(crate) struct ShowArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct OwnerArgs {
+    /// The mutex name (with --permits, the semaphore's).
+    pub(crate) mutex: String,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// The name is a semaphore's (as for `exec --permits`): list every holder of a permit
+    /// (its id, fence and lease times) and the permit count they agreed on.
+    #[arg(long)]
+    pub(crate) permits: bool,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
     #[command(flatten)]
     pub(crate) show: ShowArgs,
@@ -366,6 +414,39 @@ mod tests {
         assert!(a.no_wait);
         assert_eq!(a.hold_at_least, Some(Duration::from_secs(3600)));
         assert_eq!(a.hold_at_most, Some(Duration::from_secs(3000)));
+    }
+
+    #[test]
+    fn permits_parse_and_refuse_what_means_nothing_for_a_semaphore() {
+        let cli = Cli::try_parse_from(["simba", "exec", "--permits", "3", "s", "--", "true"])
+            .expect("parses");
+        let Command::Exec(a) = cli.command else {
+            panic!("not exec");
+        };
+        assert_eq!((a.permits, a.names()), (Some(3), vec!["s".to_owned()]));
+        for (argv, expect) in [
+            (&["--permits", "0", "s"][..], "at least one permit"),
+            (&["--permits", "-1", "s"][..], "'-1'"),
+            (&["--permits", "x", "s"][..], "not a permit count"),
+            (&["--permits", "2", "s", "--mutex", "t"][..], "--mutex"),
+            (
+                &["--permits", "2", "s", "--hold-at-least", "1s"][..],
+                "--hold-at-least",
+            ),
+        ] {
+            let mut full = vec!["simba", "exec"];
+            full.extend_from_slice(argv);
+            full.extend_from_slice(&["--", "true"]);
+            let e = Cli::try_parse_from(&full).expect_err("refused");
+            let text = e.to_string();
+            assert!(e.use_stderr() && text.contains(expect), "{argv:?}: {text}");
+        }
+        let cli =
+            Cli::try_parse_from(["simba", "owner", "s", "--permits", "--json"]).expect("parses");
+        let Command::Owner(a) = cli.command else {
+            panic!("not owner");
+        };
+        assert!(a.permits && a.json && a.mutex == "s");
     }
 
     #[test]

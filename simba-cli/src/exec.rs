@@ -1,11 +1,15 @@
 //! `simba exec`: run a command while holding a mutex, or several (a multi-lock: every part
-//! is guarded as the one mutex is, the earliest deadline of them all is the guardian's).
+//! is guarded as the one mutex is, the earliest deadline of them all is the guardian's), or
+//! one permit of a semaphore (`--permits N`: guarded as a mutex is).
 
 use std::time::Duration;
 
 use std::ffi::OsString;
 
-use simba_core::{ContenderStatus, LossReason, MAX_MULTI_LOCK_NAMES, MultiGuard, MultiLocker};
+use simba_core::{
+    ContenderStatus, LossReason, MAX_MULTI_LOCK_NAMES, MultiGuard, MultiLocker, PermitGuard,
+    Semaphore,
+};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -46,19 +50,32 @@ impl Narrator {
 }
 
 /// How messages name what is held: `mutex "m"` and `fence 3` for one mutex, `mutexes
-/// "a", "b"` and `fences 3, 9` for several (in acquisition order).
+/// "a", "b"` and `fences 3, 9` for several (in acquisition order), `a permit of semaphore
+/// "s"` and `fence 3` for a permit; `noun` is what the command may have run without.
 struct Shown {
     what: String,
     fences: String,
+    noun: &'static str,
 }
 
 impl Shown {
-    fn of(guard: &MultiGuard) -> Self {
+    fn of(held: &Held) -> Self {
+        let guard = match held {
+            Held::Mutexes(guard) => guard,
+            Held::Permit { guard, .. } => {
+                return Shown {
+                    what: permit_of(guard.semaphore()),
+                    fences: format!("fence {}", guard.fence()),
+                    noun: "the permit",
+                };
+            }
+        };
         let fences = guard.fences();
         if let [(mutex, fence)] = fences[..] {
             return Shown {
                 what: format!("mutex {mutex:?}"),
                 fences: format!("fence {fence}"),
+                noun: "the mutex",
             };
         }
         let list = |f: &dyn Fn(&(&str, u64)) -> String| {
@@ -67,14 +84,141 @@ impl Shown {
         Shown {
             what: format!("mutexes {}", list(&|(m, _)| format!("{m:?}"))),
             fences: format!("fences {}", list(&|(_, f)| f.to_string())),
+            noun: "the mutexes",
         }
     }
 }
 
-/// `mutex "m" (fence 3)`: one part of what is held, for a loss.
-fn part(guard: &MultiGuard, mutex: &str) -> String {
-    let fence = guard.fence(mutex).unwrap_or_default();
-    format!("mutex {mutex:?} (fence {fence})")
+/// `a permit of semaphore "s"`.
+fn permit_of(semaphore: &str) -> String {
+    format!("a permit of semaphore {semaphore:?}")
+}
+
+/// What `simba exec` holds while the command runs: one mutex or several, or one permit of
+/// a semaphore. Each part is an ownership with its own lease, fence and local deadline.
+enum Held {
+    Mutexes(MultiGuard),
+    Permit {
+        guard: PermitGuard,
+        /// The semaphore's permit count, for the command's environment.
+        permits: u32,
+        /// When the acquisition returned: a permit guard does not say when its winning
+        /// request was sent (a mutex's `acquired_at`), so this is later by that request's
+        /// round trip, and `--hold-at-most` may run longer by as much.
+        acquired_at: tokio::time::Instant,
+    },
+}
+
+/// An ownership that ended while the command ran.
+struct Loss {
+    /// Which part (`mutex "m" (fence 3)`, `a permit of semaphore "s" (fence 3)`).
+    part: String,
+    reason: LossReason,
+}
+
+impl Held {
+    fn is_held(&self) -> bool {
+        match self {
+            Held::Mutexes(g) => g.is_held(),
+            Held::Permit { guard, .. } => guard.is_held(),
+        }
+    }
+
+    fn is_suspect(&self) -> bool {
+        match self {
+            Held::Mutexes(g) => g.is_suspect(),
+            Held::Permit { guard, .. } => guard.is_suspect(),
+        }
+    }
+
+    fn acquired_at(&self) -> tokio::time::Instant {
+        match self {
+            Held::Mutexes(g) => g.acquired_at(),
+            Held::Permit { acquired_at, .. } => *acquired_at,
+        }
+    }
+
+    /// `, valid for 1.2s more` when the guard has a local deadline.
+    fn valid_for(&self) -> String {
+        let left = match self {
+            Held::Mutexes(g) => g.valid_for(),
+            Held::Permit { guard, .. } => guard.valid_for(),
+        };
+        left.map(|d| format!(", valid for {} more without a renewal", show(d)))
+            .unwrap_or_default()
+    }
+
+    /// Whether there is more than one part (the loss then names its part).
+    fn several(&self) -> bool {
+        matches!(self, Held::Mutexes(g) if g.parts().len() > 1)
+    }
+
+    /// Resolves when a part is no longer held.
+    async fn lost(&self) -> Loss {
+        match self {
+            Held::Mutexes(g) => {
+                let lost = g.lost().await;
+                let fence = g.fence(&lost.mutex).unwrap_or_default();
+                Loss {
+                    part: format!("mutex {:?} (fence {fence})", lost.mutex),
+                    reason: lost.reason,
+                }
+            }
+            Held::Permit { guard, .. } => {
+                let reason = guard.lost().await;
+                Loss {
+                    part: format!("{} (fence {})", permit_of(guard.semaphore()), guard.fence()),
+                    reason,
+                }
+            }
+        }
+    }
+
+    fn statuses(&self) -> Statuses {
+        match self {
+            Held::Mutexes(g) => Statuses::of(g),
+            Held::Permit { guard, .. } => Statuses(vec![(guard.status(), guard.fence())]),
+        }
+    }
+
+    fn log_acquired(&self) {
+        match self {
+            Held::Mutexes(g) => {
+                for p in g.parts() {
+                    info!(
+                        mutex = p.mutex(),
+                        fence = p.fence(),
+                        owner = p.contender_id(),
+                        "acquired"
+                    );
+                }
+            }
+            Held::Permit { guard, .. } => info!(
+                semaphore = guard.semaphore(),
+                fence = guard.fence(),
+                holder = guard.contender_id(),
+                "permit acquired"
+            ),
+        }
+    }
+
+    /// On SQLite, each mutex's lock file for the guardian (see `Connection::owner_anchor`).
+    /// A permit has none: its lease deadline guards it. The error names the mutex.
+    fn anchors(
+        &self,
+        backend: &Backend,
+    ) -> Result<Vec<simba_core::connect::Anchor>, (String, std::io::Error)> {
+        let mut anchors = Vec::new();
+        if let Held::Mutexes(g) = self {
+            for p in g.parts() {
+                match backend.conn.owner_anchor(p.mutex(), p.contender_id()) {
+                    Ok(a) => anchors.extend(a),
+                    Err(e) => return Err((p.mutex().to_owned(), e)),
+                }
+            }
+        }
+        Ok(anchors)
+    }
 }
 
 /// Checks the mutex names of `simba exec` before anything connects.
@@ -85,15 +229,37 @@ pub(crate) fn check_names(args: &ExecArgs) -> Result<(), Failure> {
             "{n} mutexes given; `simba exec` holds at most {MAX_MULTI_LOCK_NAMES} at once"
         )));
     }
+    if args.permits.is_some() && n != 1 {
+        return Err(Failure::usage(format!(
+            "--permits holds a permit of one semaphore; {n} names given"
+        )));
+    }
     Ok(())
 }
 
-/// `, valid for 1.2s more` when the guard has a local deadline.
-fn valid_for(guard: &MultiGuard) -> String {
-    guard
-        .valid_for()
-        .map(|d| format!(", valid for {} more without a renewal", show(d)))
-        .unwrap_or_default()
+/// What `simba exec` waits for: mutexes, or a permit of a semaphore.
+enum Asking {
+    Mutexes(MultiLocker),
+    Permit(Semaphore),
+}
+
+impl Asking {
+    /// Waits until the acquisition given up on (its future dropped) has stopped, at most
+    /// [`SETTLE_LIMIT`]. A semaphore's acquisition releases what it may have won in the
+    /// background, with nothing to wait on: the runtime's shutdown gives it a moment.
+    async fn settle(&self) {
+        let Asking::Mutexes(locker) = self else {
+            return;
+        };
+        if tokio::time::timeout(SETTLE_LIMIT, locker.settled())
+            .await
+            .is_err()
+        {
+            warn!(
+                "the acquisition did not stop within {SETTLE_LIMIT:?}; the lease frees the mutex"
+            );
+        }
+    }
 }
 
 /// Runs `simba exec`; `verbose` narrates the ownership on stderr.
@@ -104,11 +270,25 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
     let mut signals = Signals::new()?;
     check_names(&args)?;
     let names = args.names();
-    let locker = MultiLocker::new(backend.factory(), &names)
-        .map_err(|e| Failure::simba(e, "bad mutex name"))?;
-    let asked = match &names[..] {
-        [one] => format!("mutex {one:?}"),
-        _ => format!("mutexes {names:?}"),
+    let (asking, asked) = match (args.permits, &names[..]) {
+        (Some(permits), [name]) => (
+            Asking::Permit(open_semaphore(&backend, name, permits).await?),
+            format!("{} ({permits} permits)", permit_of(name)),
+        ),
+        (Some(_), _) => {
+            return Err(Failure::usage(
+                "--permits holds a permit of one semaphore; give one name",
+            ));
+        }
+        (None, _) => {
+            let locker = MultiLocker::new(backend.factory(), &names)
+                .map_err(|e| Failure::simba(e, "bad mutex name"))?;
+            let asked = match &names[..] {
+                [one] => format!("mutex {one:?}"),
+                _ => format!("mutexes {names:?}"),
+            };
+            (Asking::Mutexes(locker), asked)
+        }
     };
     if let Some(hold) = args.hold_at_least {
         // Refused before waiting: a hold the backend cannot keep would be silently lost.
@@ -124,39 +304,35 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
     }
 
     backend.announce_quarantine("waiting").await;
-    let acquire = acquire(&locker, &args);
-    debug!(mutexes = ?names, backend = %backend.shown, "waiting for the mutex");
+    let acquire = acquire(&asking, &args);
+    match &asking {
+        Asking::Mutexes(_) => {
+            debug!(mutexes = ?names, backend = %backend.shown, "waiting for the mutex")
+        }
+        Asking::Permit(s) => debug!(
+            semaphore = s.name(),
+            permits = s.permits(),
+            backend = %backend.shown,
+            "waiting for a permit"
+        ),
+    }
     let waited = tokio::select! {
         r = acquire => Ok(r),
         sig = signals.recv() => Err(sig),
     };
     let guard = match waited {
-        Ok(r) => r.map_err(|e| not_acquired(e, &asked, &backend))?,
+        Ok(r) => r.map_err(|e| not_acquired(e, &asked, &args, &backend))?,
         Err(sig) => {
-            info!(%sig, "signal while waiting for the mutex: giving up");
+            info!(%sig, "signal while waiting: giving up");
             // The dropped acquisition stops in the background, releasing whatever it was
             // winning: wait for that before exiting, or the exit cuts it short and leaves
             // a dead owner for a whole lease.
-            if tokio::time::timeout(SETTLE_LIMIT, locker.settled())
-                .await
-                .is_err()
-            {
-                warn!(
-                    "the acquisition did not stop within {SETTLE_LIMIT:?}; the lease frees the mutex"
-                );
-            }
+            asking.settle().await;
             return Ok(signals::status_for(sig));
         }
     };
-    for p in guard.parts() {
-        info!(
-            mutex = p.mutex(),
-            fence = p.fence(),
-            owner = p.contender_id(),
-            "acquired"
-        );
-    }
-    let Shown { what, fences } = Shown::of(&guard);
+    guard.log_acquired();
+    let Shown { what, fences, noun } = Shown::of(&guard);
     let narrator = Narrator {
         on: verbose,
         what: what.clone(),
@@ -164,7 +340,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
     narrator.say(format_args!(
         "acquired ({fences}) after waiting {}{}",
         show(guard.acquired_at().saturating_duration_since(started)),
-        valid_for(&guard)
+        guard.valid_for()
     ));
     // --hold-at-most counts from the acquisition, like --hold-at-least.
     let at_most = args.hold_at_most.map(|d| guard.acquired_at() + d);
@@ -180,28 +356,24 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
     }
     let (env, unset) = command_env(&guard, &names);
     // Watched from before the first deadline is read, so that no later one is missed.
-    let mut statuses = Statuses::of(&guard);
+    let mut statuses = guard.statuses();
     let deadline = statuses.earliest_deadline();
     // On SQLite the guardian holds each mutex's lock file too, so that the kernel frees
     // them only once no process of the command is left.
-    let mut anchors = Vec::new();
-    for p in guard.parts() {
-        match backend.conn.owner_anchor(p.mutex(), p.contender_id()) {
-            Ok(a) => anchors.extend(a),
-            Err(e) => {
-                let mutex = p.mutex().to_owned();
-                let _ = release(guard, None, None).await;
-                return Err(Failure::with(
-                    Status::Internal,
-                    e,
-                    format!(
-                        "cannot hand the lock file of mutex {mutex:?} to the command's \
-                         guardian; the command was not run"
-                    ),
-                ));
-            }
+    let anchors = match guard.anchors(&backend) {
+        Ok(anchors) => anchors,
+        Err((mutex, e)) => {
+            let _ = release(guard, None, None).await;
+            return Err(Failure::with(
+                Status::Internal,
+                e,
+                format!(
+                    "cannot hand the lock file of mutex {mutex:?} to the command's \
+                     guardian; the command was not run"
+                ),
+            ));
         }
-    }
+    };
     let guarding = child::Guarding {
         grace: args.grace,
         deadline,
@@ -273,7 +445,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                             format!(
                                 "the release found {} no longer this contender's: {}; the \
                                  command exited with status {code} and may have run without \
-                                 the mutex",
+                                 {noun}",
                                 lost.0, lost.1
                             ),
                         )),
@@ -285,7 +457,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                             format!(
                                 "ownership of {} ended before the command did: {}; the \
                                  command exited with status {code} and may have run without \
-                                 the mutex",
+                                 {noun}",
                                 lost.0, lost.1
                             ),
                         )),
@@ -328,7 +500,7 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                     if now {
                         narrator.say(format_args!(
                             "suspect ({fences}): the backend does not answer{}",
-                            valid_for(&guard)
+                            guard.valid_for()
                         ));
                     } else {
                         narrator.say(format_args!(
@@ -340,8 +512,8 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         }
     };
     if let Some(lost) = &lost {
-        let which = if guard.parts().len() > 1 {
-            format!("{}, ", part(&guard, &lost.mutex))
+        let which = if guard.several() {
+            format!("{}, ", lost.part)
         } else {
             String::new()
         };
@@ -362,14 +534,14 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
         Some(lost) if lost.reason == LossReason::LeaseExpired => say!(
             "simba: ownership of {} lost: {}; the command's process group {} is killed \
              (SIGKILL) at the local lease deadline",
-            part(&guard, &lost.mutex),
+            lost.part,
             lost.reason,
             group.pgid(),
         ),
         Some(lost) => say!(
             "simba: ownership of {} lost: {}; stopping the command (SIGTERM to its process \
              group {}, SIGKILL after {})",
-            part(&guard, &lost.mutex),
+            lost.part,
             lost.reason,
             group.pgid(),
             show(args.grace)
@@ -454,12 +626,45 @@ impl Statuses {
     }
 }
 
-/// The command's environment: SIMBA_MUTEX_COUNT, SIMBA_MUTEX_i, SIMBA_FENCE_i,
-/// SIMBA_OWNER_ID_i (i from 1, in the order given) and SIMBA_FENCES; SIMBA_MUTEX,
-/// SIMBA_FENCE and SIMBA_OWNER_ID for one mutex. Second: the variables of these families
-/// inherited from simba's own environment (an outer `simba exec`) that are not set
-/// here, to be removed, so that none describes a mutex this command does not hold.
-fn command_env(guard: &MultiGuard, names: &[String]) -> (Vec<(String, String)>, Vec<OsString>) {
+/// The variable families `simba exec` sets; one inherited from an outer `simba exec` and
+/// not set again here is removed from the command's environment.
+const FAMILIES: [&str; 5] = [
+    "SIMBA_MUTEX",
+    "SIMBA_FENCE",
+    "SIMBA_OWNER_ID",
+    "SIMBA_SEMAPHORE",
+    "SIMBA_PERMIT",
+];
+
+/// The command's environment. For mutexes: SIMBA_MUTEX_COUNT, SIMBA_MUTEX_i,
+/// SIMBA_FENCE_i, SIMBA_OWNER_ID_i (i from 1, in the order given) and SIMBA_FENCES;
+/// SIMBA_MUTEX, SIMBA_FENCE and SIMBA_OWNER_ID for one mutex. For a permit:
+/// SIMBA_SEMAPHORE, SIMBA_PERMITS, SIMBA_PERMIT (the holder's id) and SIMBA_FENCE.
+/// Second: the variables of these families inherited from simba's own environment (an
+/// outer `simba exec`) that are not set here, to be removed, so that none describes an
+/// ownership this command does not have.
+fn command_env(held: &Held, names: &[String]) -> (Vec<(String, String)>, Vec<OsString>) {
+    let env = match held {
+        Held::Mutexes(guard) => mutex_env(guard, names),
+        Held::Permit { guard, permits, .. } => vec![
+            ("SIMBA_SEMAPHORE".to_owned(), guard.semaphore().to_owned()),
+            ("SIMBA_PERMITS".to_owned(), permits.to_string()),
+            ("SIMBA_PERMIT".to_owned(), guard.contender_id().to_owned()),
+            ("SIMBA_FENCE".to_owned(), guard.fence().to_string()),
+        ],
+    };
+    let unset = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| {
+            let k = k.to_string_lossy();
+            FAMILIES.iter().any(|family| k.starts_with(family))
+                && !env.iter().any(|(set, _)| *set == k)
+        })
+        .collect();
+    (env, unset)
+}
+
+fn mutex_env(guard: &MultiGuard, names: &[String]) -> Vec<(String, String)> {
     let mut env = vec![("SIMBA_MUTEX_COUNT".to_owned(), names.len().to_string())];
     let mut fences = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -476,42 +681,83 @@ fn command_env(guard: &MultiGuard, names: &[String]) -> (Vec<(String, String)>, 
         env.push(("SIMBA_FENCE".to_owned(), p.fence().to_string()));
         env.push(("SIMBA_OWNER_ID".to_owned(), p.contender_id().to_owned()));
     }
-    let unset = std::env::vars_os()
-        .map(|(k, _)| k)
-        .filter(|k| {
-            let k = k.to_string_lossy();
-            ["SIMBA_MUTEX", "SIMBA_FENCE", "SIMBA_OWNER_ID"]
-                .iter()
-                .any(|family| k.starts_with(family))
-                && !env.iter().any(|(set, _)| *set == k)
+    env
+}
+
+/// The semaphore `name` of `permits` permits on the backend's connection; a backend
+/// without semaphores is a usage error that says so.
+async fn open_semaphore(backend: &Backend, name: &str, permits: u32) -> Result<Semaphore, Failure> {
+    backend
+        .conn
+        .open_semaphore(name, permits)
+        .await
+        .map_err(|e| match e {
+            simba_core::Error::Unsupported { .. } => Failure::simba(
+                e,
+                format!(
+                    "--permits needs a backend with semaphores, and backend {} has none \
+                     (use another backend for semaphores, or drop --permits for a mutex)",
+                    backend.shown
+                ),
+            ),
+            _ => Failure::simba(e, format!("cannot open semaphore {name:?}")),
         })
-        .collect();
-    (env, unset)
 }
 
 /// Acquires as the options say. Every backend wakes a waiting command when the owner is
 /// done (SQL: the database's lock queue); on SQLite and MySQL the factory also has a
 /// short `LeaseConfig::waiter_poll` (`simba_jdbc::OBSERVER_POLL`), used only while a
 /// subscription cannot be made.
-async fn acquire(locker: &MultiLocker, args: &ExecArgs) -> simba_core::Result<MultiGuard> {
-    if args.no_wait {
-        return locker.try_acquire().await;
-    }
-    match args.timeout {
-        None => locker.acquire().await,
-        Some(limit) => locker.acquire_timeout(limit).await,
+async fn acquire(asking: &Asking, args: &ExecArgs) -> simba_core::Result<Held> {
+    match asking {
+        Asking::Mutexes(locker) => {
+            let guard = if args.no_wait {
+                locker.try_acquire().await
+            } else {
+                match args.timeout {
+                    None => locker.acquire().await,
+                    Some(limit) => locker.acquire_timeout(limit).await,
+                }
+            };
+            guard.map(Held::Mutexes)
+        }
+        Asking::Permit(semaphore) => {
+            let guard = if args.no_wait {
+                semaphore.try_acquire().await
+            } else {
+                match args.timeout {
+                    None => semaphore.acquire().await,
+                    Some(limit) => semaphore.acquire_timeout(limit).await,
+                }
+            }?;
+            Ok(Held::Permit {
+                guard,
+                permits: semaphore.permits(),
+                acquired_at: tokio::time::Instant::now(),
+            })
+        }
     }
 }
 
-/// Why the mutex was not acquired, with the status that says so.
-fn not_acquired(e: simba_core::Error, asked: &str, backend: &Backend) -> Failure {
-    match Status::of(&e) {
+/// Why nothing was acquired, with the status that says so.
+fn not_acquired(e: simba_core::Error, asked: &str, args: &ExecArgs, backend: &Backend) -> Failure {
+    use simba_core::Error as E;
+    match (Status::of(&e), &e, args.permits) {
+        // The library speaks of a mutex: say it of the permit.
+        (Status::NotAcquired, E::WouldBlock { .. }, Some(_)) => Failure::new(
+            Status::NotAcquired,
+            format!("{asked}: every permit is held (--no-wait)"),
+        ),
+        (Status::NotAcquired, E::Timeout { waited, .. }, Some(_)) => Failure::new(
+            Status::NotAcquired,
+            format!("{asked} not acquired within {}", show(*waited)),
+        ),
         // The library's message says it all: `mutex "m" is held by another contender`.
-        Status::NotAcquired => Failure {
+        (Status::NotAcquired, ..) => Failure {
             status: Status::NotAcquired,
             error: anyhow::Error::new(e),
         },
-        Status::Unavailable => Failure::simba(
+        (Status::Unavailable, ..) => Failure::simba(
             e,
             format!(
                 "{asked} not acquired: backend {} unavailable",
@@ -530,30 +776,39 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Releases every mutex, waiting at most `bound` when given (the core bounds it
-/// otherwise); with `hold`, keeps them held until `hold` after the acquisition. Returns
-/// which ownership had ended (`mutex "m" (fence 3)`) and why, when one had ended before
-/// the release.
+/// Releases what is held, waiting at most `bound` when given (the core bounds it
+/// otherwise); with `hold` (mutexes only), keeps them held until `hold` after the
+/// acquisition. Returns which ownership had ended (`mutex "m" (fence 3)`) and why, when
+/// one had ended before the release.
 async fn release(
-    guard: MultiGuard,
+    held: Held,
     bound: Option<Duration>,
     hold: Option<Duration>,
 ) -> Option<(String, LossReason)> {
-    let fences: Vec<(String, u64)> = guard
-        .fences()
-        .into_iter()
-        .map(|(m, f)| (m.to_owned(), f))
-        .collect();
+    // (name, how messages name it, fence) of each part.
+    let parts: Vec<(String, String, u64)> = match &held {
+        Held::Mutexes(guard) => guard
+            .fences()
+            .into_iter()
+            .map(|(m, f)| (m.to_owned(), format!("mutex {m:?}"), f))
+            .collect(),
+        Held::Permit { guard, .. } => vec![(
+            guard.semaphore().to_owned(),
+            permit_of(guard.semaphore()),
+            guard.fence(),
+        )],
+    };
     let call = async {
-        match hold {
-            Some(d) => {
+        match (held, hold) {
+            (Held::Mutexes(guard), Some(d)) => {
                 let r = guard.release_at_least(d).await;
                 if r.is_ok() {
                     debug!(hold = %show(d), "released; held until the hold ends");
                 }
                 r
             }
-            None => guard.release().await,
+            (Held::Mutexes(guard), None) => guard.release().await,
+            (Held::Permit { guard, .. }, _) => guard.release().await,
         }
     };
     let done = match bound {
@@ -563,17 +818,18 @@ async fn release(
     match done {
         Some(Ok(())) => debug!("released"),
         Some(Err(simba_core::Error::Lost { mutex, reason })) => {
-            let fence = fences
+            // The error names the mutex, or the semaphore of a permit.
+            let (what, fence) = parts
                 .iter()
-                .find(|(m, _)| *m == mutex)
-                .map_or(0, |(_, f)| *f);
-            return Some((format!("mutex {mutex:?} (fence {fence})"), reason));
+                .find(|(name, ..)| *name == mutex)
+                .map_or((format!("{mutex:?}"), 0), |(_, what, f)| (what.clone(), *f));
+            return Some((format!("{what} (fence {fence})"), reason));
         }
         Some(Err(e)) if hold.is_some() => {
             warn!("keeping the mutex held failed (its lease still ends it): {e}")
         }
-        Some(Err(e)) => warn!("release failed (the lease frees the mutex): {e}"),
-        None => debug!("release did not finish in time (the lease frees the mutex)"),
+        Some(Err(e)) => warn!("release failed (the lease frees it): {e}"),
+        None => debug!("release did not finish in time (the lease frees it)"),
     }
     None
 }

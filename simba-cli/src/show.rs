@@ -10,7 +10,7 @@ use simba_core::{MutexOwner, RetrievalService, SilentRetriever, check_common_mut
 use tokio::sync::watch;
 
 use crate::backend::Backend;
-use crate::cli::{ShowArgs, WatchArgs};
+use crate::cli::{OwnerArgs, WatchArgs};
 use crate::signals::Signals;
 use crate::status::{Failure, Outcome, Status};
 
@@ -158,8 +158,11 @@ fn observed(owner: &MutexOwner) -> Snapshot {
     }
 }
 
-/// Runs `simba owner`.
-pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
+/// Runs `simba owner` (`--permits`: [`permit_holders`]).
+pub(crate) async fn owner(backend: Backend, args: OwnerArgs) -> Outcome {
+    if args.permits {
+        return permit_holders(backend, args).await;
+    }
     backend.announce_quarantine("`simba exec` would wait").await;
     let mut source = Source::open(&backend, &args.mutex, false).await?;
     let snap = source.first(&args.mutex).await;
@@ -181,6 +184,101 @@ pub(crate) async fn owner(backend: Backend, args: ShowArgs) -> Outcome {
     };
     emit(&text);
     Ok(0)
+}
+
+/// Runs `simba owner --permits`: every holder of the semaphore within its lease, and the
+/// count they agreed on, in one read.
+async fn permit_holders(backend: Backend, args: OwnerArgs) -> Outcome {
+    let name = args.mutex.as_str();
+    // The count is only needed to open the semaphore: reading its holders asks for none.
+    let semaphore = backend
+        .conn
+        .open_semaphore(name, 1)
+        .await
+        .map_err(|e| match e {
+            simba_core::Error::Unsupported { .. } => Failure::simba(
+                e,
+                format!(
+                    "--permits needs a backend with semaphores, and backend {} has none",
+                    backend.shown
+                ),
+            ),
+            _ => Failure::simba(e, format!("cannot open semaphore {name:?}")),
+        })?;
+    let read = match tokio::time::timeout(READ_BOUND, semaphore.holders()).await {
+        Ok(r) => r.map_err(|e| Failure::simba(e, "cannot read the permit holders"))?,
+        Err(_) => {
+            return Err(Failure::new(
+                Status::Unavailable,
+                format!("cannot read the permit holders: no answer within {READ_BOUND:?}"),
+            ));
+        }
+    };
+    let text = if args.json {
+        json!({
+            "semaphore": name,
+            "backend": backend.factory().backend(),
+            "permits": read.permits,
+            "holders": read.holders,
+            "fences": read.holders.iter().map(|h| h.fence).collect::<Vec<_>>(),
+            "now": read.now,
+        })
+        .to_string()
+    } else {
+        describe_holders(name, &read, backend.has_leases())
+    };
+    emit(&text);
+    Ok(0)
+}
+
+/// The text form of `simba owner --permits`.
+fn describe_holders(
+    semaphore: &str,
+    read: &simba_core::backend::PermitHolders,
+    leases: bool,
+) -> String {
+    let (Some(permits), false) = (read.permits, read.holders.is_empty()) else {
+        return format!("{semaphore}: no holder");
+    };
+    let mut out = format!(
+        "{semaphore}: {} of {permits} permits held",
+        read.holders.len()
+    );
+    for h in &read.holders {
+        out.push('\n');
+        out.push_str(&times(h, read.now, leases, "  "));
+    }
+    out
+}
+
+/// `ID (fence F)` and the acquisition and lease times of `o`, relative to `now`, each
+/// line after `indent`.
+fn times(o: &MutexOwner, now: i64, leases: bool, indent: &str) -> String {
+    let rel = |at: i64| {
+        let d = at - now;
+        if d >= 0 {
+            format!("in {}", secs(d))
+        } else {
+            format!("{} ago", secs(-d))
+        }
+    };
+    let mut out = format!(
+        "{indent}{} (fence {})\n{indent}  acquired:   {} ({})",
+        o.owner_id,
+        o.fence,
+        iso(o.acquired_at),
+        rel(o.acquired_at)
+    );
+    if leases {
+        out.push_str(&format!(
+            "\n{indent}  renews by:  {} ({})\n{indent}  lease ends: {} ({})",
+            iso(o.ttl_at),
+            rel(o.ttl_at),
+            iso(o.transition_at),
+            rel(o.transition_at)
+        ));
+    }
+    out
 }
 
 /// The text form of `simba owner`.
@@ -378,6 +476,43 @@ mod tests {
         assert_eq!(iso(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(iso(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(iso(1_767_225_599_999), "2025-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn permit_holders_text() {
+        let holder = |id: &str, fence| MutexOwner {
+            owner_id: id.into(),
+            acquired_at: 1_000,
+            ttl_at: 11_000,
+            transition_at: 17_000,
+            fence,
+        };
+        let read = simba_core::backend::PermitHolders {
+            permits: Some(3),
+            holders: vec![holder("a", 4), holder("b", 5)],
+            now: 3_000,
+        };
+        let text = describe_holders("s", &read, true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "s: 2 of 3 permits held", "{text}");
+        assert_eq!(lines[1], "  a (fence 4)", "{text}");
+        assert!(
+            lines[2].contains("acquired:") && lines[2].contains("(2.0s ago)"),
+            "{text}"
+        );
+        assert!(
+            lines[4].contains("lease ends:") && lines[4].contains("(in 14.0s)"),
+            "{text}"
+        );
+        assert_eq!(lines[5], "  b (fence 5)", "{text}");
+        assert_eq!(lines.len(), 9, "{text}");
+        assert_eq!(describe_holders("s", &read, false).lines().count(), 5);
+        let none = simba_core::backend::PermitHolders {
+            permits: None,
+            holders: Vec::new(),
+            now: 3_000,
+        };
+        assert_eq!(describe_holders("s", &none, true), "s: no holder");
     }
 
     #[test]

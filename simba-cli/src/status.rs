@@ -7,7 +7,8 @@ use std::fmt;
 /// sysexits(3) values where one fits, so that scripts can tell the cases apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
-    /// 64 (EX_USAGE): bad arguments, bad backend URL, bad duration, bad mutex name.
+    /// 64 (EX_USAGE): bad arguments, bad backend URL, bad duration, bad mutex name, a
+    /// permit count other than the semaphore holders'.
     Usage,
     /// 69 (EX_UNAVAILABLE): the backend cannot be reached or failed.
     Unavailable,
@@ -53,7 +54,8 @@ impl Status {
             E::InvalidName { .. }
             | E::InvalidContenderId { .. }
             | E::InvalidConfig { .. }
-            | E::Unsupported { .. } => Status::Usage,
+            | E::Unsupported { .. }
+            | E::PermitsMismatch { .. } => Status::Usage,
             E::Timeout { .. } | E::WouldBlock { .. } => Status::NotAcquired,
             E::Lost { .. } => Status::Lost,
             E::Backend { .. } | E::Shutdown { .. } => Status::Unavailable,
@@ -68,13 +70,16 @@ Exit status:
   exec exits with the command's own status, or 128+N when the command was killed
   by signal N. Otherwise:
     0    success (owner, watch ended by SIGINT/SIGTERM)
-    64   usage error: bad option, backend URL, duration or mutex name, or an option
-         the backend cannot do (--hold-at-least on ZooKeeper)
+    64   usage error: bad option, backend URL, duration or mutex name, an option
+         the backend cannot do (--hold-at-least on ZooKeeper, --permits on a
+         backend without semaphores), or --permits N other than the count the
+         semaphore's holders agreed on
     69   backend unavailable: cannot connect, or it failed
     70   internal error (a bug: please report it)
     73   cannot create the state directory or the SQLite file's directory, or
          the SQLite path is no regular file
-    75   not acquired: --timeout passed, or --no-wait and the mutex is held
+    75   not acquired: --timeout passed, or --no-wait and the mutex (every
+         permit) is held
     79   ownership lost while the command ran, or --hold-at-most passed; the
          command's process group was stopped: SIGKILL at the lease's local
          deadline, else SIGTERM, then SIGKILL after --grace (or the command had
@@ -219,5 +224,11 @@ mod tests {
             Status::of(&simba_core::Error::config("ttl", "zero")),
             Status::Usage
         );
+        let e = simba_core::Error::PermitsMismatch {
+            semaphore: "s".into(),
+            asked: 3,
+            existing: 2,
+        };
+        assert_eq!(Status::of(&e), Status::Usage);
     }
 }
