@@ -65,7 +65,7 @@ pub(crate) enum Command {
     Exec(ExecArgs),
 
     /// Print the current owner of the mutex (or "no owner"); with --permits, every holder
-    /// of the semaphore.
+    /// of the semaphore; with --rwlock, the writer and every reader of the lock.
     #[command(after_help = EXIT_STATUS_HELP)]
     Owner(OwnerArgs),
 
@@ -104,6 +104,22 @@ pub(crate) struct ExecArgs {
         conflicts_with_all = ["mutexes", "hold_at_least"]
     )]
     pub(crate) permits: Option<u32>,
+
+    /// Hold a read of the read-write lock MUTEX instead of a mutex: any number of --read
+    /// commands run at once, none beside a --write. A waiting --write goes first: a --read
+    /// that comes after it waits for it. The command gets SIMBA_RWLOCK, SIMBA_RW_MODE
+    /// (`read`), SIMBA_OWNER_ID and SIMBA_FENCE (above the fence of every write before
+    /// it). The lock is the mutex MUTEX (its gate) and the semaphore MUTEX (its readers):
+    /// do not use the name for a plain mutex or semaphore too. One name only; not with
+    /// --permits or --hold-at-least.
+    #[arg(long, conflicts_with_all = ["mutexes", "hold_at_least", "permits", "write"])]
+    pub(crate) read: bool,
+
+    /// Hold the write of the read-write lock MUTEX: the command runs alone, after every
+    /// read that started before it ended. SIMBA_RW_MODE is `write`; its fence is above
+    /// every earlier read's and write's. As --read otherwise.
+    #[arg(long, conflicts_with_all = ["mutexes", "hold_at_least", "permits"])]
+    pub(crate) write: bool,
 
     /// A mutex to hold; repeat it to hold several at once (at most 32), all or none. They
     /// are taken in one order (sorted by name), so execs that ask for the same mutexes in
@@ -359,6 +375,12 @@ pub(crate) struct OwnerArgs {
     /// (its id, fence and lease times) and the permit count they agreed on.
     #[arg(long)]
     pub(crate) permits: bool,
+
+    /// The name is a read-write lock's (as for `exec --read` / `--write`): the owner of
+    /// its gate (the writer, one waiting for the readers to leave, or a reader passing)
+    /// and every reader.
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) rwlock: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! `simba exec`: run a command while holding a mutex, or several (a multi-lock: every part
 //! is guarded as the one mutex is, the earliest deadline of them all is the guardian's), or
-//! one permit of a semaphore (`--permits N`: guarded as a mutex is).
+//! one permit of a semaphore (`--permits N`), or a read or the write of a read-write lock
+//! (`--read`, `--write`): each guarded as a mutex is.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use std::ffi::OsString;
 
 use simba_core::{
     ContenderStatus, LossReason, MAX_MULTI_LOCK_NAMES, MultiGuard, MultiLocker, PermitGuard,
-    Semaphore,
+    ReadGuard, RwLock, Semaphore, WriteGuard,
 };
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -69,6 +70,13 @@ impl Shown {
                     noun: "the permit",
                 };
             }
+            Held::Rw { guard, .. } => {
+                return Shown {
+                    what: guard.what(),
+                    fences: format!("fence {}", guard.fence()),
+                    noun: guard.noun(),
+                };
+            }
         };
         let fences = guard.fences();
         if let [(mutex, fence)] = fences[..] {
@@ -94,8 +102,101 @@ fn permit_of(semaphore: &str) -> String {
     format!("a permit of semaphore {semaphore:?}")
 }
 
-/// What `simba exec` holds while the command runs: one mutex or several, or one permit of
-/// a semaphore. Each part is an ownership with its own lease, fence and local deadline.
+/// A read or the write of a read-write lock.
+enum RwHeld {
+    Read(ReadGuard, String),
+    Write(WriteGuard, String),
+}
+
+impl RwHeld {
+    /// `a read of lock "l"` / `the write of lock "l"`.
+    fn what(&self) -> String {
+        match self {
+            RwHeld::Read(_, name) => format!("a read of lock {name:?}"),
+            RwHeld::Write(_, name) => format!("the write of lock {name:?}"),
+        }
+    }
+
+    fn noun(&self) -> &'static str {
+        match self {
+            RwHeld::Read(..) => "the read",
+            RwHeld::Write(..) => "the write",
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            RwHeld::Read(_, n) | RwHeld::Write(_, n) => n,
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        match self {
+            RwHeld::Read(..) => "read",
+            RwHeld::Write(..) => "write",
+        }
+    }
+
+    fn fence(&self) -> u64 {
+        match self {
+            RwHeld::Read(g, _) => g.fence(),
+            RwHeld::Write(g, _) => g.fence(),
+        }
+    }
+
+    fn contender_id(&self) -> &str {
+        match self {
+            RwHeld::Read(g, _) => g.contender_id(),
+            RwHeld::Write(g, _) => g.contender_id(),
+        }
+    }
+
+    fn is_held(&self) -> bool {
+        match self {
+            RwHeld::Read(g, _) => g.is_held(),
+            RwHeld::Write(g, _) => g.is_held(),
+        }
+    }
+
+    fn is_suspect(&self) -> bool {
+        match self {
+            RwHeld::Read(g, _) => g.is_suspect(),
+            RwHeld::Write(g, _) => g.is_suspect(),
+        }
+    }
+
+    fn valid_for(&self) -> Option<Duration> {
+        match self {
+            RwHeld::Read(g, _) => g.valid_for(),
+            RwHeld::Write(g, _) => g.valid_for(),
+        }
+    }
+
+    fn status(&self) -> watch::Receiver<ContenderStatus> {
+        match self {
+            RwHeld::Read(g, _) => g.status(),
+            RwHeld::Write(g, _) => g.status(),
+        }
+    }
+
+    async fn lost(&self) -> LossReason {
+        match self {
+            RwHeld::Read(g, _) => g.lost().await,
+            RwHeld::Write(g, _) => g.lost().await,
+        }
+    }
+
+    async fn release(self) -> simba_core::Result<()> {
+        match self {
+            RwHeld::Read(g, _) => g.release().await,
+            RwHeld::Write(g, _) => g.release().await,
+        }
+    }
+}
+
+/// What `simba exec` holds while the command runs: one mutex or several, one permit of a
+/// semaphore, or a read or the write of a read-write lock. Each part is an ownership with
+/// its own lease, fence and local deadline.
 enum Held {
     Mutexes(MultiGuard),
     Permit {
@@ -105,6 +206,11 @@ enum Held {
         /// When the acquisition returned: a permit guard does not say when its winning
         /// request was sent (a mutex's `acquired_at`), so this is later by that request's
         /// round trip, and `--hold-at-most` may run longer by as much.
+        acquired_at: tokio::time::Instant,
+    },
+    /// A read or the write of a read-write lock; `acquired_at` as for a permit.
+    Rw {
+        guard: RwHeld,
         acquired_at: tokio::time::Instant,
     },
 }
@@ -121,6 +227,7 @@ impl Held {
         match self {
             Held::Mutexes(g) => g.is_held(),
             Held::Permit { guard, .. } => guard.is_held(),
+            Held::Rw { guard, .. } => guard.is_held(),
         }
     }
 
@@ -128,13 +235,14 @@ impl Held {
         match self {
             Held::Mutexes(g) => g.is_suspect(),
             Held::Permit { guard, .. } => guard.is_suspect(),
+            Held::Rw { guard, .. } => guard.is_suspect(),
         }
     }
 
     fn acquired_at(&self) -> tokio::time::Instant {
         match self {
             Held::Mutexes(g) => g.acquired_at(),
-            Held::Permit { acquired_at, .. } => *acquired_at,
+            Held::Permit { acquired_at, .. } | Held::Rw { acquired_at, .. } => *acquired_at,
         }
     }
 
@@ -143,6 +251,7 @@ impl Held {
         let left = match self {
             Held::Mutexes(g) => g.valid_for(),
             Held::Permit { guard, .. } => guard.valid_for(),
+            Held::Rw { guard, .. } => guard.valid_for(),
         };
         left.map(|d| format!(", valid for {} more without a renewal", show(d)))
             .unwrap_or_default()
@@ -171,6 +280,13 @@ impl Held {
                     reason,
                 }
             }
+            Held::Rw { guard, .. } => {
+                let reason = guard.lost().await;
+                Loss {
+                    part: format!("{} (fence {})", guard.what(), guard.fence()),
+                    reason,
+                }
+            }
         }
     }
 
@@ -178,6 +294,7 @@ impl Held {
         match self {
             Held::Mutexes(g) => Statuses::of(g),
             Held::Permit { guard, .. } => Statuses(vec![(guard.status(), guard.fence())]),
+            Held::Rw { guard, .. } => Statuses(vec![(guard.status(), guard.fence())]),
         }
     }
 
@@ -199,11 +316,19 @@ impl Held {
                 holder = guard.contender_id(),
                 "permit acquired"
             ),
+            Held::Rw { guard, .. } => info!(
+                lock = guard.name(),
+                mode = guard.mode(),
+                fence = guard.fence(),
+                holder = guard.contender_id(),
+                "acquired"
+            ),
         }
     }
 
     /// On SQLite, each mutex's lock file for the guardian (see `Connection::owner_anchor`).
-    /// A permit has none: its lease deadline guards it. The error names the mutex.
+    /// A permit, a read or a write has none: its lease deadline guards it. The error names
+    /// the mutex.
     fn anchors(
         &self,
         backend: &Backend,
@@ -234,13 +359,21 @@ pub(crate) fn check_names(args: &ExecArgs) -> Result<(), Failure> {
             "--permits holds a permit of one semaphore; {n} names given"
         )));
     }
+    if (args.read || args.write) && n != 1 {
+        return Err(Failure::usage(format!(
+            "--read and --write hold one read-write lock; {n} names given"
+        )));
+    }
     Ok(())
 }
 
-/// What `simba exec` waits for: mutexes, or a permit of a semaphore.
+/// What `simba exec` waits for: mutexes, a permit of a semaphore, or a read or the write
+/// of a read-write lock.
 enum Asking {
     Mutexes(MultiLocker),
     Permit(Semaphore),
+    Read(RwLock),
+    Write(RwLock),
 }
 
 impl Asking {
@@ -280,6 +413,19 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
                 "--permits holds a permit of one semaphore; give one name",
             ));
         }
+        (None, [name]) if args.read || args.write => {
+            let lock = open_rwlock(&backend, name).await?;
+            if args.read {
+                (Asking::Read(lock), format!("a read of lock {name:?}"))
+            } else {
+                (Asking::Write(lock), format!("the write of lock {name:?}"))
+            }
+        }
+        (None, _) if args.read || args.write => {
+            return Err(Failure::usage(
+                "--read and --write hold one read-write lock; give one name",
+            ));
+        }
         (None, _) => {
             let locker = MultiLocker::new(backend.factory(), &names)
                 .map_err(|e| Failure::simba(e, "bad mutex name"))?;
@@ -314,6 +460,12 @@ pub(crate) async fn run(backend: Backend, args: ExecArgs, verbose: bool) -> Outc
             permits = s.permits(),
             backend = %backend.shown,
             "waiting for a permit"
+        ),
+        Asking::Read(l) | Asking::Write(l) => debug!(
+            lock = l.name(),
+            write = matches!(asking, Asking::Write(_)),
+            backend = %backend.shown,
+            "waiting for the read-write lock"
         ),
     }
     let waited = tokio::select! {
@@ -628,18 +780,21 @@ impl Statuses {
 
 /// The variable families `simba exec` sets; one inherited from an outer `simba exec` and
 /// not set again here is removed from the command's environment.
-const FAMILIES: [&str; 5] = [
+const FAMILIES: [&str; 6] = [
     "SIMBA_MUTEX",
     "SIMBA_FENCE",
     "SIMBA_OWNER_ID",
     "SIMBA_SEMAPHORE",
     "SIMBA_PERMIT",
+    "SIMBA_RW",
 ];
 
 /// The command's environment. For mutexes: SIMBA_MUTEX_COUNT, SIMBA_MUTEX_i,
 /// SIMBA_FENCE_i, SIMBA_OWNER_ID_i (i from 1, in the order given) and SIMBA_FENCES;
 /// SIMBA_MUTEX, SIMBA_FENCE and SIMBA_OWNER_ID for one mutex. For a permit:
-/// SIMBA_SEMAPHORE, SIMBA_PERMITS, SIMBA_PERMIT (the holder's id) and SIMBA_FENCE.
+/// SIMBA_SEMAPHORE, SIMBA_PERMITS, SIMBA_PERMIT (the holder's id) and SIMBA_FENCE. For a
+/// read or the write of a read-write lock: SIMBA_RWLOCK, SIMBA_RW_MODE (`read` or
+/// `write`), SIMBA_OWNER_ID (the holder's id) and SIMBA_FENCE.
 /// Second: the variables of these families inherited from simba's own environment (an
 /// outer `simba exec`) that are not set here, to be removed, so that none describes an
 /// ownership this command does not have.
@@ -650,6 +805,12 @@ fn command_env(held: &Held, names: &[String]) -> (Vec<(String, String)>, Vec<OsS
             ("SIMBA_SEMAPHORE".to_owned(), guard.semaphore().to_owned()),
             ("SIMBA_PERMITS".to_owned(), permits.to_string()),
             ("SIMBA_PERMIT".to_owned(), guard.contender_id().to_owned()),
+            ("SIMBA_FENCE".to_owned(), guard.fence().to_string()),
+        ],
+        Held::Rw { guard, .. } => vec![
+            ("SIMBA_RWLOCK".to_owned(), guard.name().to_owned()),
+            ("SIMBA_RW_MODE".to_owned(), guard.mode().to_owned()),
+            ("SIMBA_OWNER_ID".to_owned(), guard.contender_id().to_owned()),
             ("SIMBA_FENCE".to_owned(), guard.fence().to_string()),
         ],
     };
@@ -704,6 +865,21 @@ async fn open_semaphore(backend: &Backend, name: &str, permits: u32) -> Result<S
         })
 }
 
+/// The read-write lock `name` on the backend's connection; a backend without semaphores
+/// (which its readers are) is a usage error that says so.
+async fn open_rwlock(backend: &Backend, name: &str) -> Result<RwLock, Failure> {
+    backend.conn.open_rwlock(name).await.map_err(|e| match e {
+        simba_core::Error::Unsupported { .. } => Failure::simba(
+            e,
+            format!(
+                "--read and --write need a backend with semaphores, and backend {} has none",
+                backend.shown
+            ),
+        ),
+        _ => Failure::simba(e, format!("cannot open read-write lock {name:?}")),
+    })
+}
+
 /// Acquires as the options say. Every backend wakes a waiting command when the owner is
 /// done (SQL: the database's lock queue); on SQLite and MySQL the factory also has a
 /// short `LeaseConfig::waiter_poll` (`simba_jdbc::OBSERVER_POLL`), used only while a
@@ -736,18 +912,54 @@ async fn acquire(asking: &Asking, args: &ExecArgs) -> simba_core::Result<Held> {
                 acquired_at: tokio::time::Instant::now(),
             })
         }
+        Asking::Read(lock) => {
+            let guard = if args.no_wait {
+                lock.try_read().await
+            } else {
+                match args.timeout {
+                    None => lock.read().await,
+                    Some(limit) => lock.read_timeout(limit).await,
+                }
+            }?;
+            Ok(Held::Rw {
+                guard: RwHeld::Read(guard, lock.name().to_owned()),
+                acquired_at: tokio::time::Instant::now(),
+            })
+        }
+        Asking::Write(lock) => {
+            let guard = if args.no_wait {
+                lock.try_write().await
+            } else {
+                match args.timeout {
+                    None => lock.write().await,
+                    Some(limit) => lock.write_timeout(limit).await,
+                }
+            }?;
+            Ok(Held::Rw {
+                guard: RwHeld::Write(guard, lock.name().to_owned()),
+                acquired_at: tokio::time::Instant::now(),
+            })
+        }
     }
 }
 
 /// Why nothing was acquired, with the status that says so.
 fn not_acquired(e: simba_core::Error, asked: &str, args: &ExecArgs, backend: &Backend) -> Failure {
     use simba_core::Error as E;
-    match (Status::of(&e), &e, args.permits) {
-        // The library speaks of a mutex: say it of the permit.
-        (Status::NotAcquired, E::WouldBlock { .. }, Some(_)) => Failure::new(
-            Status::NotAcquired,
-            format!("{asked}: every permit is held (--no-wait)"),
-        ),
+    // The library speaks of a mutex: say it of the permit, the read or the write.
+    let busy = if args.permits.is_some() {
+        Some("every permit is held")
+    } else if args.read {
+        Some("a writer holds or waits")
+    } else if args.write {
+        Some("a reader or a writer holds, or a writer waits")
+    } else {
+        None
+    };
+    match (Status::of(&e), &e, busy) {
+        (Status::NotAcquired, E::WouldBlock { .. }, Some(busy)) => {
+            Failure::new(Status::NotAcquired, format!("{asked}: {busy} (--no-wait)"))
+        }
         (Status::NotAcquired, E::Timeout { waited, .. }, Some(_)) => Failure::new(
             Status::NotAcquired,
             format!("{asked} not acquired within {}", show(*waited)),
@@ -797,6 +1009,7 @@ async fn release(
             permit_of(guard.semaphore()),
             guard.fence(),
         )],
+        Held::Rw { guard, .. } => vec![(guard.name().to_owned(), guard.what(), guard.fence())],
     };
     let call = async {
         match (held, hold) {
@@ -809,6 +1022,7 @@ async fn release(
             }
             (Held::Mutexes(guard), None) => guard.release().await,
             (Held::Permit { guard, .. }, _) => guard.release().await,
+            (Held::Rw { guard, .. }, _) => guard.release().await,
         }
     };
     let done = match bound {

@@ -163,6 +163,9 @@ pub(crate) async fn owner(backend: Backend, args: OwnerArgs) -> Outcome {
     if args.permits {
         return permit_holders(backend, args).await;
     }
+    if args.rwlock {
+        return rw_holders(backend, args).await;
+    }
     backend.announce_quarantine("`simba exec` would wait").await;
     let mut source = Source::open(&backend, &args.mutex, false).await?;
     let snap = source.first(&args.mutex).await;
@@ -229,6 +232,74 @@ async fn permit_holders(backend: Backend, args: OwnerArgs) -> Outcome {
     };
     emit(&text);
     Ok(0)
+}
+
+/// Runs `simba owner --rwlock`: the owner of the lock's gate (the writer, or one waiting
+/// for the readers to leave, or a reader passing through) and every reader within its
+/// lease.
+async fn rw_holders(backend: Backend, args: OwnerArgs) -> Outcome {
+    let name = args.mutex.as_str();
+    let lock = backend.conn.open_rwlock(name).await.map_err(|e| match e {
+        simba_core::Error::Unsupported { .. } => Failure::simba(
+            e,
+            format!(
+                "--rwlock needs a backend with semaphores, and backend {} has none",
+                backend.shown
+            ),
+        ),
+        _ => Failure::simba(e, format!("cannot open read-write lock {name:?}")),
+    })?;
+    let mut source = Source::open(&backend, name, false).await?;
+    let gate = source.first(name).await;
+    source.close().await;
+    let gate = gate?;
+    let readers = match tokio::time::timeout(READ_BOUND, lock.readers()).await {
+        Ok(r) => r.map_err(|e| Failure::simba(e, "cannot read the readers"))?,
+        Err(_) => {
+            return Err(Failure::new(
+                Status::Unavailable,
+                format!("cannot read the readers: no answer within {READ_BOUND:?}"),
+            ));
+        }
+    };
+    let text = if args.json {
+        json!({
+            "rwlock": name,
+            "backend": backend.factory().backend(),
+            "gate": gate.owner,
+            "readers": readers.holders,
+            "now": readers.now,
+        })
+        .to_string()
+    } else {
+        describe_rw(name, gate.owner.as_ref(), &readers, backend.has_leases())
+    };
+    emit(&text);
+    Ok(0)
+}
+
+/// The text form of `simba owner --rwlock`.
+fn describe_rw(
+    name: &str,
+    gate: Option<&MutexOwner>,
+    readers: &simba_core::backend::PermitHolders,
+    leases: bool,
+) -> String {
+    let mut out = match (gate, readers.holders.len()) {
+        (None, 0) => return format!("{name}: free"),
+        (Some(_), 0) => format!("{name}: written"),
+        (None, n) => format!("{name}: read by {n}"),
+        (Some(_), n) => format!("{name}: read by {n}, a writer waiting (or a reader passing)"),
+    };
+    if let Some(g) = gate {
+        out.push_str("\n  gate:\n");
+        out.push_str(&times(g, readers.now, leases, "    "));
+    }
+    for h in &readers.holders {
+        out.push_str("\n  reader:\n");
+        out.push_str(&times(h, readers.now, leases, "    "));
+    }
+    out
 }
 
 /// The text form of `simba owner --permits`.
@@ -513,6 +584,41 @@ mod tests {
             now: 3_000,
         };
         assert_eq!(describe_holders("s", &none, true), "s: no holder");
+    }
+
+    #[test]
+    fn rw_holders_text() {
+        let owner = |id: &str, fence| MutexOwner {
+            owner_id: id.into(),
+            acquired_at: 1_000,
+            ttl_at: 11_000,
+            transition_at: 17_000,
+            fence,
+        };
+        let readers = |ids: &[&str]| simba_core::backend::PermitHolders {
+            permits: (!ids.is_empty()).then_some(simba_core::MAX_READERS),
+            holders: ids.iter().map(|id| owner(id, 9)).collect(),
+            now: 3_000,
+        };
+        assert_eq!(describe_rw("l", None, &readers(&[]), true), "l: free");
+        let gate = owner("w", 12);
+        let written = describe_rw("l", Some(&gate), &readers(&[]), false);
+        let lines: Vec<&str> = written.lines().collect();
+        assert_eq!(
+            lines[..3],
+            ["l: written", "  gate:", "    w (fence 12)"],
+            "{written}"
+        );
+        let read = describe_rw("l", None, &readers(&["a", "b"]), false);
+        assert!(
+            read.starts_with("l: read by 2\n  reader:\n    a (fence 9)"),
+            "{read}"
+        );
+        let waiting = describe_rw("l", Some(&gate), &readers(&["a"]), false);
+        assert!(
+            waiting.starts_with("l: read by 1, a writer waiting (or a reader passing)"),
+            "{waiting}"
+        );
     }
 
     #[test]
