@@ -20,6 +20,17 @@ async fn owner_and_watch_follow_exec_on_etcd() {
     .expect("test body");
 }
 
+/// Six `simba exec --permits 2` at once on etcd: at most two run at once, six distinct
+/// fences (etcd semaphores: `EtcdFactory::semaphore`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_execs_with_two_permits_on_etcd_run_two_at_a_time() {
+    let server = servers::etcd().await.expect("an etcd server");
+    let url = format!("{}/simba-cli-test", server.url());
+    tokio::task::spawn_blocking(move || six_execs_two_at_a_time(&url, "permits-etcd"))
+        .await
+        .expect("test body");
+}
+
 /// etcd leases end by themselves: a hold keeps the mutex after the command, and `simba
 /// owner` shows it held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

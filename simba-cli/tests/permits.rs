@@ -3,101 +3,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use common::*;
 use nix::sys::signal::Signal;
 use simba_test_kit::servers;
-
-/// One run of a command, from the `start`/`end` lines of an [`interval_script`] log.
-#[derive(Debug)]
-struct Run {
-    tag: String,
-    fence: u64,
-    start: u128,
-    end: u128,
-}
-
-/// The runs of `log`; panics on a malformed log or a run without exactly one start and
-/// one end after it.
-fn runs(log: &Path) -> Vec<Run> {
-    let lines = lines(log);
-    let mut runs: Vec<Run> = Vec::new();
-    for l in &lines {
-        let [kind, tag, fence, nanos] = l.split_whitespace().collect::<Vec<_>>()[..] else {
-            panic!("bad log line {l:?} in {lines:?}");
-        };
-        let (Ok(fence), Ok(nanos)) = (fence.parse::<u64>(), nanos.parse::<u128>()) else {
-            panic!("bad log line {l:?} in {lines:?}");
-        };
-        let open = runs.iter_mut().find(|r| r.tag == tag);
-        match (kind, open) {
-            ("start", None) => runs.push(Run {
-                tag: tag.to_owned(),
-                fence,
-                start: nanos,
-                end: 0,
-            }),
-            ("end", Some(r)) if r.end == 0 && r.fence == fence => r.end = nanos,
-            _ => panic!("{kind} {tag} out of place in {lines:?}"),
-        }
-    }
-    assert!(
-        runs.iter().all(|r| r.end != 0),
-        "a run did not end: {lines:?}"
-    );
-    runs
-}
-
-/// The most runs that overlapped at one instant (an end and a start at the same
-/// nanosecond do not overlap: the end is counted first).
-fn most_at_once(runs: &[Run]) -> usize {
-    let mut events: Vec<(u128, i32)> = runs
-        .iter()
-        .flat_map(|r| [(r.start, 1), (r.end, -1)])
-        .collect();
-    events.sort();
-    let (mut now, mut most) = (0i32, 0i32);
-    for (_, step) in events {
-        now += step;
-        most = most.max(now);
-    }
-    usize::try_from(most).unwrap_or(0)
-}
-
-/// Six `simba exec --permits 2` started at once on `url`, each command logging its start
-/// and end with its fence: all exit 0, every command ran once, never more than two at
-/// once (and two did run together: the semaphore is no mutex), six distinct fences.
-fn six_execs_two_at_a_time(url: &str, test: &str) {
-    let dir = tempdir();
-    let semaphore = mutex_name(test);
-    let log = file(dir.path(), "log");
-    let mut children: Vec<Child> = (0..6)
-        .map(|i| {
-            simba(Some(url))
-                .args(["exec", "--permits", "2", &semaphore])
-                .args(sh(&interval_script(&log, &format!("c{i}"), "0.5")))
-                .spawn()
-                .expect("start simba exec --permits")
-        })
-        .collect();
-    // Three rounds of 0.5 s on a loaded machine, behind connecting and (Redis) a
-    // restart quarantine of one default lease (16 s): a minute is ample.
-    for (i, c) in children.iter_mut().enumerate() {
-        let status = wait_for(c, Duration::from_secs(90), &format!("exec #{i}"));
-        assert_eq!(status.code(), Some(0), "exec #{i}");
-    }
-    let runs = runs(&log);
-    assert_eq!(runs.len(), 6, "every command ran once: {runs:?}");
-    // Each of six waiters released while another still sleeps its 0.5 s: two overlap.
-    assert_eq!(most_at_once(&runs), 2, "at most two at once: {runs:#?}");
-    let mut fences: Vec<u64> = runs.iter().map(|r| r.fence).collect();
-    fences.sort_unstable();
-    fences.dedup();
-    assert_eq!(fences.len(), 6, "six distinct fences: {runs:#?}");
-}
 
 #[test]
 fn six_execs_with_two_permits_on_sqlite_run_two_at_a_time() {
