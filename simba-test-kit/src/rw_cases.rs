@@ -71,40 +71,12 @@ pub const RW_CASES: &[&str] = crate::__rw_cases!(names);
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __rw_cases {
-    (names) => {
-        $crate::__rw_cases! { @list names }
-    };
-    (tests $source:expr) => {
-        $crate::__rw_cases! { @list tests $source }
-    };
-    (@list $($mode:tt)*) => {
-        $crate::__rw_cases! { @expand $($mode)*;
+    ($($mode:tt)*) => {
+        $crate::__expand_cases! { @family rw_lock, rw_cases, RwSource, "read-write lock",
+            $($mode)*;
             rw_readers_share, rw_writer_excludes_everyone, rw_readers_exclude_a_writer,
             rw_a_waiting_writer_goes_first, rw_fences_order_readers_and_writers,
             rw_never_a_writer_beside_anyone
-        }
-    };
-    (@expand names; $($case:ident),+) => {
-        &[$(stringify!($case)),+]
-    };
-    (@expand tests $source:expr; $($case:ident),+) => {
-        mod rw_lock {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let source = $source;
-                    if let Err(e) = $crate::rw_cases::$case(&source).await {
-                        panic!(
-                            "read-write lock case `{}` failed on {}: {}",
-                            stringify!($case),
-                            $crate::rw_cases::RwSource::name(&source),
-                            e
-                        );
-                    }
-                }
-            )+
         }
     };
 }

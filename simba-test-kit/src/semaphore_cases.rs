@@ -74,14 +74,9 @@ pub const SEMAPHORE_CASES: &[&str] = crate::__semaphore_cases!(names);
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __semaphore_cases {
-    (names) => {
-        $crate::__semaphore_cases! { @list names }
-    };
-    (tests $source:expr) => {
-        $crate::__semaphore_cases! { @list tests $source }
-    };
-    (@list $($mode:tt)*) => {
-        $crate::__semaphore_cases! { @expand $($mode)*;
+    ($($mode:tt)*) => {
+        $crate::__expand_cases! { @family semaphore, semaphore_cases, PermitSource, "semaphore",
+            $($mode)*;
             never_more_than_n, dead_holder_permit_returns, fences_increase_across_permits,
             permits_mismatch_refused, try_acquire_full_fails_at_once,
             timeout_gives_up_holding_nothing, release_wakes_a_waiter,
@@ -89,29 +84,6 @@ macro_rules! __semaphore_cases {
             store_mismatch_until_all_released, store_queue_is_first_come_first_served,
             store_release_by_a_non_holder_changes_nothing, store_fences_increase_across_permits,
             store_admission_follows_the_rule
-        }
-    };
-    (@expand names; $($case:ident),+) => {
-        &[$(stringify!($case)),+]
-    };
-    (@expand tests $source:expr; $($case:ident),+) => {
-        mod semaphore {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let source = $source;
-                    if let Err(e) = $crate::semaphore_cases::$case(&source).await {
-                        panic!(
-                            "semaphore case `{}` failed on {}: {}",
-                            stringify!($case),
-                            $crate::semaphore_cases::PermitSource::name(&source),
-                            e
-                        );
-                    }
-                }
-            )+
         }
     };
 }

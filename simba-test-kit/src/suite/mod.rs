@@ -104,6 +104,34 @@ macro_rules! __suite_cases {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __expand_cases {
+    // A family of cases in a module `$cases` of the kit, over a source whose trait
+    // `$source_trait` names it, expanded into a module `$module` of tests; `$what` names the
+    // family in failures.
+    (@family $module:ident, $cases:ident, $source_trait:ident, $what:literal, names;
+     $($case:ident),+ $(,)?) => {
+        &[$(stringify!($case)),+]
+    };
+    (@family $module:ident, $cases:ident, $source_trait:ident, $what:literal,
+     tests $source:expr; $($case:ident),+ $(,)?) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let source = $source;
+                    if let Err(e) = $crate::$cases::$case(&source).await {
+                        panic!(
+                            concat!($what, " case `{}` failed on {}: {}"),
+                            stringify!($case),
+                            $crate::$cases::$source_trait::name(&source),
+                            e
+                        );
+                    }
+                }
+            )+
+        }
+    };
     ($module:ident, names; $($case:ident),+ $(,)?) => {
         &[$(stringify!($case)),+]
     };
