@@ -10,47 +10,6 @@ use std::time::Duration;
 use common::*;
 use simba_test_kit::servers;
 
-/// A run logged by the commands below: `start TAG MODE FENCE NANOS` / `end TAG MODE FENCE
-/// NANOS`.
-#[derive(Debug)]
-struct Run {
-    tag: String,
-    mode: String,
-    fence: u64,
-    start: u128,
-    end: u128,
-}
-
-/// The runs of `log`; panics on a malformed log or a run without one start and one end.
-fn runs(log: &Path) -> Vec<Run> {
-    let lines = lines(log);
-    let mut runs: Vec<Run> = Vec::new();
-    for l in &lines {
-        let [kind, tag, mode, fence, nanos] = l.split_whitespace().collect::<Vec<_>>()[..] else {
-            panic!("bad log line {l:?} in {lines:?}");
-        };
-        let (Ok(fence), Ok(nanos)) = (fence.parse::<u64>(), nanos.parse::<u128>()) else {
-            panic!("bad log line {l:?} in {lines:?}");
-        };
-        match (kind, runs.iter_mut().find(|r| r.tag == tag)) {
-            ("start", None) => runs.push(Run {
-                tag: tag.to_owned(),
-                mode: mode.to_owned(),
-                fence,
-                start: nanos,
-                end: 0,
-            }),
-            ("end", Some(r)) if r.end == 0 => r.end = nanos,
-            _ => panic!("{kind} {tag} out of place in {lines:?}"),
-        }
-    }
-    assert!(
-        runs.iter().all(|r| r.end != 0),
-        "a run did not end: {lines:?}"
-    );
-    runs
-}
-
 /// A command that logs its start (with SIMBA_RW_MODE and SIMBA_FENCE), waits for `go` (a
 /// minute at most, so that none outlives a failed test for long), and logs its end.
 fn waiting_script(log: &Path, go: &Path, tag: &str) -> String {

@@ -938,10 +938,13 @@ fn handover(
     handover
 }
 
-/// One run of a command, from the `start`/`end` lines of an [`interval_script`] log.
+/// One run of a command, from the `start`/`end` lines of an [`interval_script`] log
+/// (`start TAG FENCE NANOS`), or of a log whose lines also name a mode after the tag
+/// (`start TAG MODE FENCE NANOS`; `mode` is empty otherwise).
 #[derive(Debug)]
 pub struct Run {
     pub tag: String,
+    pub mode: String,
     pub fence: u64,
     pub start: u128,
     pub end: u128,
@@ -953,8 +956,10 @@ pub fn runs(log: &Path) -> Vec<Run> {
     let lines = lines(log);
     let mut runs: Vec<Run> = Vec::new();
     for l in &lines {
-        let [kind, tag, fence, nanos] = l.split_whitespace().collect::<Vec<_>>()[..] else {
-            panic!("bad log line {l:?} in {lines:?}");
+        let (kind, tag, mode, fence, nanos) = match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [kind, tag, fence, nanos] => (kind, tag, "", fence, nanos),
+            [kind, tag, mode, fence, nanos] => (kind, tag, mode, fence, nanos),
+            _ => panic!("bad log line {l:?} in {lines:?}"),
         };
         let (Ok(fence), Ok(nanos)) = (fence.parse::<u64>(), nanos.parse::<u128>()) else {
             panic!("bad log line {l:?} in {lines:?}");
@@ -963,6 +968,7 @@ pub fn runs(log: &Path) -> Vec<Run> {
         match (kind, open) {
             ("start", None) => runs.push(Run {
                 tag: tag.to_owned(),
+                mode: mode.to_owned(),
                 fence,
                 start: nanos,
                 end: 0,
