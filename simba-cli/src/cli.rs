@@ -197,6 +197,9 @@ Scenarios (all by default; run in this order):
   uncontended  acquire + release by one contender (Locker), back to back
   handoff      --contenders contenders on separate connections, each holding --hold;
                latency from a release returning to the next owner's acquisition
+  many         --many-mutexes mutexes at once, each handed between --contenders
+               contenders (one connection each) holding --hold: the throughput of
+               many independent locks, beside 1/hold per mutex
   semaphore    a permit's acquire + release (3 permits) and hand-over (1 permit,
                --contenders contenders), beside the mutex's; \"no semaphores\" on
                backends without them
@@ -216,6 +219,8 @@ pub(crate) enum Scenario {
     Uncontended,
     /// Contenders handing the mutex to each other.
     Handoff,
+    /// Many mutexes handed over at once.
+    Many,
     /// A semaphore's permit: acquire + release, and hand-over, beside the mutex's.
     Semaphore,
     /// An owner process killed; a waiter takes over.
@@ -271,6 +276,10 @@ pub(crate) struct BenchArgs {
     /// transition is the session timeout (at least 2s).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, default_value = "600ms")]
     pub(crate) failover_ttl: Duration,
+
+    /// Mutexes handed over at once in the many scenario (each by --contenders contenders).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) many_mutexes: u32,
 
     /// Mutexes held by one process in the scale scenario.
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

@@ -39,6 +39,8 @@ fn bench_json(url: &str) -> Value {
             "1s",
             "--scale-poll",
             "100ms",
+            "--many-mutexes",
+            "4",
         ]),
         Duration::from_secs(120),
         "simba bench",
@@ -89,6 +91,8 @@ fn check_common(v: &Value, backend: &str) {
         "handoff.barging_pct",
         "handoff.jain",
         "handoff.acq_per_s",
+        "many.acq_per_s",
+        "many.p50_us",
         "failover.after_lease_p50_ms",
         "scale.renew_ops_per_s",
         "scale.rss_mb",
@@ -110,6 +114,8 @@ fn check_common(v: &Value, backend: &str) {
         number(v, key);
     }
     assert_eq!(number(v, "memory.handoff_overlaps"), 0.0, "{v:#}");
+    assert_eq!(number(v, "many.overlaps"), 0.0, "{v:#}");
+    assert_eq!(number(v, "many.mutexes"), 4.0, "{v:#}");
     // The engine's handoff counts from `release()` called (from its return it is negative
     // over memory: the next owner has the mutex first), and so does `from_call`, which is
     // each hand-over's time from the return plus the release call's own.

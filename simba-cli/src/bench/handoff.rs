@@ -118,9 +118,17 @@ pub(super) async fn contend(
     ctx: &Ctx,
     lockers: Vec<impl Into<Contestant>>,
 ) -> anyhow::Result<Contended> {
+    contend_for(ctx, lockers, ctx.iterations()).await
+}
+
+/// [`contend`] until `target` acquisitions after the warm-up.
+pub(super) async fn contend_for(
+    ctx: &Ctx,
+    lockers: Vec<impl Into<Contestant>>,
+    target: usize,
+) -> anyhow::Result<Contended> {
     let lockers: Vec<Contestant> = lockers.into_iter().map(Into::into).collect();
     let contenders = lockers.len();
-    let target = ctx.iterations();
     let warm = (target / 20).clamp(contenders, 100);
     let hold = ctx.args.hold;
     let records = Arc::new(Mutex::new(Vec::with_capacity(warm + target + contenders)));

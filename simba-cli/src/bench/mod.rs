@@ -16,6 +16,7 @@ mod explain;
 mod failover;
 mod floor;
 mod handoff;
+mod many;
 mod memory;
 mod scale;
 mod semaphore;
@@ -152,6 +153,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
             Scenario::Scale,
             Scenario::Uncontended,
             Scenario::Handoff,
+            Scenario::Many,
             Scenario::Semaphore,
             Scenario::Failover,
         ];
@@ -249,6 +251,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         let name = match scenario {
             Scenario::Uncontended => "uncontended",
             Scenario::Handoff => "handoff",
+            Scenario::Many => "many",
             Scenario::Semaphore => "semaphore",
             Scenario::Failover => "failover",
             Scenario::Scale => "scale",
@@ -257,6 +260,7 @@ pub(crate) async fn run(url: String, args: BenchArgs) -> Outcome {
         let result = match scenario {
             Scenario::Uncontended => uncontended::run(&ctx, &main, floors_ref).await,
             Scenario::Handoff => handoff::run(&ctx, floors_ref).await,
+            Scenario::Many => many::run(&ctx).await,
             Scenario::Semaphore => semaphore::run(&ctx, mutex_figures(&table)).await,
             Scenario::Failover => failover::run(&ctx).await,
             Scenario::Scale => scale::run(&ctx, &main, floors_ref).await,

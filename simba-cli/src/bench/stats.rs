@@ -35,6 +35,11 @@ impl Samples {
         self.0.len()
     }
 
+    /// Adds every sample of `other`.
+    pub(crate) fn extend(&mut self, other: &Samples) {
+        self.0.extend_from_slice(&other.0);
+    }
+
     /// The `p`-th percentile (nearest rank on the sorted samples); `None` when empty.
     pub(crate) fn percentile(&self, p: f64) -> Option<f64> {
         if self.0.is_empty() {
