@@ -195,7 +195,10 @@ async fn chaos_rwlock_sqlite() {
     let reads = summary.report.read_ownerships;
     let writes = summary.report.ownerships - reads;
     // Both kinds, enough of each to mean something (a slow run still makes hundreds).
-    assert!(reads >= 50 && writes >= 10, "too few reads or writes: {summary}");
+    assert!(
+        reads >= 50 && writes >= 10,
+        "too few reads or writes: {summary}"
+    );
     let last = summary.to_string();
     let last = last.lines().last().unwrap_or_default();
     assert!(

@@ -32,7 +32,7 @@
 //! the fences of readers and writers in one sequence (the lock's gate's): a write is
 //! **stale** when an ownership with a higher fence, reader or writer, had begun. A read
 //! whose fence is below the last accepted write's is a **stale read**: the resource refuses
-//! it (`REJECT`; what a resource that only sees fences can do to keep a reader from seeing a
+//! it (`REJECT`, as it refuses a read that says its lease already ran out; what a resource that only sees fences can do to keep a reader from seeing a
 //! version newer than its fence) and counts it. A stale read is not a violation by itself:
 //! a reader paused past its lease may send one after a writer came in, and the refusal is
 //! the fence doing its job. What is a violation is a reader that still *believed* while the
