@@ -6,7 +6,11 @@
 //! `SIMBA_CHAOS_CRASH=0`). It tells the resource when it starts waiting (`WAIT`). Its orders
 //! come from the `SIMBA_BACKEND` and `SIMBA_CHAOS_*` variables that the run sets (see
 //! `simba_test_kit::chaos`). With `SIMBA_CHAOS_PERMITS` set it holds one permit of a
-//! semaphore of that many permits instead, in the same loop.
+//! semaphore of that many permits instead, in the same loop. With `SIMBA_CHAOS_RWLOCK=1`
+//! it takes the read-write lock of the mutex's name, three times in four to read (it then
+//! reads the resource instead of writing to it) and otherwise to write; unsafe
+//! (`SIMBA_CHAOS_UNSAFE=1`), its writers take the lock's gate only and do not wait for the
+//! readers to leave.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -15,7 +19,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use simba_core::connect::{ConnectOptions, Connection, Connectors};
-use simba_core::{LeaseConfig, LockGuard, Locker, LossReason, PermitGuard, Semaphore};
+use simba_core::{
+    LeaseConfig, LockGuard, Locker, LossReason, PermitGuard, ReadGuard, RwLock, Semaphore,
+    WriteGuard,
+};
 use simba_test_kit::chaos::ResourceClient;
 
 fn var(name: &str) -> Result<String> {
@@ -69,10 +76,33 @@ fn roll(n: u64) -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now()) % n.max(1)
 }
 
-/// A mutex ownership or a semaphore permit: the loop does the same with both.
+/// A small generator of the read-or-write choices (xorshift64*), seeded per contender
+/// process.
+struct Choices(u64);
+
+impl Choices {
+    fn seeded(id: &str) -> Choices {
+        let seed = RandomState::new().hash_one((id, std::process::id()));
+        // Xorshift must not start at 0.
+        Choices(seed | 1)
+    }
+
+    /// True `num` times in `den`, at random.
+    fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % den.max(1) < num
+    }
+}
+
+/// A mutex ownership, a semaphore permit, or a read-write lock's read or write: the loop
+/// does the same with each, but that a reader reads the resource instead of writing.
 enum Guard {
     Lock(LockGuard),
     Permit(PermitGuard),
+    Read(ReadGuard),
+    Write(WriteGuard),
 }
 
 impl Guard {
@@ -80,6 +110,8 @@ impl Guard {
         match self {
             Guard::Lock(g) => g.fence(),
             Guard::Permit(g) => g.fence(),
+            Guard::Read(g) => g.fence(),
+            Guard::Write(g) => g.fence(),
         }
     }
 
@@ -87,6 +119,8 @@ impl Guard {
         match self {
             Guard::Lock(g) => g.is_held(),
             Guard::Permit(g) => g.is_held(),
+            Guard::Read(g) => g.is_held(),
+            Guard::Write(g) => g.is_held(),
         }
     }
 
@@ -94,6 +128,8 @@ impl Guard {
         match self {
             Guard::Lock(g) => g.valid_for(),
             Guard::Permit(g) => g.valid_for(),
+            Guard::Read(g) => g.valid_for(),
+            Guard::Write(g) => g.valid_for(),
         }
     }
 
@@ -101,6 +137,8 @@ impl Guard {
         match self {
             Guard::Lock(g) => g.lost().await,
             Guard::Permit(g) => g.lost().await,
+            Guard::Read(g) => g.lost().await,
+            Guard::Write(g) => g.lost().await,
         }
     }
 
@@ -108,7 +146,13 @@ impl Guard {
         match self {
             Guard::Lock(g) => g.release().await,
             Guard::Permit(g) => g.release().await,
+            Guard::Read(g) => g.release().await,
+            Guard::Write(g) => g.release().await,
         }
+    }
+
+    fn is_reader(&self) -> bool {
+        matches!(self, Guard::Read(_))
     }
 }
 
@@ -155,18 +199,39 @@ pub(crate) async fn run() -> Result<()> {
         ),
         _ => None,
     };
+    let rwlock = var("SIMBA_CHAOS_RWLOCK").is_ok_and(|v| v == "1");
+    if rwlock && permits.is_some() {
+        bail!("SIMBA_CHAOS_RWLOCK and SIMBA_CHAOS_PERMITS exclude each other");
+    }
+    let mut choices = Choices::seeded(&id);
     let mut resource = ResourceClient::connect(addr, &id)
         .await
         .context("the fenced resource")?;
     enum Source {
         Locker(Locker),
         Semaphore(Semaphore),
+        /// The lock, and its gate alone for the unsafe writers.
+        RwLock(RwLock, Option<Locker>),
     }
     // A semaphore on the connection's backend: Redis and the SQL backends time its
     // permits by the run's lease; ZooKeeper holds them on the connection's session
     // (timeout `ttl + transition`) with the longest lease it allows; etcd times them by
     // its lease TTL (`EtcdFactory::permit_lease`).
     let source = match permits {
+        None if rwlock => {
+            let conn = connect(&url, lease_config).await?;
+            let lock = conn
+                .open_rwlock(&mutex)
+                .await
+                .with_context(|| format!("the read-write lock on {}", connectors().redact(&url)))?;
+            // The gate is the mutex of the lock's name on the same connection.
+            let gate = if unsafe_mode {
+                Some(Locker::new(conn.factory(), &mutex)?)
+            } else {
+                None
+            };
+            Source::RwLock(lock, gate)
+        }
         Some(n) => Source::Semaphore(
             connect(&url, lease_config)
                 .await?
@@ -184,12 +249,28 @@ pub(crate) async fn run() -> Result<()> {
         let guard = match &source {
             Source::Locker(l) => Guard::Lock(l.acquire().await.context("acquire")?),
             Source::Semaphore(s) => Guard::Permit(s.acquire().await.context("acquire a permit")?),
+            Source::RwLock(l, _) if choices.chance(3, 4) => {
+                Guard::Read(l.read().await.context("acquire to read")?)
+            }
+            Source::RwLock(l, None) => Guard::Write(l.write().await.context("acquire to write")?),
+            // Unsafe: a writer that holds the gate but never waited for the readers.
+            Source::RwLock(_, Some(gate)) => {
+                Guard::Lock(gate.acquire().await.context("acquire the gate")?)
+            }
         };
         let fence = guard.fence();
-        resource
-            .begin(fence, valid(&guard, lease, unsafe_mode))
-            .await
-            .context("the fenced resource")?;
+        let reader = guard.is_reader();
+        if reader {
+            resource
+                .begin_read(fence, valid(&guard, lease, unsafe_mode))
+                .await
+                .context("the fenced resource")?;
+        } else {
+            resource
+                .begin(fence, valid(&guard, lease, unsafe_mode))
+                .await
+                .context("the fenced resource")?;
+        }
         let until =
             tokio::time::Instant::now() + Duration::from_millis(hold_from + roll(hold_span));
         let mut lost: Option<LossReason> = None;
@@ -200,12 +281,26 @@ pub(crate) async fn run() -> Result<()> {
                 lost = Some(guard.lost().await);
                 break;
             }
-            let accepted = resource
-                .write(fence, valid(&guard, lease, unsafe_mode))
-                .await
-                .context("the fenced resource")?;
-            if !accepted {
-                tracing::warn!(fence, "write fenced off by the resource");
+            let valid_for = valid(&guard, lease, unsafe_mode);
+            if reader {
+                let accepted = resource
+                    .read(fence, valid_for)
+                    .await
+                    .context("the fenced resource")?;
+                if !accepted {
+                    tracing::warn!(
+                        fence,
+                        "read refused by the resource: a newer write is there"
+                    );
+                }
+            } else {
+                let accepted = resource
+                    .write(fence, valid_for)
+                    .await
+                    .context("the fenced resource")?;
+                if !accepted {
+                    tracing::warn!(fence, "write fenced off by the resource");
+                }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

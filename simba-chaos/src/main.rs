@@ -11,10 +11,19 @@
 //! the SQL backends; Redis Cluster is refused (its failover fault targets the mutex's
 //! shard).
 //!
+//! With `--rwlock` the contenders (6 unless `--contenders` says otherwise) take a
+//! read-write lock (`simba_core::RwLock`) instead, three times in four to read (a reader
+//! reads the fenced resource, a writer writes to it), and the last line is
+//! `rw reads=R writes=W acquisitions=A handoffs=H stale_reads=S rw_violations=X
+//! fence_violations=F stale_writes_accepted=Y faults=Z`: never a writer beside another
+//! holder (see `simba_test_kit::history::check_rw`); the run fails unless X, F and Y are
+//! 0. `--unsafe` with `--rwlock` also makes the writers take the lock's gate only, without
+//! waiting for the readers to leave. The backends are those of `--semaphore`.
+//!
 //! ```text
 //! simba-chaos --backend redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster
 //!             [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition|none]
-//!             [--contenders 3] [--semaphore N] [--hold 20ms] [--waiter-pause 500ms]
+//!             [--contenders 3] [--semaphore N | --rwlock] [--hold 20ms] [--waiter-pause 500ms]
 //!             [--min-handoffs N] [--unsafe]
 //! ```
 //!
@@ -86,7 +95,7 @@ fn usage(msg: &str) -> ExitCode {
          redis|redis-sentinel|redis-cluster|mysql|postgres|postgres-pgbouncer|postgres-pgbouncer-session|\
          sqlite|zookeeper|zookeeper-ensemble|etcd|etcd-cluster \
          [--url URL] [--duration 60s] [--faults kill,pause,restart,cut,delay,partition,\
-         pause-waiter|none] [--contenders N] [--semaphore PERMITS] [--hold 20ms] \
+         pause-waiter|none] [--contenders N] [--semaphore PERMITS | --rwlock] [--hold 20ms] \
          [--waiter-pause 500ms] [--min-handoffs N] [--unsafe]\n\
          redis-sentinel: --faults failover,kill,pause\n\
          redis-cluster: --faults failover,kill,pause,cut\n\
@@ -219,6 +228,7 @@ async fn orchestrate() -> ExitCode {
     let mut permits = None;
     let mut min_handoffs = None;
     let mut unsafe_contenders = false;
+    let mut rwlock = false;
     let mut hold = None;
     let mut waiter_pause = None;
     let program = match std::env::current_exe() {
@@ -276,6 +286,7 @@ async fn orchestrate() -> ExitCode {
                 Some(d) if !d.is_zero() => waiter_pause = Some(d),
                 _ => return usage("--waiter-pause takes a duration above 0, e.g. 500ms"),
             },
+            "--rwlock" => rwlock = true,
             "--unsafe" => unsafe_contenders = true,
             other => return usage(&format!("unknown argument {other:?}")),
         }
@@ -283,6 +294,9 @@ async fn orchestrate() -> ExitCode {
     let Some(backend) = backend else {
         return usage("--backend is required");
     };
+    if rwlock && permits.is_some() {
+        return usage("--semaphore and --rwlock exclude each other");
+    }
     let mut cfg = ChaosConfig::new(backend, program, vec!["contender".into()]);
     cfg.url = url;
     cfg.duration = duration;
@@ -298,9 +312,11 @@ async fn orchestrate() -> ExitCode {
     if let Some(p) = waiter_pause {
         cfg.waiter_pause = p;
     }
-    // A semaphore needs more contenders than permits to be contended.
-    cfg.contenders = contenders.unwrap_or(if permits.is_some() { 6 } else { 3 });
+    // A semaphore needs more contenders than permits to be contended; a read-write lock
+    // needs readers side by side and writers among them.
+    cfg.contenders = contenders.unwrap_or(if permits.is_some() || rwlock { 6 } else { 3 });
     cfg.permits = permits;
+    cfg.rwlock = rwlock;
     cfg.unsafe_contenders = unsafe_contenders;
     // About one handoff every two seconds is the least that means anything.
     cfg.min_handoffs = min_handoffs.unwrap_or((duration.as_secs() / 2).max(3) as usize);

@@ -2,7 +2,8 @@
 //! (`simba-chaos contender`) write to a fenced resource while owners are killed and paused, the
 //! server restarts and connections are cut, delayed and partitioned. No two ownerships may
 //! overlap and no stale write may be accepted; the semaphore runs (3 permits, 6 contenders)
-//! allow 3 holders at once and no more. Time is the subject here (leases of 1.5 s),
+//! allow 3 holders at once and no more; the read-write lock runs allow readers side by side
+//! and never a writer beside anyone. Time is the subject here (leases of 1.5 s),
 //! so each run lasts 30 s; the long runs are in docs/safety.md.
 
 use std::time::Duration;
@@ -171,6 +172,61 @@ async fn chaos_semaphore_catches_contenders_without_a_local_deadline() {
     assert!(
         summary.over_capacity() > 0,
         "pauses of an unsafe holder went unnoticed: {summary}"
+    );
+    assert!(!summary.passed());
+}
+
+/// A read-write lock on SQLite, 6 contender processes reading three times in four, owners
+/// killed and paused: never a writer beside another holder, writers' fences increasing,
+/// no reader below a writer before it, no stale write accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rwlock_sqlite() {
+    let mut cfg = config(ChaosBackend::Sqlite);
+    cfg.rwlock = true;
+    cfg.contenders = 6;
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    for tail in &summary.log_tails {
+        println!("{tail}");
+    }
+    assert!(summary.passed(), "{summary}");
+    assert_eq!(summary.rw_violations(), 0, "{summary}");
+    assert!(summary.faults >= 5, "too few faults injected: {summary}");
+    let reads = summary.report.read_ownerships;
+    let writes = summary.report.ownerships - reads;
+    // Both kinds, enough of each to mean something (a slow run still makes hundreds).
+    assert!(
+        reads >= 50 && writes >= 10,
+        "too few reads or writes: {summary}"
+    );
+    let last = summary.to_string();
+    let last = last.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("rw reads=") && last.contains(" rw_violations=0 "),
+        "{last}"
+    );
+}
+
+/// The RW checker catches writers that do not wait for the readers (they take the lock's
+/// gate only, as a read-write lock without its drain would), with no fault at all: a
+/// reader lets the gate go as soon as it holds its permit, so the next writer comes in
+/// beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rwlock_catches_writers_that_do_not_wait_for_readers() {
+    let mut cfg = config(ChaosBackend::Sqlite);
+    cfg.rwlock = true;
+    cfg.contenders = 6;
+    cfg.faults = Vec::new();
+    cfg.crashes = false;
+    // Long enough holds that a reader is still reading when the next writer comes in.
+    cfg.hold_ms = 100..200;
+    cfg.duration = Duration::from_secs(10);
+    cfg.unsafe_contenders = true;
+    let summary = run(&cfg).await.expect("the chaos run could be made");
+    println!("{summary}");
+    assert!(
+        summary.rw_violations() > 0,
+        "writers beside readers went unnoticed: {summary}"
     );
     assert!(!summary.passed());
 }

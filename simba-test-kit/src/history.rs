@@ -4,7 +4,9 @@
 //! fence); [`check`] reports intervals of different ownerships of a mutex that overlap in
 //! time and fences that do not increase; [`check_permits`] does the same for a semaphore
 //! of N permits: more than N holders at one instant, a fence handed to two holders, a
-//! holder's later permit with a fence not above its earlier one.
+//! holder's later permit with a fence not above its earlier one; [`check_rw`] checks a
+//! read-write lock: no writer beside any other holder, writers' fences increasing, and no
+//! reader with a fence below a writer that ended before it began.
 //!
 //! [`load`] and [`holder_time`] measure instead of check: how many acquisitions a run made,
 //! how long waiters waited, and how many permits were held while someone waited (or
@@ -70,6 +72,42 @@ pub enum Violation {
         /// The later interval with a fence not greater than `earlier`'s.
         later: Interval,
     },
+    /// A writer of a read-write lock believed at the same time as another holder (a
+    /// reader or another writer).
+    RwOverlap {
+        /// The writer.
+        writer: Interval,
+        /// The other holder.
+        other: Interval,
+        /// Whether the other holder was a reader or a writer.
+        other_access: Access,
+    },
+    /// A reader of a read-write lock began after a writer ended, with a fence below that
+    /// writer's: it passed the gate before the writer did, yet read after it.
+    ReadBelowWrite {
+        /// The writer that ended before the reader began.
+        writer: Interval,
+        /// The reader.
+        reader: Interval,
+    },
+}
+
+/// How a holder of a read-write lock held it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Shared with other readers.
+    Read,
+    /// Alone.
+    Write,
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Access::Read => "reader",
+            Access::Write => "writer",
+        })
+    }
 }
 
 impl fmt::Display for Violation {
@@ -102,6 +140,34 @@ impl fmt::Display for Violation {
                 f,
                 "fence did not increase: {} got {} after {} had {}",
                 later.contender, later.fence, earlier.contender, earlier.fence
+            ),
+            Violation::RwOverlap {
+                writer,
+                other,
+                other_access,
+            } => {
+                let (a, b) = if writer.start <= other.start {
+                    (writer, other)
+                } else {
+                    (other, writer)
+                };
+                write!(
+                    f,
+                    "a writer beside another holder: writer {} (fence {}) and {other_access} \
+                     {} (fence {}) overlapped by {:?}",
+                    writer.contender,
+                    writer.fence,
+                    other.contender,
+                    other.fence,
+                    a.end_or(Instant::now())
+                        .min(b.end_or(Instant::now()))
+                        .saturating_duration_since(b.start)
+                )
+            }
+            Violation::ReadBelowWrite { writer, reader } => write!(
+                f,
+                "reader {} (fence {}) began after writer {} (fence {}) ended, with a lower fence",
+                reader.contender, reader.fence, writer.contender, writer.fence
             ),
         }
     }
@@ -204,6 +270,93 @@ pub fn check_permits(intervals: &[Interval], permits: usize) -> Vec<Violation> {
             });
         }
         last_of.insert(&iv.contender, iv);
+    }
+    out
+}
+
+/// Checks the history of a read-write lock, each holder with its [`Access`]:
+///
+/// - no writer's interval overlaps any other holder's, reader or writer
+///   ([`Violation::RwOverlap`], one per pair); readers may overlap each other;
+/// - writers' fences strictly increase in the order their intervals begin
+///   ([`Violation::FenceRegression`] between consecutive writers);
+/// - every reader's fence is at least the fence of every writer whose interval ended
+///   before the reader's began ([`Violation::ReadBelowWrite`], one per reader, against the
+///   highest such writer).
+///
+/// Intervals are counted as in [`check`]: from when the holder learned it held until it
+/// stopped believing; one that ends at the instant another begins does not overlap it, and
+/// two intervals of one contender with one fence are one ownership seen twice, not two.
+pub fn check_rw(intervals: &[(Access, Interval)]) -> Vec<Violation> {
+    let now = Instant::now();
+    let mut sorted: Vec<&(Access, Interval)> = intervals.iter().collect();
+    sorted.sort_by_key(|(_, i)| i.start);
+    let mut out = Vec::new();
+    for (n, (access_a, a)) in sorted.iter().enumerate() {
+        for (access_b, b) in &sorted[n + 1..] {
+            // Sorted by start: neither this one nor any later one began before `a` ended.
+            if b.start >= a.end_or(now) {
+                break;
+            }
+            let same_ownership = a.contender == b.contender && a.fence == b.fence;
+            if same_ownership {
+                continue;
+            }
+            match (access_a, access_b) {
+                (Access::Read, Access::Read) => {}
+                (Access::Write, other) => out.push(Violation::RwOverlap {
+                    writer: a.clone(),
+                    other: b.clone(),
+                    other_access: *other,
+                }),
+                (Access::Read, Access::Write) => out.push(Violation::RwOverlap {
+                    writer: b.clone(),
+                    other: a.clone(),
+                    other_access: Access::Read,
+                }),
+            }
+        }
+    }
+    let writers: Vec<&Interval> = sorted
+        .iter()
+        .filter(|(a, _)| *a == Access::Write)
+        .map(|(_, i)| i)
+        .collect();
+    for pair in writers.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let same_ownership = a.contender == b.contender && a.fence == b.fence;
+        if b.fence <= a.fence && !same_ownership {
+            out.push(Violation::FenceRegression {
+                earlier: a.clone(),
+                later: b.clone(),
+            });
+        }
+    }
+    // Readers by start, writers by end: the highest fence of the writers that ended
+    // before each reader began.
+    let mut by_end = writers.clone();
+    by_end.sort_by_key(|w| w.end_or(now));
+    let mut ended = 0;
+    let mut highest: Option<&Interval> = None;
+    for (access, r) in &sorted {
+        if *access != Access::Read {
+            continue;
+        }
+        while ended < by_end.len() && by_end[ended].end_or(now) <= r.start {
+            let w = by_end[ended];
+            if highest.is_none_or(|h| w.fence > h.fence) {
+                highest = Some(w);
+            }
+            ended += 1;
+        }
+        if let Some(w) = highest
+            && r.fence < w.fence
+        {
+            out.push(Violation::ReadBelowWrite {
+                writer: w.clone(),
+                reader: r.clone(),
+            });
+        }
     }
     out
 }
@@ -649,6 +802,122 @@ mod tests {
             check_permits(&regress, 2).as_slice(),
             [Violation::FenceRegression { .. }]
         ));
+    }
+
+    #[test]
+    fn rw_readers_share_and_writers_are_alone() {
+        let base = Instant::now();
+        let r = |c: &str, f: u64, s: u64, e: u64| (Access::Read, iv(base, c, f, s, e));
+        let w = |c: &str, f: u64, s: u64, e: u64| (Access::Write, iv(base, c, f, s, e));
+        // Two readers side by side, a writer after both (touching the later end), readers
+        // after it with higher fences, another writer.
+        let ok = [
+            r("a", 1, 0, 10),
+            r("b", 2, 2, 12),
+            w("c", 3, 12, 20),
+            r("a", 4, 20, 30),
+            r("b", 5, 21, 25),
+            w("a", 6, 30, 40),
+        ];
+        assert!(check_rw(&ok).is_empty(), "{:?}", check_rw(&ok));
+        // A reader seen twice by its holder (local loss, then the renewal's answer).
+        let twice = [r("a", 1, 0, 10), r("a", 1, 9, 12), w("b", 2, 12, 20)];
+        assert!(check_rw(&twice).is_empty(), "{:?}", check_rw(&twice));
+    }
+
+    #[test]
+    fn rw_writer_beside_a_reader_is_reported() {
+        let base = Instant::now();
+        let r = |c: &str, f: u64, s: u64, e: u64| (Access::Read, iv(base, c, f, s, e));
+        let w = |c: &str, f: u64, s: u64, e: u64| (Access::Write, iv(base, c, f, s, e));
+        // A writer that began one millisecond before a reader ended.
+        let v = check_rw(&[r("a", 1, 0, 10), w("b", 2, 9, 20)]);
+        match v.as_slice() {
+            [
+                Violation::RwOverlap {
+                    writer,
+                    other,
+                    other_access: Access::Read,
+                },
+            ] => assert_eq!((writer.fence, other.fence), (2, 1)),
+            _ => panic!("{v:?}"),
+        }
+        assert!(
+            v[0].to_string()
+                .contains("writer b (fence 2) and reader a (fence 1) overlapped by 1ms"),
+            "{}",
+            v[0]
+        );
+        // A reader that began while a writer held.
+        let v = check_rw(&[w("a", 1, 0, 10), r("b", 2, 5, 20), r("c", 3, 6, 20)]);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(v.iter().all(|v| matches!(
+            v,
+            Violation::RwOverlap { writer, other_access: Access::Read, .. } if writer.fence == 1
+        )));
+    }
+
+    #[test]
+    fn rw_two_writers_at_once_are_reported() {
+        let base = Instant::now();
+        let w = |c: &str, f: u64, s: u64, e: u64| (Access::Write, iv(base, c, f, s, e));
+        let v = check_rw(&[w("a", 1, 0, 10), w("b", 2, 5, 20)]);
+        assert!(
+            matches!(
+                v.as_slice(),
+                [Violation::RwOverlap {
+                    other_access: Access::Write,
+                    ..
+                }]
+            ),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn rw_writer_fences_increase() {
+        let base = Instant::now();
+        let r = |c: &str, f: u64, s: u64, e: u64| (Access::Read, iv(base, c, f, s, e));
+        let w = |c: &str, f: u64, s: u64, e: u64| (Access::Write, iv(base, c, f, s, e));
+        // The second writer's fence is below the first's; the reader between them is
+        // not a writer and does not take part in the rule.
+        let v = check_rw(&[w("a", 5, 0, 10), r("b", 9, 10, 20), w("c", 4, 20, 30)]);
+        assert!(
+            v.iter().any(|v| matches!(
+                v,
+                Violation::FenceRegression { earlier, later } if earlier.fence == 5 && later.fence == 4
+            )),
+            "{v:?}"
+        );
+        // An equal fence is a regression too.
+        let v = check_rw(&[w("a", 5, 0, 10), w("c", 5, 20, 30)]);
+        assert!(
+            matches!(v.as_slice(), [Violation::FenceRegression { .. }]),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn rw_reader_below_an_earlier_writer_is_reported() {
+        let base = Instant::now();
+        let r = |c: &str, f: u64, s: u64, e: u64| (Access::Read, iv(base, c, f, s, e));
+        let w = |c: &str, f: u64, s: u64, e: u64| (Access::Write, iv(base, c, f, s, e));
+        // Writers 3 and 7 ended; a reader with fence 5 begins after both.
+        let v = check_rw(&[w("a", 3, 0, 10), w("b", 7, 10, 20), r("c", 5, 25, 30)]);
+        match v.as_slice() {
+            [Violation::ReadBelowWrite { writer, reader }] => {
+                assert_eq!((writer.fence, reader.fence), (7, 5));
+            }
+            _ => panic!("{v:?}"),
+        }
+        assert!(
+            v[0].to_string()
+                .contains("reader c (fence 5) began after writer b (fence 7)")
+        );
+        // A reader that began before the writer ended (and not beside it) is not held to
+        // its fence: here the reader ended as the writer began.
+        let v = check_rw(&[r("c", 5, 0, 10), w("b", 7, 10, 20)]);
+        assert!(v.is_empty(), "{v:?}");
     }
 
     #[test]

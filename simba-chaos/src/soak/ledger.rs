@@ -199,8 +199,12 @@ impl Ledger {
                     let (a, b, overlap) = match &v {
                         Violation::Overlap { first, second } => (first, second, true),
                         Violation::FenceRegression { earlier, later } => (earlier, later, false),
-                        // The semaphores' kinds: `check` (a mutex's) reports neither.
-                        Violation::OverCapacity { .. } | Violation::FenceReuse { .. } => continue,
+                        // The semaphores' and read-write locks' kinds: `check` (a mutex's)
+                        // reports none of them.
+                        Violation::OverCapacity { .. }
+                        | Violation::FenceReuse { .. }
+                        | Violation::RwOverlap { .. }
+                        | Violation::ReadBelowWrite { .. } => continue,
                     };
                     let key = (
                         mutex.clone(),

@@ -1,5 +1,6 @@
 //! The fault-injection safety run: contender **processes** contend for one mutex (or the
-//! permits of one semaphore, [`ChaosConfig::permits`]) and write to a [`FencedResource`]
+//! permits of one semaphore, [`ChaosConfig::permits`], or a read-write lock,
+//! [`ChaosConfig::rwlock`]) and write to a [`FencedResource`]
 //! while faults hit the owner and the server; the history of ownerships is then checked.
 //!
 //! The engine does not link any backend: it runs a contender program (the `simba-chaos`
@@ -12,6 +13,7 @@
 //! | `SIMBA_CHAOS_ID` | the contender's name at the resource |
 //! | `SIMBA_CHAOS_MUTEX` | the mutex (or semaphore) |
 //! | `SIMBA_CHAOS_PERMITS` | a number: contend for one permit of a semaphore of this many permits (empty: the mutex) |
+//! | `SIMBA_CHAOS_RWLOCK` | `1`: contend for a read-write lock of the mutex's name instead, reading or writing |
 //! | `SIMBA_CHAOS_TTL_MS`, `SIMBA_CHAOS_TRANSITION_MS` | lease timing |
 //! | `SIMBA_CHAOS_UNSAFE` | `1`: ignore the local deadline (to prove the checker catches it) |
 //! | `SIMBA_CHAOS_HOLD_MS` | `FROM..TO`: how long to hold, in milliseconds |
@@ -340,6 +342,9 @@ pub struct ChaosConfig {
     pub crashes: bool,
     /// How long [`FaultKind::PauseWaiter`] keeps a waiter stopped (500 ms by default).
     pub waiter_pause: Duration,
+    /// Contend for a read-write lock instead of a mutex: each acquisition a read or a
+    /// write, and the checker is [`crate::history::check_rw`] (not with `permits`).
+    pub rwlock: bool,
 }
 
 impl ChaosConfig {
@@ -391,6 +396,7 @@ impl ChaosConfig {
             permits: None,
             crashes: true,
             waiter_pause: Duration::from_millis(500),
+            rwlock: false,
         }
     }
 }
@@ -445,6 +451,8 @@ pub struct ChaosSummary {
     /// Waiter pauses ([`FaultKind::PauseWaiter`]) made, and the time during them with `k`
     /// holders, for `k` in `0..=permits` ([`history::holder_time`]).
     pub waiter_pauses: (usize, Vec<Duration>),
+    /// A read-write lock run.
+    pub rwlock: bool,
 }
 
 impl ChaosSummary {
@@ -462,6 +470,14 @@ impl ChaosSummary {
         self.violations
             .iter()
             .filter(|v| matches!(v, Violation::OverCapacity { .. }))
+            .count()
+    }
+
+    /// Writers of a read-write lock that believed beside another holder (one per pair).
+    pub fn rw_violations(&self) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| matches!(v, Violation::RwOverlap { .. }))
             .count()
     }
 
@@ -507,6 +523,22 @@ impl fmt::Display for ChaosSummary {
                 pct(held.len().saturating_sub(1)),
                 pct(0)
             )?;
+        }
+        if self.rwlock {
+            let reads = self.report.read_ownerships;
+            return write!(
+                f,
+                "rw reads={reads} writes={} acquisitions={} handoffs={} stale_reads={} \
+                 rw_violations={} fence_violations={} stale_writes_accepted={} faults={}",
+                self.report.ownerships - reads,
+                self.report.ownerships,
+                self.report.handoffs,
+                self.report.stale_reads,
+                self.rw_violations(),
+                self.violations.len() - self.rw_violations(),
+                self.report.stale_writes_accepted,
+                self.faults
+            );
         }
         match self.permits {
             Some(permits) => write!(
@@ -595,6 +627,7 @@ impl Run<'_> {
                 format!("{}..{}", cfg.hold_ms.start, cfg.hold_ms.end),
             )
             .env("SIMBA_CHAOS_CRASH", if cfg.crashes { "1" } else { "0" })
+            .env("SIMBA_CHAOS_RWLOCK", if cfg.rwlock { "1" } else { "0" })
             .env(
                 "SIMBA_CHAOS_UNSAFE",
                 if cfg.unsafe_contenders { "1" } else { "0" },
@@ -1124,6 +1157,19 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
             "a semaphore needs at least 1 permit".into(),
         ));
     }
+    if cfg.permits.is_some() && cfg.rwlock {
+        return Err(ChaosError::Usage(
+            "a run is of a semaphore or of a read-write lock, not both".into(),
+        ));
+    }
+    if cfg.rwlock && cfg.backend == ChaosBackend::RedisCluster {
+        // A read-write lock's readers are a semaphore's permits.
+        return Err(ChaosError::Usage(
+            "read-write lock runs are not made on redis-cluster yet: its failover targets \
+             the mutex's shard"
+                .into(),
+        ));
+    }
     if cfg.permits.is_some() && cfg.backend == ChaosBackend::RedisCluster {
         // Its failover targets the shard of the mutex's key, not of the semaphore's.
         return Err(ChaosError::Usage(
@@ -1212,9 +1258,12 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         (Some(kind), Some(url)) => Some(TestServer::external(kind, url)?),
         (Some(kind), None) => Some(servers::private(kind).await?),
     };
-    let resource = FencedResource::start_with_permits(cfg.permits.map_or(1, |n| n as usize))
-        .await
-        .map_err(io("start the fenced resource"))?;
+    let resource = if cfg.rwlock {
+        FencedResource::start_rw().await
+    } else {
+        FencedResource::start_with_permits(cfg.permits.map_or(1, |n| n as usize)).await
+    }
+    .map_err(io("start the fenced resource"))?;
     let mut contenders = Vec::new();
     for i in 0..cfg.contenders {
         // In containers: client network `i` (etcd: member `i mod 3` on it).
@@ -1382,7 +1431,12 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
     }
     let violations = run.resource.violations();
     let report = run.resource.report();
-    let permits = cfg.permits.map_or(1, |n| n as usize);
+    // A read-write lock: as many holders at once as there are contenders.
+    let permits = if cfg.rwlock {
+        cfg.contenders
+    } else {
+        cfg.permits.map_or(1, |n| n as usize)
+    };
     let intervals = run.resource.intervals();
     // From the first ownership: the contenders' start (connecting) is not load.
     let load_from = intervals
@@ -1430,6 +1484,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         permits: cfg.permits,
         load,
         waiter_pauses,
+        rwlock: cfg.rwlock,
     })
 }
 

@@ -6,7 +6,9 @@
 //! |---|---|---|
 //! | `HELLO <id>` | who is on this connection | `OK` |
 //! | `BEGIN <fence> <valid_ms>` | I own the mutex with `fence`, for at most `valid_ms` more | `OK` |
+//! | `BEGIN <fence> <valid_ms> read` | I read-hold the read-write lock with `fence` (a `BEGIN` without `read` is its writer) | `OK` |
 //! | `WRITE <fence> <valid_ms>` | a write under `fence`; I still own for `valid_ms` | `OK` or `REJECT` |
+//! | `READ <fence> <valid_ms>` | a read under `fence`; I still read-hold for `valid_ms` | `OK` or `REJECT` |
 //! | `END <fence> <reason>` | I stopped owning | `OK` |
 //! | `WAIT` | I start waiting to acquire (my next `BEGIN`, or my death, ends the wait) | `OK` |
 //!
@@ -25,6 +27,17 @@
 //!   with higher fences were open (begun, not ended, and within the local deadline their
 //!   last message announced). Those N believed at that instant, so the writer made N + 1:
 //!   the backend must have taken its permit, and the lowest fence is the one that lost.
+//!
+//! For a read-write lock ([`FencedResource::start_rw`]) writes follow the mutex rule, with
+//! the fences of readers and writers in one sequence (the lock's gate's): a write is
+//! **stale** when an ownership with a higher fence, reader or writer, had begun. A read
+//! whose fence is below the last accepted write's is a **stale read**: the resource refuses
+//! it (`REJECT`, as it refuses a read that says its lease already ran out; what a resource that only sees fences can do to keep a reader from seeing a
+//! version newer than its fence) and counts it. A stale read is not a violation by itself:
+//! a reader paused past its lease may send one after a writer came in, and the refusal is
+//! the fence doing its job. What is a violation is a reader that still *believed* while the
+//! writer held: that is an overlap of their intervals, which
+//! [`history::check_rw`] reports.
 //!
 //! It records, per ownership, when it began and the latest instant its holder could still
 //! believe it owned: the end is the earlier of the `END` and the last message's arrival
@@ -54,6 +67,8 @@ struct Open {
     reason: Option<LossReason>,
     /// When its last message arrived.
     last: Instant,
+    /// A reader of a read-write lock (`BEGIN … read`).
+    read: bool,
 }
 
 impl Open {
@@ -75,8 +90,12 @@ struct State {
     writes_rejected: u64,
     stale_writes_accepted: u64,
     protocol_errors: u64,
-    /// The permits of the semaphore under test (1: a mutex).
+    /// The permits of the semaphore under test (1: a mutex or a read-write lock).
     permits: usize,
+    /// A read-write lock is under test.
+    rw: bool,
+    reads_accepted: u64,
+    stale_reads: u64,
     /// The highest distinct fences accepted, at most `permits`, highest first (semaphores).
     top_accepted: Vec<u64>,
     /// Every wait announced with `WAIT`, in order.
@@ -113,6 +132,12 @@ pub struct ResourceReport {
     pub stale_writes_accepted: u64,
     /// Malformed requests.
     pub protocol_errors: u64,
+    /// Read ownerships begun (`BEGIN … read`); the others were writers.
+    pub read_ownerships: usize,
+    /// Reads accepted.
+    pub reads_accepted: u64,
+    /// Reads refused because their fence was below the last accepted write's.
+    pub stale_reads: u64,
 }
 
 /// The running resource; dropping it stops it.
@@ -157,6 +182,17 @@ impl FencedResource {
             }
         });
         Ok(FencedResource { addr, state, task })
+    }
+
+    /// Starts the resource of a read-write lock: writes follow the mutex's rule, reads
+    /// are refused below the last accepted write's fence (see the module docs).
+    ///
+    /// # Errors
+    /// The bind error.
+    pub async fn start_rw() -> std::io::Result<FencedResource> {
+        let r = Self::start_with_permits(1).await?;
+        r.lock().rw = true;
+        Ok(r)
     }
 
     /// Where contenders connect.
@@ -220,6 +256,24 @@ impl FencedResource {
             .collect()
     }
 
+    /// The ownerships as intervals of belief with their access, for
+    /// [`history::check_rw`]: a `BEGIN … read` is a reader, any other a writer.
+    pub fn rw_intervals(&self) -> Vec<(history::Access, Interval)> {
+        let access: Vec<history::Access> = self
+            .lock()
+            .ownerships
+            .iter()
+            .map(|o| {
+                if o.read {
+                    history::Access::Read
+                } else {
+                    history::Access::Write
+                }
+            })
+            .collect();
+        access.into_iter().zip(self.intervals()).collect()
+    }
+
     /// The waits announced with `WAIT` (open ones have no end), for
     /// [`history::load`].
     pub fn waits(&self) -> Vec<Wait> {
@@ -232,10 +286,16 @@ impl FencedResource {
     }
 
     /// Safety violations in what was recorded: [`history::check`] for a mutex,
-    /// [`history::check_permits`] for a semaphore.
+    /// [`history::check_permits`] for a semaphore, [`history::check_rw`] for a read-write
+    /// lock.
     pub fn violations(&self) -> Vec<Violation> {
-        let permits = self.lock().permits;
-        if permits > 1 {
+        let (permits, rw) = {
+            let s = self.lock();
+            (s.permits, s.rw)
+        };
+        if rw {
+            history::check_rw(&self.rw_intervals())
+        } else if permits > 1 {
             history::check_permits(&self.intervals(), permits)
         } else {
             history::check(&self.intervals())
@@ -257,6 +317,9 @@ impl FencedResource {
             writes_rejected: s.writes_rejected,
             stale_writes_accepted: s.stale_writes_accepted,
             protocol_errors: s.protocol_errors,
+            read_ownerships: s.ownerships.iter().filter(|o| o.read).count(),
+            reads_accepted: s.reads_accepted,
+            stale_reads: s.stale_reads,
         }
     }
 }
@@ -286,6 +349,14 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 s.protocol_errors += 1;
                 return "ERR";
             };
+            let read = match words.get(3).copied() {
+                None => false,
+                Some("read") if words.len() == 4 => true,
+                Some(_) => {
+                    s.protocol_errors += 1;
+                    return "ERR";
+                }
+            };
             s.max_begun = s.max_begun.max(fence);
             s.end_wait(&id, now, true);
             let n = s.ownerships.len();
@@ -297,6 +368,7 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                 end: None,
                 reason: None,
                 last: now,
+                read,
             });
             s.current.insert(id, n);
             "OK"
@@ -339,6 +411,29 @@ fn apply(state: &Mutex<State>, who: &mut Option<String>, line: &str) -> &'static
                     s.stale_writes_accepted += 1;
                 }
             }
+            if let Some(&i) = s.current.get(&id)
+                && s.ownerships[i].fence == fence
+            {
+                let b = now + Duration::from_millis(valid);
+                let o = &mut s.ownerships[i];
+                o.bound = o.bound.max(b);
+                o.last = now;
+            }
+            "OK"
+        }
+        (Some("READ"), Some(id)) => {
+            let (Some(fence), Some(valid)) = (num(1), num(2)) else {
+                s.protocol_errors += 1;
+                return "ERR";
+            };
+            if valid == 0 {
+                return "REJECT";
+            }
+            if fence < s.max_accepted {
+                s.stale_reads += 1;
+                return "REJECT";
+            }
+            s.reads_accepted += 1;
             if let Some(&i) = s.current.get(&id)
                 && s.ownerships[i].fence == fence
             {
@@ -473,6 +568,25 @@ impl ResourceClient {
         self.call(&format!("BEGIN {fence} {}", valid.as_millis()))
             .await
             .map(|_| ())
+    }
+
+    /// Reports a new read ownership of a read-write lock.
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn begin_read(&mut self, fence: u64, valid: Duration) -> std::io::Result<()> {
+        self.call(&format!("BEGIN {fence} {} read", valid.as_millis()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads under `fence`; `Ok(false)` when the resource refused it (a stale read).
+    ///
+    /// # Errors
+    /// Connection or protocol errors.
+    pub async fn read(&mut self, fence: u64, valid: Duration) -> std::io::Result<bool> {
+        self.call(&format!("READ {fence} {}", valid.as_millis()))
+            .await
     }
 
     /// Reports that this contender starts waiting to acquire (its next
@@ -637,6 +751,75 @@ mod tests {
         a.write(1, Duration::from_secs(60)).await.expect("write");
         r.died("a", Some(before));
         assert_eq!(r.violations().len(), 1, "{:?}", r.violations());
+    }
+
+    #[tokio::test]
+    async fn rw_reads_writes_and_stale_reads() {
+        let r = FencedResource::start_rw().await.expect("start");
+        let long = Duration::from_secs(60);
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        let mut c = ResourceClient::connect(r.addr(), "c").await.expect("c");
+        // Two readers side by side, then a writer after both.
+        a.begin_read(1, long).await.expect("begin");
+        b.begin_read(2, long).await.expect("begin");
+        assert!(a.read(1, long).await.expect("read"));
+        assert!(b.read(2, long).await.expect("read"));
+        a.end(1, LossReason::Released).await.expect("end");
+        b.end(2, LossReason::Released).await.expect("end");
+        c.begin(3, long).await.expect("begin");
+        assert!(c.write(3, long).await.expect("write"));
+        // A reader with an older fence reads after the write: refused and counted, and
+        // not a violation (it had ended: it believed nothing).
+        assert!(!a.read(1, long).await.expect("read"), "a stale read");
+        c.end(3, LossReason::Released).await.expect("end");
+        a.begin_read(4, long).await.expect("begin");
+        assert!(a.read(4, long).await.expect("read"));
+        let rep = r.report();
+        assert_eq!(
+            (
+                rep.ownerships,
+                rep.read_ownerships,
+                rep.reads_accepted,
+                rep.stale_reads,
+                rep.writes_accepted,
+                rep.stale_writes_accepted
+            ),
+            (4, 3, 3, 1, 1, 0)
+        );
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        // A writer that begins while a reader believes: an overlap, and the reader's
+        // stale read after the write is counted.
+        let r = FencedResource::start_rw().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.begin_read(1, long).await.expect("begin");
+        b.begin(2, long).await.expect("begin");
+        assert!(b.write(2, long).await.expect("write"));
+        assert!(!a.read(1, long).await.expect("read"));
+        assert_eq!(r.report().stale_reads, 1);
+        let v = r.violations();
+        assert!(
+            matches!(
+                v.as_slice(),
+                [Violation::RwOverlap {
+                    other_access: history::Access::Read,
+                    ..
+                }]
+            ),
+            "{v:?}"
+        );
+        // A writer's write after a reader with a higher fence began is stale.
+        let r = FencedResource::start_rw().await.expect("start");
+        let mut a = ResourceClient::connect(r.addr(), "a").await.expect("a");
+        let mut b = ResourceClient::connect(r.addr(), "b").await.expect("b");
+        a.begin(1, Duration::from_millis(1)).await.expect("begin");
+        b.begin_read(2, long).await.expect("begin");
+        assert!(a.write(1, long).await.expect("write"));
+        assert_eq!(r.report().stale_writes_accepted, 1);
+        // An unknown access word is a protocol error.
+        assert!(a.call("BEGIN 5 100 maybe").await.is_err());
+        assert_eq!(r.report().protocol_errors, 1);
     }
 
     #[tokio::test]
