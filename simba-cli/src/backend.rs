@@ -161,6 +161,22 @@ impl Backend {
     }
 
     /// The factory of contend and retrieval services.
+    /// The failure of opening a semaphore or a read-write lock for `flag` (`--permits`,
+    /// `--read`…): a usage error on a backend without semaphores, else `cannot open {what}`.
+    pub(crate) fn open_failed(&self, e: simba_core::Error, flag: &str, what: String) -> Failure {
+        match e {
+            simba_core::Error::Unsupported { .. } => Failure::simba(
+                e,
+                format!(
+                    "{flag} needs a backend with semaphores, and backend {} has none (use \
+                     another backend, or drop {flag} for a plain mutex)",
+                    self.shown
+                ),
+            ),
+            _ => Failure::simba(e, format!("cannot open {what}")),
+        }
+    }
+
     pub(crate) fn factory(&self) -> Arc<dyn ContendServiceFactory> {
         self.conn.factory()
     }

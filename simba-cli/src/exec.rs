@@ -852,31 +852,14 @@ async fn open_semaphore(backend: &Backend, name: &str, permits: u32) -> Result<S
         .conn
         .open_semaphore(name, permits)
         .await
-        .map_err(|e| match e {
-            simba_core::Error::Unsupported { .. } => Failure::simba(
-                e,
-                format!(
-                    "--permits needs a backend with semaphores, and backend {} has none \
-                     (use another backend for semaphores, or drop --permits for a mutex)",
-                    backend.shown
-                ),
-            ),
-            _ => Failure::simba(e, format!("cannot open semaphore {name:?}")),
-        })
+        .map_err(|e| backend.open_failed(e, "--permits", format!("semaphore {name:?}")))
 }
 
 /// The read-write lock `name` on the backend's connection; a backend without semaphores
 /// (which its readers are) is a usage error that says so.
 async fn open_rwlock(backend: &Backend, name: &str) -> Result<RwLock, Failure> {
-    backend.conn.open_rwlock(name).await.map_err(|e| match e {
-        simba_core::Error::Unsupported { .. } => Failure::simba(
-            e,
-            format!(
-                "--read and --write need a backend with semaphores, and backend {} has none",
-                backend.shown
-            ),
-        ),
-        _ => Failure::simba(e, format!("cannot open read-write lock {name:?}")),
+    backend.conn.open_rwlock(name).await.map_err(|e| {
+        backend.open_failed(e, "--read and --write", format!("read-write lock {name:?}"))
     })
 }
 

@@ -198,16 +198,7 @@ async fn permit_holders(backend: Backend, args: OwnerArgs) -> Outcome {
         .conn
         .open_semaphore(name, 1)
         .await
-        .map_err(|e| match e {
-            simba_core::Error::Unsupported { .. } => Failure::simba(
-                e,
-                format!(
-                    "--permits needs a backend with semaphores, and backend {} has none",
-                    backend.shown
-                ),
-            ),
-            _ => Failure::simba(e, format!("cannot open semaphore {name:?}")),
-        })?;
+        .map_err(|e| backend.open_failed(e, "--permits", format!("semaphore {name:?}")))?;
     let read = match tokio::time::timeout(READ_BOUND, semaphore.holders()).await {
         Ok(r) => r.map_err(|e| Failure::simba(e, "cannot read the permit holders"))?,
         Err(_) => {
@@ -239,16 +230,11 @@ async fn permit_holders(backend: Backend, args: OwnerArgs) -> Outcome {
 /// lease.
 async fn rw_holders(backend: Backend, args: OwnerArgs) -> Outcome {
     let name = args.mutex.as_str();
-    let lock = backend.conn.open_rwlock(name).await.map_err(|e| match e {
-        simba_core::Error::Unsupported { .. } => Failure::simba(
-            e,
-            format!(
-                "--rwlock needs a backend with semaphores, and backend {} has none",
-                backend.shown
-            ),
-        ),
-        _ => Failure::simba(e, format!("cannot open read-write lock {name:?}")),
-    })?;
+    let lock = backend
+        .conn
+        .open_rwlock(name)
+        .await
+        .map_err(|e| backend.open_failed(e, "--rwlock", format!("read-write lock {name:?}")))?;
     let mut source = Source::open(&backend, name, false).await?;
     let gate = source.first(name).await;
     source.close().await;
