@@ -33,6 +33,8 @@ pub(crate) struct Bells {
     /// The mutex table: its semaphores ring slots apart from another table's.
     table: String,
     shared: Arc<Shared>,
+    /// The bell file, opened by the first ring and kept for the next ones.
+    file: OnceLock<std::fs::File>,
 }
 
 #[derive(Default)]
@@ -59,6 +61,7 @@ impl Bells {
             path: format!("{db}-simba-permits").into(),
             table: table.to_owned(),
             shared: Arc::default(),
+            file: OnceLock::new(),
         }
     }
 
@@ -73,8 +76,12 @@ impl Bells {
     pub(crate) fn ring(&self, semaphore: &str) {
         let value = (u64::from(std::process::id()) << 32)
             | u64::from(RINGS.fetch_add(1, Ordering::Relaxed));
-        let rung = open(&self.path)
-            .and_then(|f| f.write_at(&value.to_le_bytes(), slot(&self.table, semaphore) * 8));
+        let file = match self.file.get() {
+            Some(f) => Ok(f),
+            None => open(&self.path).map(|f| self.file.get_or_init(|| f)),
+        };
+        let rung =
+            file.and_then(|f| f.write_at(&value.to_le_bytes(), slot(&self.table, semaphore) * 8));
         if let Err(e) = rung {
             debug!(path = %self.path.display(), "cannot ring the semaphores' bell: {e}");
         }
