@@ -120,6 +120,18 @@ mod store_level {
         use simba_core::backend::LeaseStore;
 
         let sem = unique_name("sem_push");
+        // Subscribed before anything else of `b` starts its LISTEN connection: the Resync
+        // goes to the subscribers present when the connection comes up.
+        let probe = if listening {
+            Some(
+                LeaseStore::subscribe(&b, &unique_name("probe"), "probe")
+                    .await
+                    .expect("subscribe a probe")
+                    .expect("PostgreSQL observers hear"),
+            )
+        } else {
+            None
+        };
         assert!(holds(&a, &sem, "h", 1).await, "the first contender holds");
         let mut rx = b
             .permit_subscribe(&sem, "w")
@@ -127,11 +139,7 @@ mod store_level {
             .expect("subscribe w")
             .expect("SQL stores push to their waiters");
         assert!(!holds(&b, &sem, "w", 1).await, "w queues");
-        if listening {
-            let mut probe = LeaseStore::subscribe(&b, &unique_name("probe"), "probe")
-                .await
-                .expect("subscribe a probe")
-                .expect("PostgreSQL observers hear");
+        if let Some(mut probe) = probe {
             // Bound: one connection and a LISTEN; 10 s is only a guard.
             let event = timeout(Duration::from_secs(10), probe.recv())
                 .await
