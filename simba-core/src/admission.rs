@@ -11,6 +11,12 @@ use crate::store::Lease;
 /// place.
 pub const WAITER_GRACE_MS: i64 = 2000;
 
+/// How long a waiter woken for the free permit it is owed has to take it (milliseconds,
+/// [`PermitRequest::claim_ms`]) on a store that pushes wake-ups: a live waiter takes it
+/// within a round trip or two; a stopped one holds the permit up this long, then the
+/// waiters behind it get it. A store whose waiters poll gives them their poll as well.
+pub const PERMIT_CLAIM_MS: i64 = 50;
+
 /// A holder of a permit, as the admission rule sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmissionHolder<'a> {
@@ -31,6 +37,11 @@ pub struct AdmissionWaiter<'a> {
     /// Until when it keeps its place without calling again (milliseconds on the store's
     /// clock): at and after it, the waiter is dropped.
     pub keep_until: i64,
+    /// Until when it may take a permit it is owed (milliseconds on the store's clock), set
+    /// the first time the store found it owed one ([`Admission::claims`]); at and after
+    /// it, the waiter is *passed over*: it keeps its place, but the permits go to the
+    /// waiters behind it until it calls again. `None`: not owed, or it called since.
+    pub claim_by: Option<i64>,
 }
 
 /// A semaphore as a store read it, holders past their lease and stale waiters included
@@ -70,6 +81,10 @@ pub struct PermitRequest<'a> {
     /// The least fence the store hands out (a store whose fence counter may be lost floors
     /// it by its clock); `0` for none.
     pub fence_floor: u64,
+    /// How long a waiter owed a free permit has to take it, from the first time the store
+    /// finds it owed (milliseconds; [`AdmissionWaiter::claim_by`]): a woken live waiter
+    /// calls well within it, a stopped one is passed over once it ends.
+    pub claim_ms: i64,
 }
 
 /// What an acquisition does (see [`admit_permit`]).
@@ -108,7 +123,8 @@ pub enum PermitDecision {
         transition_at: i64,
     },
     /// The contender waits: it keeps its place (or joins the queue at its end) until
-    /// `keep_until`, and is told to look again at `look_at`
+    /// `keep_until` with no claim deadline (it called: it is not passed over any more),
+    /// and is told to look again at `look_at`
     /// ([`LeaseReply::look_again_at`](crate::backend::LeaseReply::look_again_at)).
     Wait {
         /// Its index in [`SemaphoreState::waiters`] if it was queued (its place is kept);
@@ -132,6 +148,10 @@ pub struct Admission {
     /// Indices in [`SemaphoreState::waiters`] of the waiters past their kept time
     /// (`keep_until <= now`), ascending: the store drops them.
     pub stale_waiters: Vec<usize>,
+    /// Waiters other than the contender that are owed a free permit and had no claim
+    /// deadline: `(index in `[`SemaphoreState::waiters`]`, claim_by)`, ascending; the store
+    /// records each `claim_by` (`now + claim_ms`).
+    pub claims: Vec<(usize, i64)>,
 }
 
 /// Decides `request`'s acquisition of a permit of the semaphore read as `state` — the rule
@@ -144,18 +164,25 @@ pub struct Admission {
 /// 2. A holder asking again renews ([`PermitDecision::Renew`]), whatever count it asks with.
 /// 3. While anyone holds, a count other than theirs is refused
 ///    ([`PermitDecision::Mismatch`]); with no holder, the asked count becomes the count.
-/// 4. With `free = permits - holders`, a contender whose place in the queue (the queue's
-///    length for a newcomer) is below `free` takes a permit ([`PermitDecision::Take`]): a
-///    free permit goes to the earliest waiters first, one each, so nobody jumps the
-///    queue. Its fence is `max(last + 1, fence_floor)`, `last` the greatest of
-///    `last_fence` and the holders' fences.
+/// 4. A waiter whose `claim_by` has come (`claim_by <= now`) is *passed over*: it keeps its
+///    place but does not count, unless it is the contender (it called, so it is not
+///    stopped). With `free = permits - holders`, the first `free` waiters that count are
+///    *owed* a permit; a contender whose place among the waiters that count (their number
+///    for a newcomer) is below `free` takes one ([`PermitDecision::Take`]): a free permit
+///    goes to the earliest waiters first, one each, so nobody jumps the queue. Its fence is
+///    `max(last + 1, fence_floor)`, `last` the greatest of `last_fence` and the holders'
+///    fences.
 /// 5. Otherwise it waits ([`PermitDecision::Wait`]), keeping its place or joining at the
-///    end. It looks again after `turn_ms` when permits are free but owed to earlier
-///    waiters, else when the first holder's lease ends — no later than `poll_ms`, if set.
-///    Its place is kept until `max(look_at, now) + ttl + transition + `[`WAITER_GRACE_MS`].
+///    end. When permits are free but owed to earlier waiters it looks again when the first
+///    of their claims ends, and after `turn_ms` at the latest; else when the first holder's
+///    lease ends — no later than `poll_ms`, if set. Its place is kept until
+///    `max(look_at, now) + ttl + transition + `[`WAITER_GRACE_MS`].
+/// 6. Every other waiter owed a permit that has no claim deadline gets one, `now +
+///    claim_ms` ([`Admission::claims`]): a stopped waiter holds a free permit up for
+///    `claim_ms` at most, not for its whole kept place.
 ///
 /// The rule never admits more than `permits` holders within their lease, and never makes
-/// a waiter wait behind someone who came later.
+/// a waiter that calls wait behind someone who came later.
 ///
 /// ```
 /// use std::time::Duration;
@@ -165,22 +192,30 @@ pub struct Admission {
 /// };
 ///
 /// let holders = [AdmissionHolder { contender_id: "a", transition_at: 5_000, fence: 7 }];
-/// let waiters = [AdmissionWaiter { contender_id: "w", keep_until: 9_000 }];
+/// let waiters = [AdmissionWaiter { contender_id: "w", keep_until: 9_000, claim_by: None }];
 /// let state = SemaphoreState { permits: 2, last_fence: 7, holders: &holders, waiters: &waiters };
-/// let ask = |who| PermitRequest {
+/// let ask = |who, now| PermitRequest {
 ///     contender_id: who,
 ///     permits: 2,
 ///     lease: Lease { ttl: Duration::from_secs(1), transition: Duration::ZERO },
-///     now: 1_000,
+///     now,
 ///     turn_ms: 250,
 ///     poll_ms: None,
 ///     fence_floor: 0,
+///     claim_ms: 50,
 /// };
-/// // One permit is free and owed to `w`: a newcomer waits behind it.
-/// let newcomer = admit_permit(&state, &ask("new")).decision;
-/// assert!(matches!(newcomer, PermitDecision::Wait { queued: None, .. }));
-/// let first = admit_permit(&state, &ask("w")).decision;
+/// // One permit is free and owed to `w`: a newcomer waits behind it, and `w` has until
+/// // 1,050 to take it.
+/// let newcomer = admit_permit(&state, &ask("new", 1_000));
+/// assert!(matches!(newcomer.decision, PermitDecision::Wait { queued: None, look_at: 1_050, .. }));
+/// assert_eq!(newcomer.claims, [(0, 1_050)]);
+/// let first = admit_permit(&state, &ask("w", 1_000)).decision;
 /// assert!(matches!(first, PermitDecision::Take { fence: 8, queued: Some(0), .. }));
+/// // `w` stopped and did not take it by then: it is passed over.
+/// let waiters = [AdmissionWaiter { contender_id: "w", keep_until: 9_000, claim_by: Some(1_050) }];
+/// let state = SemaphoreState { waiters: &waiters, ..state };
+/// let newcomer = admit_permit(&state, &ask("new", 1_050)).decision;
+/// assert!(matches!(newcomer, PermitDecision::Take { fence: 8, queued: None, .. }));
 /// ```
 pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> Admission {
     let now = request.now;
@@ -194,35 +229,70 @@ pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> 
     let holders: Vec<usize> = (0..state.holders.len())
         .filter(|&i| state.holders[i].transition_at > now)
         .collect();
-    let waiters: Vec<usize> = (0..state.waiters.len())
+    let live: Vec<usize> = (0..state.waiters.len())
         .filter(|&i| state.waiters[i].keep_until > now)
         .collect();
-    let queued = waiters
+    let queued = live
         .iter()
-        .position(|&i| state.waiters[i].contender_id == me);
+        .copied()
+        .find(|&i| state.waiters[i].contender_id == me);
+    // The waiters that count, in order: the contender always does.
+    let counting: Vec<usize> = live
+        .iter()
+        .copied()
+        .filter(|&i| Some(i) == queued || state.waiters[i].claim_by.is_none_or(|c| c > now))
+        .collect();
+    let place = queued.map_or(counting.len(), |q| {
+        counting.iter().take_while(|&&i| i != q).count()
+    });
+    let free = usize::try_from(request.permits)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(holders.len());
+    let mine = holders
+        .iter()
+        .copied()
+        .find(|&i| state.holders[i].contender_id == me);
+    let agreed = mine.is_some() || holders.is_empty() || state.permits == request.permits;
+    // The others owed a permit (none is, when the counts disagree: nothing is decided).
+    let owed: Vec<usize> = if agreed {
+        let free = if mine.is_some() {
+            usize::try_from(state.permits)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(holders.len())
+        } else {
+            free
+        };
+        counting
+            .iter()
+            .copied()
+            .take(free)
+            .filter(|&i| Some(i) != queued)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let claims: Vec<(usize, i64)> = owed
+        .iter()
+        .filter(|&&i| state.waiters[i].claim_by.is_none())
+        .map(|&i| (i, now.saturating_add(request.claim_ms)))
+        .collect();
     let ttl_at = now.saturating_add(request.lease.ttl_ms());
     let transition_at = ttl_at.saturating_add(request.lease.transition_ms());
     let decision = 'decide: {
-        if let Some(&holder) = holders
-            .iter()
-            .find(|&&i| state.holders[i].contender_id == me)
-        {
+        if let Some(holder) = mine {
             break 'decide PermitDecision::Renew {
                 holder,
-                queued: queued.map(|p| waiters[p]),
+                queued,
                 ttl_at,
                 transition_at,
             };
         }
-        if !holders.is_empty() && state.permits != request.permits {
+        if !agreed {
             break 'decide PermitDecision::Mismatch {
                 existing: state.permits,
             };
         }
-        let free = usize::try_from(request.permits)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(holders.len());
-        if queued.unwrap_or(waiters.len()) < free {
+        if place < free {
             break 'decide PermitDecision::Take {
                 fence: state
                     .holders
@@ -231,13 +301,21 @@ pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> 
                     .fold(state.last_fence, u64::max)
                     .saturating_add(1)
                     .max(request.fence_floor),
-                queued: queued.map(|p| waiters[p]),
+                queued,
                 ttl_at,
                 transition_at,
             };
         }
         let mut look_at = if free > 0 {
-            now.saturating_add(request.turn_ms)
+            owed.iter()
+                .map(|&i| {
+                    state.waiters[i]
+                        .claim_by
+                        .unwrap_or_else(|| now.saturating_add(request.claim_ms))
+                })
+                .min()
+                .map_or(now, |c| c.max(now))
+                .min(now.saturating_add(request.turn_ms))
         } else {
             holders
                 .iter()
@@ -254,7 +332,7 @@ pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> 
             .saturating_add(request.lease.transition_ms())
             .saturating_add(WAITER_GRACE_MS);
         PermitDecision::Wait {
-            queued: queued.map(|p| waiters[p]),
+            queued,
             look_at,
             keep_until,
         }
@@ -263,7 +341,47 @@ pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> 
         decision,
         expired_holders,
         stale_waiters,
+        claims,
     }
+}
+
+/// The waiters a store wakes when permits may have come free (a release, a waiter that
+/// left), indices in [`SemaphoreState::waiters`], first come first: each waiter owed a free
+/// permit by [`admit_permit`] (passed-over waiters do not count), and the waiter that counts
+/// after them — it looks again when their claims end, so that a stopped waiter among them
+/// is passed over without waiting for another release.
+///
+/// Uses the holders, waiters and count of `state` at `now`, after the release.
+///
+/// ```
+/// use simba_core::backend::{permit_wakes, AdmissionWaiter, SemaphoreState};
+///
+/// let w = |id, claim_by| AdmissionWaiter { contender_id: id, keep_until: 9_000, claim_by };
+/// // One permit, free; `p` was owed it and did not take it by 1,050.
+/// let waiters = [w("p", Some(1_050)), w("a", None), w("b", None), w("c", None)];
+/// let state = SemaphoreState { permits: 1, last_fence: 7, holders: &[], waiters: &waiters };
+/// assert_eq!(permit_wakes(&state, 1_000), [0, 1]);
+/// assert_eq!(permit_wakes(&state, 1_050), [1, 2]);
+/// ```
+pub fn permit_wakes(state: &SemaphoreState<'_>, now: i64) -> Vec<usize> {
+    let holders = state
+        .holders
+        .iter()
+        .filter(|h| h.transition_at > now)
+        .count();
+    let free = usize::try_from(state.permits)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(holders);
+    if free == 0 {
+        return Vec::new();
+    }
+    (0..state.waiters.len())
+        .filter(|&i| {
+            let w = &state.waiters[i];
+            w.keep_until > now && w.claim_by.is_none_or(|c| c > now)
+        })
+        .take(free.saturating_add(1))
+        .collect()
 }
 
 #[cfg(test)]
@@ -286,6 +404,7 @@ mod tests {
             turn_ms: 250,
             poll_ms: None,
             fence_floor: 0,
+            claim_ms: 50,
         }
     }
 
@@ -301,6 +420,7 @@ mod tests {
         AdmissionWaiter {
             contender_id: id,
             keep_until: until,
+            claim_by: None,
         }
     }
 
@@ -376,18 +496,165 @@ mod tests {
             }
         ));
         assert_eq!(d.stale_waiters, [0]);
-        // One free permit, owed to w1: w2 and a newcomer wait and look again soon.
+        assert!(d.claims.is_empty(), "{d:?}");
+        // One free permit, owed to w1: w2 and a newcomer wait and look again when w1's
+        // claim ends; w1 gets its claim deadline.
         for (who, queued) in [("w2", Some(2)), ("new", None)] {
+            let d = admit_permit(&s, &ask(who, 2));
             assert_eq!(
-                admit_permit(&s, &ask(who, 2)).decision,
+                d.decision,
                 PermitDecision::Wait {
                     queued,
-                    look_at: 1250,
-                    keep_until: 1250 + 1500 + WAITER_GRACE_MS
+                    look_at: 1050,
+                    keep_until: 1050 + 1500 + WAITER_GRACE_MS
                 },
                 "{who}"
             );
+            assert_eq!(d.claims, [(1, 1050)], "{who}");
         }
+        // A holder's renewal starts w1's claim too.
+        assert_eq!(admit_permit(&s, &ask("a", 2)).claims, [(1, 1050)]);
+        // A claim already running is not started again; the waiter behind looks at its end,
+        // or after turn_ms at the latest.
+        let waiters = [w("w1", 9000), w("w2", 9000)];
+        let ticking = [
+            AdmissionWaiter {
+                claim_by: Some(1020),
+                ..waiters[0]
+            },
+            waiters[1],
+        ];
+        let s = SemaphoreState {
+            waiters: &ticking,
+            ..s
+        };
+        let d = admit_permit(&s, &ask("w2", 2));
+        assert!(d.claims.is_empty(), "{d:?}");
+        assert!(matches!(
+            d.decision,
+            PermitDecision::Wait { look_at: 1020, .. }
+        ));
+        let slow = PermitRequest {
+            claim_ms: 5000,
+            ..ask("w2", 2)
+        };
+        let s = SemaphoreState {
+            waiters: &waiters,
+            ..s
+        };
+        assert!(matches!(
+            admit_permit(&s, &slow).decision,
+            PermitDecision::Wait { look_at: 1250, .. }
+        ));
+    }
+
+    #[test]
+    fn a_waiter_that_does_not_claim_in_time_is_passed_over_until_it_calls() {
+        let waiters = [
+            AdmissionWaiter {
+                claim_by: Some(1000),
+                ..w("p", 9000)
+            },
+            w("a", 9000),
+            w("b", 9000),
+        ];
+        let s = SemaphoreState {
+            permits: 1,
+            last_fence: 4,
+            holders: &[],
+            waiters: &waiters,
+        };
+        // `p`'s claim ended at 1000: `a` is first of those that count and takes; `b`
+        // still waits behind `a`, and `a` is not given a claim (it is the taker).
+        let d = admit_permit(&s, &ask("a", 1));
+        assert!(
+            matches!(
+                d.decision,
+                PermitDecision::Take {
+                    fence: 5,
+                    queued: Some(1),
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert!(d.claims.is_empty() && d.stale_waiters.is_empty(), "{d:?}");
+        let d = admit_permit(&s, &ask("b", 1));
+        assert!(matches!(
+            d.decision,
+            PermitDecision::Wait {
+                queued: Some(2),
+                ..
+            }
+        ));
+        assert_eq!(d.claims, [(1, 1050)]);
+        // `p` keeps its place: when it calls, it is first again.
+        let d = admit_permit(&s, &ask("p", 1));
+        assert!(matches!(
+            d.decision,
+            PermitDecision::Take {
+                queued: Some(0),
+                ..
+            }
+        ));
+        assert!(d.claims.is_empty(), "{d:?}");
+        // Before its claim ends, nobody gets ahead of it.
+        let early = PermitRequest {
+            now: 999,
+            ..ask("a", 1)
+        };
+        assert!(matches!(
+            admit_permit(&s, &early).decision,
+            PermitDecision::Wait {
+                queued: Some(1),
+                look_at: 1000,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_mismatch_starts_no_claim() {
+        let holders = [h("x", 5000)];
+        let waiters = [w("w", 9000)];
+        let s = SemaphoreState {
+            permits: 2,
+            last_fence: 4,
+            holders: &holders,
+            waiters: &waiters,
+        };
+        let d = admit_permit(&s, &ask("m", 3));
+        assert_eq!(d.decision, PermitDecision::Mismatch { existing: 2 });
+        assert!(d.claims.is_empty());
+    }
+
+    #[test]
+    fn a_release_wakes_the_owed_and_the_next() {
+        let holders = [h("x", 5000), h("gone", 900)];
+        let waiters = [
+            w("stale", 900),
+            AdmissionWaiter {
+                claim_by: Some(950),
+                ..w("p", 9000)
+            },
+            w("a", 9000),
+            w("b", 9000),
+            w("c", 9000),
+        ];
+        let s = SemaphoreState {
+            permits: 3,
+            last_fence: 4,
+            holders: &holders,
+            waiters: &waiters,
+        };
+        // Two free (gone's lease ended): a, b owed; c looks when their claims end.
+        assert_eq!(permit_wakes(&s, 1000), [2, 3, 4]);
+        let full = SemaphoreState {
+            permits: 2,
+            holders: &[h("x", 5000), h("y", 5000)],
+            ..s
+        };
+        assert!(permit_wakes(&full, 1000).is_empty());
     }
 
     #[test]

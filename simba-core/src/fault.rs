@@ -217,6 +217,9 @@ impl<S: PermitStore> PermitStore for FaultStore<S> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+    fn permit_claim(&self) -> Option<std::time::Duration> {
+        self.inner.permit_claim()
+    }
     fn check_semaphore_name(&self, semaphore: &str) -> Result<()> {
         self.inner.check_semaphore_name(semaphore)
     }

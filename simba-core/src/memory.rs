@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use crate::admission::{
-    AdmissionHolder, AdmissionWaiter, PermitDecision, PermitRequest, SemaphoreState, admit_permit,
+    AdmissionHolder, AdmissionWaiter, PERMIT_CLAIM_MS, PermitDecision, PermitRequest,
+    SemaphoreState, admit_permit, permit_wakes,
 };
 use crate::error::Error;
 use crate::error::Result;
@@ -32,7 +33,8 @@ struct Permits {
     permits: u32,
     holders: Vec<MutexOwner>,
     fence: u64,
-    queue: Vec<(String, i64)>,
+    /// Waiters, first come first: id, kept until, claim by.
+    queue: Vec<(String, i64, Option<i64>)>,
     subscribers: Vec<(String, EventSender)>,
 }
 
@@ -70,14 +72,7 @@ impl Permits {
                 fence: h.fence,
             })
             .collect();
-        let waiters: Vec<AdmissionWaiter<'_>> = self
-            .queue
-            .iter()
-            .map(|(id, until)| AdmissionWaiter {
-                contender_id: id,
-                keep_until: *until,
-            })
-            .collect();
+        let waiters = self.admission_waiters();
         let state = SemaphoreState {
             permits: self.permits,
             last_fence: self.fence,
@@ -92,6 +87,7 @@ impl Permits {
             turn_ms: PERMIT_TURN_MS,
             poll_ms: None,
             fence_floor: 0,
+            claim_ms: PERMIT_CLAIM_MS,
         };
         let admission = admit_permit(&state, &request);
         let mut stale = admission.stale_waiters;
@@ -143,14 +139,20 @@ impl Permits {
                 keep_until,
             } => {
                 match queued {
-                    Some(i) => self.queue[i].1 = keep_until,
-                    None => self.queue.push((contender_id.to_owned(), keep_until)),
+                    Some(i) => {
+                        self.queue[i].1 = keep_until;
+                        self.queue[i].2 = None;
+                    }
+                    None => self.queue.push((contender_id.to_owned(), keep_until, None)),
                 }
                 LeaseReply::look_again_at(look_at, now)
             }
         };
         // The indices are the state's, read before the new holder or waiter was added at
         // the end.
+        for (i, claim_by) in admission.claims {
+            self.queue[i].2 = Some(claim_by);
+        }
         stale.sort_unstable();
         drop_indices(&mut self.holders, &admission.expired_holders);
         drop_indices(&mut self.queue, &stale);
@@ -159,54 +161,83 @@ impl Permits {
 
     fn prune(&mut self, now: i64) {
         self.holders.retain(|h| h.is_in_lease(now));
-        self.queue.retain(|(_, until)| *until > now);
+        self.queue.retain(|(_, until, _)| *until > now);
     }
 
-    /// Wakes the first `count` queued waiters that can still hear it (one wake-up per free
-    /// permit); the waiters that cannot (their receiver is gone) leave the queue.
-    fn wake(&mut self, mut count: usize) {
+    /// Wakes the waiters [`permit_wakes`] names: those owed a free permit and the next
+    /// one. A waiter that cannot hear it (its receiver is gone) leaves the queue, and the
+    /// list is made again without it.
+    fn wake(&mut self, now: i64) {
         self.subscribers.retain(|(_, tx)| !tx.is_closed());
-        let mut i = 0;
-        while count > 0 && i < self.queue.len() {
-            let id = &self.queue[i].0;
-            let mut heard = false;
-            for (_, tx) in self.subscribers.iter().filter(|(who, _)| who == id) {
-                // A full channel already holds an event that makes the waiter look again.
-                heard |= !matches!(
-                    tx.try_send(StoreEvent::Released),
-                    Err(TrySendError::Closed(_))
-                );
+        loop {
+            let holders: Vec<AdmissionHolder<'_>> = self
+                .holders
+                .iter()
+                .map(|h| AdmissionHolder {
+                    contender_id: &h.owner_id,
+                    transition_at: h.transition_at,
+                    fence: h.fence,
+                })
+                .collect();
+            let waiters = self.admission_waiters();
+            let state = SemaphoreState {
+                permits: self.permits,
+                last_fence: self.fence,
+                holders: &holders,
+                waiters: &waiters,
+            };
+            let mut deaf = None;
+            for i in permit_wakes(&state, now) {
+                let id = &self.queue[i].0;
+                let mut heard = false;
+                for (_, tx) in self.subscribers.iter().filter(|(who, _)| who == id) {
+                    // A full channel already holds an event that makes the waiter look
+                    // again.
+                    heard |= !matches!(
+                        tx.try_send(StoreEvent::Released),
+                        Err(TrySendError::Closed(_))
+                    );
+                }
+                if !heard {
+                    deaf = Some(i);
+                    break;
+                }
             }
-            if heard {
-                count -= 1;
-                i += 1;
-            } else {
-                self.queue.remove(i);
+            match deaf {
+                Some(i) => {
+                    self.queue.remove(i);
+                }
+                None => return,
             }
         }
     }
 
+    fn admission_waiters(&self) -> Vec<AdmissionWaiter<'_>> {
+        self.queue
+            .iter()
+            .map(|(id, until, claim_by)| AdmissionWaiter {
+                contender_id: id,
+                keep_until: *until,
+                claim_by: *claim_by,
+            })
+            .collect()
+    }
+
     /// Takes `contender_id` out of the queue and, if `release`, out of the holders;
     /// returns whether it held a permit (now freed). Wakes the waiters owed a permit.
-    fn remove(&mut self, contender_id: &str, release: bool) -> bool {
+    fn remove(&mut self, contender_id: &str, release: bool, now: i64) -> bool {
         let held = self.holders.len();
         if release {
             self.holders.retain(|h| h.owner_id != contender_id);
         }
         let queued = self.queue.len();
-        self.queue.retain(|(id, _)| id != contender_id);
+        self.queue.retain(|(id, _, _)| id != contender_id);
         let released = self.holders.len() < held;
         if released || self.queue.len() < queued {
             // A freed permit, or a waiter gone that may have been owed one.
-            self.wake(self.free());
+            self.wake(now);
         }
         released
-    }
-
-    fn free(&self) -> usize {
-        usize::try_from(self.permits)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(self.holders.len())
     }
 }
 
@@ -420,6 +451,10 @@ impl PermitStore for MemoryStore {
         "memory"
     }
 
+    fn permit_claim(&self) -> Option<Duration> {
+        Some(Duration::from_millis(PERMIT_CLAIM_MS.unsigned_abs()))
+    }
+
     async fn permit_acquire(
         &self,
         semaphore: &str,
@@ -448,7 +483,7 @@ impl PermitStore for MemoryStore {
     }
 
     async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
-        Ok(self.with_permits(semaphore, |p, _| p.remove(contender_id, true)))
+        Ok(self.with_permits(semaphore, |p, now| p.remove(contender_id, true, now)))
     }
 
     async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
@@ -474,7 +509,7 @@ impl PermitStore for MemoryStore {
     /// Leaves the queue only: a permit held stays held until its lease ends (the engine
     /// leaves when it lost track of its permit).
     async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
-        self.with_permits(semaphore, |p, _| p.remove(contender_id, false));
+        self.with_permits(semaphore, |p, now| p.remove(contender_id, false, now));
         Ok(())
     }
 }

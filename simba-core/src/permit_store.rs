@@ -42,8 +42,14 @@ pub struct PermitHolders {
 ///   - otherwise, if `s` has holders that agreed on another count than `n`, it fails with
 ///     [`Error::PermitsMismatch`](crate::Error::PermitsMismatch) and changes nothing else
 ///     (with no holder, `n` becomes the count);
-///   - otherwise, if fewer than `n` hold and no earlier waiter is owed the free permit (one
-///     free permit per waiter, first come first served), `c` **takes** one: a fence
+///   - a waiter owed a free permit gets a claim deadline the first time the store finds
+///     it owed (`now + ` [`permit_claim`](PermitStore::permit_claim)); once that has come,
+///     it is **passed over**: it keeps its place, but does not count against the waiters
+///     behind it until it calls again (a stopped waiter does not hold a permit up). A
+///     store without `permit_claim` never passes a waiter over;
+///   - otherwise, if fewer than `n` hold and no earlier waiter (not passed over) is owed
+///     the free permit (one free permit per waiter, first come first served), `c`
+///     **takes** one: a fence
 ///     strictly greater than every fence `s` has had, **across all its permits**,
 ///     `acquired_at = now`; the reply names `c`;
 ///   - otherwise `c` **waits**: it keeps its place in the queue (or joins it at the end;
@@ -59,9 +65,11 @@ pub struct PermitHolders {
 ///   `permit_acquire`.
 /// - `permit_release(s, c)` frees `c`'s permit only if `c` holds one within its lease
 ///   (owner-checked and atomic) and returns whether it did; it also takes `c` out of the
-///   queue. It wakes one waiter per freed permit, the earliest first (where the store can
-///   push; a store that pushes may drop from the queue a waiter that no push reaches, as
-///   gone, and wake the next). A release by a contender that holds no permit only takes
+///   queue. It wakes one waiter per freed permit, the earliest first, and the waiter after
+///   them (it looks again when their claims end): the waiters
+///   [`permit_wakes`](crate::backend::permit_wakes) names (where the store can push; a
+///   store that pushes may drop from the queue a waiter that no push reaches, as gone, and
+///   wake the next). A release by a contender that holds no permit only takes
 ///   it out of the queue: it returns `false` and frees nothing — a stale release never
 ///   frees another holder's permit. Safe to run twice (the second run returns `false`).
 /// - `permit_owners(s)` reads the holders within their lease and the count they agreed on
@@ -85,6 +93,14 @@ pub struct PermitHolders {
 pub trait PermitStore: Send + Sync + 'static {
     /// The backend's name, for errors and traces (`"redis"`, `"postgres"`, …).
     fn backend(&self) -> &'static str;
+
+    /// How long a waiter owed a free permit has to take it before this store passes it over
+    /// (the rule's [`PermitRequest::claim_ms`](crate::backend::PermitRequest::claim_ms));
+    /// `None` (the default): the store never passes a waiter over, so a stopped waiter
+    /// holds its permit up until its place ends.
+    fn permit_claim(&self) -> Option<std::time::Duration> {
+        None
+    }
 
     /// Acquires or renews a permit of `semaphore`, or waits in its queue (see the trait's
     /// contract).
@@ -180,6 +196,9 @@ pub trait PermitStore: Send + Sync + 'static {
 impl<S: PermitStore> PermitStore for std::sync::Arc<S> {
     fn backend(&self) -> &'static str {
         (**self).backend()
+    }
+    fn permit_claim(&self) -> Option<std::time::Duration> {
+        (**self).permit_claim()
     }
     fn permit_acquire(
         &self,

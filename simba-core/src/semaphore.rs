@@ -566,6 +566,7 @@ mod tests {
 
     use super::*;
     use crate::MemoryStore;
+    use crate::admission::PERMIT_CLAIM_MS;
     use crate::store::StoreEvent;
 
     fn config() -> LeaseConfig {
@@ -843,12 +844,14 @@ mod tests {
             .expect("sub")
             .expect("push");
         assert!(store.permit_release("q", "a").await.expect("release"));
-        // One wake-up for the one freed permit: the first in line.
+        // One wake-up for the one freed permit, to the first in line, and one to the next
+        // (it looks again when b's claim ends).
         assert_eq!(b_events.try_recv().ok(), Some(StoreEvent::Released));
-        assert!(c_events.try_recv().is_err(), "woke more than one waiter");
+        assert_eq!(c_events.try_recv().ok(), Some(StoreEvent::Released));
         // c may not barge past b.
         let r = store.permit_acquire("q", "c", 1, lease).await.expect("c");
         assert!(!r.owner.is_owner("c"));
+        assert_eq!(r.owner.transition_at, r.now + PERMIT_CLAIM_MS);
         let b = store.permit_acquire("q", "b", 1, lease).await.expect("b");
         assert!(b.owner.is_owner("b"));
         assert!(b.owner.fence > a.owner.fence);
@@ -884,5 +887,35 @@ mod tests {
                 .owner
                 .is_owner("z")
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_waiter_is_passed_over_once_its_claim_ends() {
+        let store = MemoryStore::new();
+        let lease = config().lease();
+        store.permit_acquire("q", "a", 1, lease).await.expect("a");
+        let mut events = Vec::new();
+        for who in ["b", "c"] {
+            store
+                .permit_acquire("q", who, 1, lease)
+                .await
+                .expect("queue");
+            events.push(store.permit_subscribe("q", who).await.expect("sub"));
+        }
+        assert!(store.permit_release("q", "a").await.expect("release"));
+        // b is owed the permit and does not call (stopped); c, woken as the next, waits
+        // until b's claim ends, then takes it.
+        let r = store.permit_acquire("q", "c", 1, lease).await.expect("c");
+        assert!(!r.owner.is_owner("c"));
+        let look = u64::try_from(r.owner.transition_at - r.now).expect("ms");
+        assert!(look <= u64::try_from(PERMIT_CLAIM_MS).expect("ms"));
+        tokio::time::advance(Duration::from_millis(look)).await;
+        let c = store.permit_acquire("q", "c", 1, lease).await.expect("c");
+        assert!(c.owner.is_owner("c"), "{c:?}");
+        // b kept its place: once c releases, b is first again.
+        assert!(store.permit_release("q", "c").await.expect("release"));
+        let b = store.permit_acquire("q", "b", 1, lease).await.expect("b");
+        assert!(b.owner.is_owner("b"), "{b:?}");
+        drop(events);
     }
 }

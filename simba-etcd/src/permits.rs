@@ -551,6 +551,9 @@ impl Inner {
                     Entry::Waiter { keep_until } => keep_until,
                     Entry::Holder { .. } => 0,
                 },
+                // Waiters are never passed over here: a waiter's place is kept only while
+                // its store's presence lease lives (see the module docs).
+                claim_by: None,
             })
             .collect();
         let state = SemaphoreState {
@@ -567,6 +570,7 @@ impl Inner {
             turn_ms: TURN_MS,
             poll_ms: None,
             fence_floor: 0,
+            claim_ms: i64::MAX,
         };
         let admission = admit_permit(&state, &request);
         let decision = admission.decision;

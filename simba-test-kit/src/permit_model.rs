@@ -37,16 +37,24 @@ struct Holder {
     fence: u64,
 }
 
-/// One semaphore, kept by the rule of [`admit_permit`] on a clock of its own.
+/// One semaphore, kept by the rule of [`admit_permit`] at the times it is given.
 ///
 /// Waiters are assumed to hear every wake-up (a store may drop a waiter that no push
 /// reaches; the differential test subscribes every contender).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PermitModel {
     permits: u32,
     last_fence: u64,
     holders: Vec<Holder>,
-    waiters: Vec<(String, i64)>,
+    /// Id, kept until, claim by.
+    waiters: Vec<(String, i64, Option<i64>)>,
+    claim_ms: i64,
+}
+
+impl Default for PermitModel {
+    fn default() -> Self {
+        PermitModel::new()
+    }
 }
 
 /// How soon the model's waiters look again when permits are owed to others; the
@@ -54,9 +62,27 @@ pub struct PermitModel {
 const TURN_MS: i64 = 250;
 
 impl PermitModel {
-    /// An empty semaphore.
+    /// An empty semaphore whose waiters are never passed over (a store without
+    /// [`PermitStore::permit_claim`]).
     pub fn new() -> Self {
-        PermitModel::default()
+        PermitModel {
+            permits: 0,
+            last_fence: 0,
+            holders: Vec::new(),
+            waiters: Vec::new(),
+            claim_ms: i64::MAX,
+        }
+    }
+
+    /// An empty semaphore of a store that passes over a waiter owed a permit once `claim`
+    /// has passed since it was found owed ([`PermitStore::permit_claim`]; `None`: never).
+    pub fn with_claim(claim: Option<std::time::Duration>) -> Self {
+        PermitModel {
+            claim_ms: claim.map_or(i64::MAX, |c| {
+                i64::try_from(c.as_millis()).unwrap_or(i64::MAX)
+            }),
+            ..PermitModel::new()
+        }
     }
 
     /// `who`'s acquisition of a permit of a semaphore of `permits`, at `now`.
@@ -73,9 +99,10 @@ impl PermitModel {
         let waiters: Vec<AdmissionWaiter<'_>> = self
             .waiters
             .iter()
-            .map(|(id, until)| AdmissionWaiter {
+            .map(|(id, until, claim_by)| AdmissionWaiter {
                 contender_id: id,
                 keep_until: *until,
+                claim_by: *claim_by,
             })
             .collect();
         let state = SemaphoreState {
@@ -94,8 +121,12 @@ impl PermitModel {
                 turn_ms: TURN_MS,
                 poll_ms: None,
                 fence_floor: 0,
+                claim_ms: self.claim_ms,
             },
         );
+        for &(i, claim_by) in &admission.claims {
+            self.waiters[i].2 = Some(claim_by);
+        }
         let mut gone_waiters = admission.stale_waiters;
         let outcome = match admission.decision {
             PermitDecision::Mismatch { existing } => return Outcome::Mismatch(existing),
@@ -129,8 +160,11 @@ impl PermitModel {
                 queued, keep_until, ..
             } => {
                 match queued {
-                    Some(i) => self.waiters[i].1 = keep_until,
-                    None => self.waiters.push((who.to_owned(), keep_until)),
+                    Some(i) => {
+                        self.waiters[i].1 = keep_until;
+                        self.waiters[i].2 = None;
+                    }
+                    None => self.waiters.push((who.to_owned(), keep_until, None)),
                 }
                 Outcome::Waits
             }
@@ -146,13 +180,13 @@ impl PermitModel {
     pub fn release(&mut self, who: &str) -> bool {
         let held = self.holders.len();
         self.holders.retain(|h| h.id != who);
-        self.waiters.retain(|(id, _)| id != who);
+        self.waiters.retain(|(id, _, _)| id != who);
         self.holders.len() < held
     }
 
     /// `who` leaves the queue (a permit it holds stays held).
     pub fn leave(&mut self, who: &str) {
-        self.waiters.retain(|(id, _)| id != who);
+        self.waiters.retain(|(id, _, _)| id != who);
     }
 
     /// The holders' ids, sorted.
@@ -164,7 +198,7 @@ impl PermitModel {
 
     /// The waiters' ids, first come first.
     pub fn waiters(&self) -> Vec<String> {
-        self.waiters.iter().map(|(id, _)| id.clone()).collect()
+        self.waiters.iter().map(|(id, _, _)| id.clone()).collect()
     }
 }
 
@@ -251,7 +285,7 @@ pub struct Run {
     /// The permit count every acquisition asks with (fixed: no mismatch).
     pub permits: u32,
     /// The lease every acquisition asks for: long enough that nothing expires during the
-    /// run, on the store or in the model (whose clock moves one millisecond a step), so
+    /// run, on the store or in the model (whose clock is the store's, read from its replies), so
     /// that the run compares the admission rule and not timing.
     pub lease: Lease,
 }
@@ -294,19 +328,23 @@ pub async fn differential<S: PermitStore>(
                 .map_err(|e| CaseError(format!("seed {}: subscribing {id}: {e}", run.seed)))?,
         );
     }
-    let mut model = PermitModel::new();
+    let mut model = PermitModel::with_claim(store.permit_claim());
+    // The model's clock is the store's, from its replies: a store that passes over a
+    // waiter whose claim ended does so at the same times as the model.
+    let mut now = 0;
     let mut fences: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut last_fence = 0u64;
     for (i, step) in steps.iter().enumerate() {
-        // The model's clock: one millisecond a step, from an arbitrary start.
-        let now = 1_000_000 + i64::try_from(i).unwrap_or(i64::MAX / 2);
         match step {
             Step::Acquire(who) => {
-                let expected = model.acquire(who, run.permits, run.lease, now);
-                let got = match store
+                let answer = store
                     .permit_acquire(semaphore, who, run.permits, run.lease)
-                    .await
-                {
+                    .await;
+                if let Ok(reply) = &answer {
+                    now = reply.now;
+                }
+                let expected = model.acquire(who, run.permits, run.lease, now);
+                let got = match answer {
                     Ok(reply) if reply.owner.owner_id == *who => {
                         let fence = reply.owner.fence;
                         match fences.get(who) {

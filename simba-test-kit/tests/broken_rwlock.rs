@@ -64,6 +64,9 @@ impl PermitStore for Flawed {
     fn backend(&self) -> &'static str {
         "flawed"
     }
+    fn permit_claim(&self) -> Option<std::time::Duration> {
+        self.inner.permit_claim()
+    }
     async fn permit_acquire(&self, s: &str, id: &str, n: u32, lease: Lease) -> Result<LeaseReply> {
         let n = if self.flaw == Flaw::OnePermit { 1 } else { n };
         self.inner.permit_acquire(s, id, n, lease).await

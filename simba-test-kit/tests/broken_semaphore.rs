@@ -58,6 +58,9 @@ impl PermitStore for Flawed {
     fn backend(&self) -> &'static str {
         "flawed"
     }
+    fn permit_claim(&self) -> Option<std::time::Duration> {
+        self.inner.permit_claim()
+    }
     async fn permit_acquire(&self, s: &str, id: &str, n: u32, lease: Lease) -> Result<LeaseReply> {
         let held = self.flaw == Flaw::RenewalNewFence
             && (self.inner.permit_owners(s).await?.holders)

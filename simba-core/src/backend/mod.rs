@@ -53,8 +53,8 @@ pub use ownership::{OwnershipTracker, Reporter, ServiceStatus};
 pub use runner::ServiceRunner;
 
 pub use crate::admission::{
-    Admission, AdmissionHolder, AdmissionWaiter, PermitDecision, PermitRequest, SemaphoreState,
-    WAITER_GRACE_MS, admit_permit,
+    Admission, AdmissionHolder, AdmissionWaiter, PERMIT_CLAIM_MS, PermitDecision, PermitRequest,
+    SemaphoreState, WAITER_GRACE_MS, admit_permit, permit_wakes,
 };
 pub use crate::owner::held_owner_id;
 pub use crate::permit_store::{PermitHolders, PermitStore};

@@ -148,6 +148,7 @@ pub(super) fn decide(
         .map(|w| AdmissionWaiter {
             contender_id: &w.contender,
             keep_until: w.transition_at,
+            claim_by: None,
         })
         .collect();
     let last_fence =
@@ -166,6 +167,7 @@ pub(super) fn decide(
         // Waiters of other stores are not pushed: every waiter looks again this soon.
         turn_ms: POLL_MS,
         poll_ms: Some(POLL_MS),
+        claim_ms: i64::MAX,
         // Floored by the clock, so that a semaphore whose row was deleted never repeats a
         // fence.
         fence_floor: u64::try_from(view.now).unwrap_or(0),
