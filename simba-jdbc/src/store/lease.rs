@@ -334,6 +334,11 @@ impl PermitStore for SqlStore {
         self.inner.kind.name()
     }
 
+    fn permit_claim(&self) -> Option<Duration> {
+        let ms = crate::store::permits::claim_ms(self.inner.dialect.pushes_permits());
+        Some(Duration::from_millis(ms.unsigned_abs()))
+    }
+
     /// At most [`SqlConfig::with_max_name_len`] characters (the `semaphore` column holds as
     /// much).
     fn check_semaphore_name(&self, semaphore: &str) -> Result<()> {

@@ -9,12 +9,15 @@
 //! the semaphore with the database's time and decides with simba-core's admission rule
 //! ([`admit_permit`], through [`decide`]), the code the in-memory store runs too: drop the
 //! rows past their time, renew, refuse a different count, grant while fewer than N hold and
-//! no earlier waiter is owed the free permit, or queue.
+//! no earlier waiter is owed the free permit, or queue. A waiter owed a permit gets a claim
+//! deadline ([`claim_ms`], kept in its row's `acquired_at`); once it has passed, the waiter
+//! is passed over until it calls again (a stopped process does not hold a permit up).
 //! The transaction runs in a task of its own, so that a caller that gives up never leaves
 //! a connection halfway through it.
 //!
 //! Waiters are woken by push: a release, or a waiter leaving, sends
-//! [`StoreEvent::Released`] to the store's own waiters owed a freed permit, and tells the
+//! [`StoreEvent::Released`] to the store's own waiters owed a freed permit and to the next
+//! one ([`permit_wakes`]), and tells the
 //! other stores where the database lets it (PostgreSQL: a NOTIFY naming the waiters owed;
 //! SQLite on Linux: the semaphore's bell file, see `crate::sqlite::Bells`), whose waiters
 //! are woken the same way. MySQL has no push: waiters of other stores look again every
@@ -26,8 +29,9 @@ use std::time::Duration;
 
 use diesel::result::QueryResult;
 use simba_core::backend::{
-    Admission, AdmissionHolder, AdmissionWaiter, Lease, LeaseReply, PermitDecision, PermitHolders,
-    PermitRequest, SemaphoreState, StoreEvent, admit_permit,
+    Admission, AdmissionHolder, AdmissionWaiter, Lease, LeaseReply, PERMIT_CLAIM_MS,
+    PermitDecision, PermitHolders, PermitRequest, SemaphoreState, StoreEvent, admit_permit,
+    permit_wakes,
 };
 use simba_core::events::{self, EventReceiver, EventSender};
 use simba_core::{Error, MutexOwner, Result};
@@ -57,6 +61,13 @@ pub const PERMIT_POLL: Duration = Duration::from_millis(250);
 
 /// [`PERMIT_POLL`] in milliseconds.
 const POLL_MS: i64 = 250;
+
+/// How long a waiter owed a permit has to take it before the waiters behind it get it (see
+/// [`admit_permit`]): [`PERMIT_CLAIM_MS`] where every waiter is pushed, two polls where
+/// the waiters of other stores poll (MySQL, PostgreSQL without LISTEN).
+pub(crate) fn claim_ms(pushed: bool) -> i64 {
+    if pushed { PERMIT_CLAIM_MS } else { 2 * POLL_MS }
+}
 
 /// Key of the PostgreSQL advisory lock that serialises concurrent migrations of the
 /// permits table.
@@ -248,8 +259,11 @@ impl Ops<'_> {
                     let (s, me) = (semaphore.to_owned(), me.to_owned());
                     move |inner: Arc<Inner>| async move {
                         let sql = &inner.permits.sql;
+                        let claim = claim_ms(inner.dialect.pushes_permits());
                         let inner = &*inner;
-                        on_conn!(inner, |c| acquire_tx(c, sql, &s, &me, permits, lease))
+                        on_conn!(inner, |c| acquire_tx(
+                            c, sql, &s, &me, permits, lease, claim
+                        ))
                     }
                 })
                 .await?;
@@ -420,8 +434,13 @@ impl Ops<'_> {
     /// this store's, and the other stores' through the database.
     fn woken(&self, semaphore: &str, view: &View) {
         let waiters = &self.inner.permits.waiters;
-        waiters.wake(semaphore, Some(view.owed()));
-        let elsewhere: Vec<&str> = view.owed().filter(|w| !waiters.has(semaphore, w)).collect();
+        let wakes = view.wakes();
+        waiters.wake(semaphore, Some(wakes.iter().copied()));
+        let elsewhere: Vec<&str> = wakes
+            .iter()
+            .copied()
+            .filter(|w| !waiters.has(semaphore, w))
+            .collect();
         self.inner.dialect.permits_freed(semaphore, &elsewhere);
     }
 

@@ -34,6 +34,11 @@ pub(crate) struct PermitSql {
     pub(super) insert: String,
     /// Args: ttl_at, transition_at, semaphore, contender.
     pub(super) set_times: String,
+    /// Args: ttl_at, transition_at, semaphore, contender. A waiter keeps its place: its
+    /// times, and no claim deadline (`acquired_at = 0`).
+    pub(super) keep_place: String,
+    /// Args: claim_by, semaphore, contender. A waiter's claim deadline (in `acquired_at`).
+    pub(super) set_claim: String,
     /// Args: ttl, ttl + transition, semaphore, contender. Renews a holder within its lease
     /// on the database clock.
     pub(super) renew: String,
@@ -111,6 +116,14 @@ impl PermitSql {
             set_times: n(format!(
                 "UPDATE {t} SET ttl_at = ?, transition_at = ? \
                  WHERE semaphore = ? AND contender = ?"
+            )),
+            keep_place: n(format!(
+                "UPDATE {t} SET ttl_at = ?, transition_at = ?, acquired_at = 0 \
+                 WHERE semaphore = ? AND contender = ? AND fence = 0"
+            )),
+            set_claim: n(format!(
+                "UPDATE {t} SET acquired_at = ? \
+                 WHERE semaphore = ? AND contender = ? AND fence = 0"
             )),
             renew: n(format!(
                 "UPDATE {t} SET ttl_at = {now} + ?, transition_at = {now} + ? \

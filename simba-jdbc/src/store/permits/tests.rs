@@ -7,7 +7,8 @@ fn slot(c: &str, ticket: i64, until: i64, fence: i64) -> Slot {
     Slot {
         contender: c.to_owned(),
         ticket,
-        acquired_at: 1,
+        // A holder's acquisition time; a waiter's claim deadline (none).
+        acquired_at: i64::from(fence > 0),
         ttl_at: until,
         transition_at: until,
         fence,
@@ -33,8 +34,10 @@ const LEASE: Lease = Lease {
     transition: Duration::ZERO,
 };
 
+const CLAIM: i64 = 50;
+
 fn decided(v: &View, who: &str, permits: u32) -> PermitDecision {
-    decide(v, who, permits, LEASE)
+    decide(v, who, permits, LEASE, CLAIM)
         .expect("rows simba writes")
         .decision
 }
@@ -58,7 +61,7 @@ fn a_free_permit_goes_to_the_earliest_waiter() {
         decided(&v, "w2", 2),
         PermitDecision::Wait {
             queued: Some(1),
-            look_at: 1250,
+            look_at: 1050,
             ..
         }
     ));
@@ -66,7 +69,38 @@ fn a_free_permit_goes_to_the_earliest_waiter() {
         decided(&v, "new", 2),
         PermitDecision::Wait { queued: None, .. }
     ));
-    assert_eq!(v.owed().collect::<Vec<_>>(), ["w1"]);
+    // w1 owed, w2 the next.
+    assert_eq!(v.wakes(), ["w1", "w2"]);
+}
+
+#[test]
+fn a_waiter_whose_claim_ended_is_passed_over() {
+    let mut late = slot("w1", 3, 9000, 0);
+    late.acquired_at = 1000;
+    let v = view(
+        vec![slot("a", 0, 2000, 10)],
+        vec![late, slot("w2", 4, 9000, 0), slot("w3", 5, 9000, 0)],
+        2,
+    );
+    assert_eq!(v.waiters[0].claim_by(), Some(1000));
+    assert!(matches!(
+        decided(&v, "w2", 2),
+        PermitDecision::Take {
+            queued: Some(1),
+            ..
+        }
+    ));
+    // w1 counts again when it calls.
+    assert!(matches!(
+        decided(&v, "w1", 2),
+        PermitDecision::Take {
+            queued: Some(0),
+            ..
+        }
+    ));
+    let d = decide(&v, "w3", 2, LEASE, CLAIM).expect("rows simba writes");
+    assert_eq!(d.claims, [(1, 1050)]);
+    assert_eq!(v.wakes(), ["w2", "w3"]);
 }
 
 #[test]
@@ -101,11 +135,11 @@ fn never_more_than_n_and_counts_must_agree() {
 fn rows_past_their_time_are_dropped_and_come_last() {
     let mut v = view(vec![slot("a", 0, 2000, 10)], vec![], 1);
     v.expired = vec![slot("old", 0, 900, 9), slot("gone", 2, 1000, 0)];
-    let d = decide(&v, "c", 1, LEASE).expect("rows simba writes");
+    let d = decide(&v, "c", 1, LEASE, CLAIM).expect("rows simba writes");
     assert_eq!((d.expired_holders, d.stale_waiters), (vec![1], vec![0]));
     let mut bad_fence = view(vec![slot("a", 0, 2000, -1)], vec![], 1);
     bad_fence.header = None;
-    assert!(decide(&bad_fence, "c", 1, LEASE).is_err());
+    assert!(decide(&bad_fence, "c", 1, LEASE, CLAIM).is_err());
 }
 
 #[test]

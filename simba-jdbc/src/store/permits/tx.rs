@@ -28,9 +28,10 @@ pub(super) async fn acquire_tx<C: SqlConn>(
     me: &str,
     permits: u32,
     lease: Lease,
+    claim_ms: i64,
 ) -> QueryResult<Outcome> {
     c.batch(sql.begin).await?;
-    let done = acquire_in_tx(c, sql, semaphore, me, permits, lease).await;
+    let done = acquire_in_tx(c, sql, semaphore, me, permits, lease, claim_ms).await;
     let end = match &done {
         Ok(Outcome::Reply(_) | Outcome::Mismatch(_)) => "COMMIT",
         Ok(Outcome::NoHeader) | Err(_) => "ROLLBACK",
@@ -49,6 +50,7 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
     me: &str,
     permits: u32,
     lease: Lease,
+    claim_ms: i64,
 ) -> QueryResult<Outcome> {
     if c.load_permits(&sql.lock, &[Arg::Text(semaphore)])
         .await?
@@ -62,8 +64,24 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
     let view =
         View::new(rows).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
     let now = view.now;
-    let admission = decide(&view, me, permits, lease)
+    let admission = decide(&view, me, permits, lease, claim_ms)
         .map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
+    for &(i, claim_by) in &admission.claims {
+        // Only waiters within their kept time are owed: their index is the view's.
+        let waiter = view
+            .waiters
+            .get(i)
+            .ok_or_else(|| misread(format!("owed waiter {i} of {}", view.waiters.len())))?;
+        c.exec(
+            &sql.set_claim,
+            &[
+                Arg::Int(claim_by),
+                Arg::Text(semaphore),
+                Arg::Text(&waiter.contender),
+            ],
+        )
+        .await?;
+    }
     if !admission.expired_holders.is_empty() || !admission.stale_waiters.is_empty() {
         // The rule's drops are exactly the rows past their time (`transition_at <= now`).
         c.exec(&sql.prune, &[Arg::Text(semaphore), Arg::Int(now)])
@@ -160,8 +178,9 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
             )
             .await?;
             if queued.is_some() {
+                // Its place kept, its claim (if any) cleared: it called.
                 c.exec(
-                    &sql.set_times,
+                    &sql.keep_place,
                     &[
                         Arg::Int(keep_until),
                         Arg::Int(keep_until),

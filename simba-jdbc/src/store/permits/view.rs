@@ -7,6 +7,8 @@ use super::*;
 pub(super) struct Slot {
     pub(super) contender: String,
     pub(super) ticket: i64,
+    /// A holder's `acquired_at`; a waiter's claim deadline (`0`: none, see
+    /// [`Slot::claim_by`]).
     pub(super) acquired_at: i64,
     pub(super) ttl_at: i64,
     pub(super) transition_at: i64,
@@ -14,6 +16,12 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// A waiter's claim deadline ([`AdmissionWaiter::claim_by`]), kept in its row's
+    /// `acquired_at` (a waiter acquired nothing): `0` is none.
+    pub(super) fn claim_by(&self) -> Option<i64> {
+        (self.acquired_at > 0).then_some(self.acquired_at)
+    }
+
     pub(super) fn owner(&self) -> Result<MutexOwner> {
         Ok(MutexOwner {
             owner_id: self.contender.clone(),
@@ -99,16 +107,42 @@ impl View {
         Ok(view)
     }
 
-    pub(super) fn free(&self, permits: u32) -> usize {
-        usize::try_from(permits)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(self.holders.len())
+    /// The waiters to wake now ([`permit_wakes`]): those owed a free permit (passed-over
+    /// ones not counted), and the next one.
+    pub(super) fn wakes(&self) -> Vec<&str> {
+        let Some(header) = self.header else {
+            return Vec::new();
+        };
+        let holders: Vec<AdmissionHolder<'_>> = self
+            .holders
+            .iter()
+            .map(|h| AdmissionHolder {
+                contender_id: &h.contender,
+                transition_at: h.transition_at,
+                fence: 0,
+            })
+            .collect();
+        let waiters: Vec<AdmissionWaiter<'_>> = self.waiters.iter().map(Slot::waiter).collect();
+        let state = SemaphoreState {
+            permits: header.permits,
+            last_fence: 0,
+            holders: &holders,
+            waiters: &waiters,
+        };
+        permit_wakes(&state, self.now)
+            .into_iter()
+            .filter_map(|i| self.waiters.get(i).map(|w| w.contender.as_str()))
+            .collect()
     }
+}
 
-    /// The waiters owed a permit now: the first ones, one per free permit.
-    pub(super) fn owed(&self) -> impl Iterator<Item = &str> {
-        let free = self.header.map_or(0, |h| self.free(h.permits));
-        self.waiters.iter().take(free).map(|w| w.contender.as_str())
+impl Slot {
+    fn waiter(&self) -> AdmissionWaiter<'_> {
+        AdmissionWaiter {
+            contender_id: &self.contender,
+            keep_until: self.transition_at,
+            claim_by: self.claim_by(),
+        }
     }
 }
 
@@ -125,6 +159,7 @@ pub(super) fn decide(
     contender: &str,
     permits: u32,
     lease: Lease,
+    claim_ms: i64,
 ) -> Result<Admission> {
     let header = view.header.unwrap_or_default();
     let (dead_holders, dead_waiters): (Vec<&Slot>, Vec<&Slot>) =
@@ -145,11 +180,7 @@ pub(super) fn decide(
         .waiters
         .iter()
         .chain(dead_waiters)
-        .map(|w| AdmissionWaiter {
-            contender_id: &w.contender,
-            keep_until: w.transition_at,
-            claim_by: None,
-        })
+        .map(Slot::waiter)
         .collect();
     let last_fence =
         u64::try_from(header.fence).map_err(|_| bad(format!("last fence {}", header.fence)))?;
@@ -167,7 +198,7 @@ pub(super) fn decide(
         // Waiters of other stores are not pushed: every waiter looks again this soon.
         turn_ms: POLL_MS,
         poll_ms: Some(POLL_MS),
-        claim_ms: i64::MAX,
+        claim_ms,
         // Floored by the clock, so that a semaphore whose row was deleted never repeats a
         // fence.
         fence_floor: u64::try_from(view.now).unwrap_or(0),
