@@ -187,95 +187,9 @@ mod store_level {
         assert!(store.permit_release(&sem, "c").await.expect("release"));
     }
 
-    /// A waiter owed the free permit that does not take it (a stopped process: here one
-    /// that never calls again) is passed over once its claim ends: the next waiter takes
-    /// the permit then, not when the silent one's place runs out (its kept time is most of
-    /// a minute with `LONG`). The silent one keeps its place: when it calls again it is
-    /// first for the next permit, ahead of a newcomer.
-    pub(super) async fn a_silent_owed_waiter_is_passed_over(a: SqlStore, b: SqlStore) {
-        let sem = unique_name("sem_claim");
-        assert!(holds(&a, &sem, "h", 1).await, "h holds");
-        // The silent waiter is another store's (another process's): subscribed, as the
-        // engine's waiters are, and then it never calls.
-        let _silent = b.permit_subscribe(&sem, "silent").await.expect("subscribe");
-        assert!(!holds(&b, &sem, "silent", 1).await, "silent queues");
-        let mut next = a
-            .permit_subscribe(&sem, "next")
-            .await
-            .expect("subscribe")
-            .expect("SQL stores push to their own waiters");
-        assert!(!holds(&a, &sem, "next", 1).await, "next queues");
-        assert!(a.permit_release(&sem, "h").await.expect("release"));
-        // Bound: the push is sent when the release returns; 10 s is only a guard.
-        let event = timeout(Duration::from_secs(10), next.recv())
-            .await
-            .expect("the next waiter was not woken");
-        assert_eq!(event, Some(StoreEvent::Released));
-        let claim = a
-            .permit_claim()
-            .expect("SQL stores pass a silent waiter over");
-        let reply = a
-            .permit_acquire(&sem, "next", 1, LONG)
-            .await
-            .expect("next asks");
-        assert!(
-            !reply.owner.is_owned_by_at("next", reply.now),
-            "next jumped the queue"
-        );
-        // It is told to look again when the silent one's claim ends.
-        let look = reply.owner.transition_at - reply.now;
-        let claim_ms = i64::try_from(claim.as_millis()).expect("a short claim");
-        assert!(
-            (0..=claim_ms).contains(&look),
-            "told to look again in {look} ms, the claim is {claim_ms} ms"
-        );
-        // Time is the subject: look again when told (a margin for the clocks' steps)
-        // until the claim has ended on the database's clock; 10 s beyond it is only a guard.
-        let guard = std::time::Instant::now() + claim + Duration::from_secs(10);
-        let mut look = look;
-        loop {
-            tokio::time::sleep(Duration::from_millis(look.unsigned_abs() + 20)).await;
-            let reply = a
-                .permit_acquire(&sem, "next", 1, LONG)
-                .await
-                .expect("next asks");
-            if reply.owner.is_owned_by_at("next", reply.now) {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < guard,
-                "the permit stayed owed to a waiter that did not take it"
-            );
-            look = reply.owner.transition_at - reply.now;
-        }
-        // The silent one calls again: it waits (next holds the one permit), first in line.
-        assert!(
-            !holds(&b, &sem, "silent", 1).await,
-            "two holders of one permit"
-        );
-        assert!(a.permit_release(&sem, "next").await.expect("release"));
-        assert!(
-            !holds(&a, &sem, "newcomer", 1).await,
-            "a newcomer got ahead"
-        );
-        assert!(
-            holds(&b, &sem, "silent", 1).await,
-            "the silent one lost its place"
-        );
-        assert!(b.permit_release(&sem, "silent").await.expect("release"));
-        a.permit_leave(&sem, "newcomer").await.expect("leave");
-    }
-
     #[cfg(feature = "sqlite")]
     mod sqlite {
         use super::super::common::SqlHarness;
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_silent_owed_waiter_is_passed_over() {
-            let h = SqlHarness::sqlite();
-            let (a, b) = (h.store().await.expect("a"), h.store().await.expect("b"));
-            super::a_silent_owed_waiter_is_passed_over(a, b).await;
-        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fifo_and_one_wakeup_per_permit() {
@@ -343,13 +257,6 @@ mod store_level {
         use super::super::common::SqlHarness;
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_silent_owed_waiter_is_passed_over() {
-            let h = SqlHarness::mysql().await;
-            let (a, b) = (h.store().await.expect("a"), h.store().await.expect("b"));
-            super::a_silent_owed_waiter_is_passed_over(a, b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fifo_and_one_wakeup_per_permit() {
             let h = SqlHarness::mysql().await;
             super::fifo_and_one_wakeup_per_permit(h.store().await.expect("store")).await;
@@ -366,13 +273,6 @@ mod store_level {
     #[cfg(feature = "postgres")]
     mod postgres {
         use super::super::common::SqlHarness;
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_silent_owed_waiter_is_passed_over() {
-            let h = SqlHarness::postgres().await;
-            let (a, b) = (h.store().await.expect("a"), h.store().await.expect("b"));
-            super::a_silent_owed_waiter_is_passed_over(a, b).await;
-        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fifo_and_one_wakeup_per_permit() {

@@ -83,7 +83,7 @@ macro_rules! __semaphore_cases {
             release_of_a_permit_taken_away_is_lost, store_renewal_keeps_the_fence,
             store_mismatch_until_all_released, store_queue_is_first_come_first_served,
             store_release_by_a_non_holder_changes_nothing, store_fences_increase_across_permits,
-            store_admission_follows_the_rule
+            store_admission_follows_the_rule, store_a_silent_owed_waiter_is_passed_over
         }
     };
 }
@@ -603,6 +603,63 @@ pub async fn store_queue_is_first_come_first_served<S: PermitSource>(src: &S) ->
     take(&other, &name, "c", 1).await?;
     within("release c", other.permit_release(&name, "c")).await??;
     drop(listening);
+    Ok(())
+}
+
+/// A waiter owed the free permit that does not take it (a stopped process: here one that
+/// never calls again) is passed over once its claim ([`PermitStore::permit_claim`]) ends:
+/// the next waiter, woken by the release, takes the permit then — not when the silent
+/// one's place runs out (most of a minute with this lease). The silent one keeps its place:
+/// when it calls again it is first for the next permit, ahead of a newcomer. The waiters
+/// are on two stores, as two processes would be. A store without `permit_claim` never
+/// passes a waiter over: the case has nothing to check there.
+pub async fn store_a_silent_owed_waiter_is_passed_over<S: PermitSource>(src: &S) -> CaseResult {
+    let name = unique_name("sem_claim");
+    let (store, other) = (src.store().await?, src.store().await?);
+    let Some(claim) = store.permit_claim() else {
+        return Ok(());
+    };
+    take(&store, &name, "h", 1).await?;
+    // Subscribed, as the engine's waiters are; then the silent one never calls.
+    let _silent = within("subscribe", other.permit_subscribe(&name, "silent")).await??;
+    waits(&other, &name, "silent", 1).await?;
+    let _next = within("subscribe", store.permit_subscribe(&name, "next")).await??;
+    waits(&store, &name, "next", 1).await?;
+    within("release h", store.permit_release(&name, "h")).await??;
+    // Time is the subject: `next` looks again when told until the claim has ended on the
+    // store's clock (20 ms a look for the clocks' steps); 10 s beyond the claim is only a
+    // guard.
+    let guard = Instant::now() + claim + Duration::from_secs(10);
+    let mut asks = 0;
+    loop {
+        let reply = ask(&store, &name, "next", 1).await??;
+        asks += 1;
+        if reply.owner.owner_id == "next" {
+            break;
+        }
+        check(Instant::now() < guard, || {
+            format!(
+                "the permit stayed owed to a waiter that never took it, {claim:?} claim, \
+                 {asks} looks"
+            )
+        })?;
+        let look = reply.owner.transition_at.saturating_sub(reply.now).max(0);
+        sleep(Duration::from_millis(look.unsigned_abs() + 20)).await;
+    }
+    check(asks > 1, || {
+        "the next waiter jumped the silent one before its claim ended".into()
+    })?;
+    // The silent one calls again: it waits (`next` holds the one permit), first in line.
+    waits(&other, &name, "silent", 1).await?;
+    within("release next", store.permit_release(&name, "next")).await??;
+    waits(&store, &name, "newcomer", 1)
+        .await
+        .map_err(|e| CaseError(format!("a newcomer got ahead of the silent one: {e}")))?;
+    take(&other, &name, "silent", 1)
+        .await
+        .map_err(|e| CaseError(format!("the silent one lost its place: {e}")))?;
+    within("release silent", other.permit_release(&name, "silent")).await??;
+    within("leave", store.permit_leave(&name, "newcomer")).await??;
     Ok(())
 }
 
