@@ -52,7 +52,9 @@ pub use native::{MAX_NATIVE_WAITS, NATIVE_WAIT_POLL};
 /// Why a connection failed over TLS (the `source` of the error), for PostgreSQL and MySQL.
 pub use simba_core::tls::{TlsFailure, TlsProblem};
 pub use sql::{create_table_sql, lease_clock_sql};
-pub use store::{PERMIT_POLL, RenewalCounts, SqlStore, create_permits_table_sql};
+pub use store::{
+    PERMIT_POLL, RenewalCounts, SqlStore, create_permits_table_sql, permit_transaction_begin,
+};
 
 use simba_core::{LeaseConfig, LeaseServiceFactory, Result};
 

@@ -173,7 +173,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use permits::{PERMIT_POLL, create_permits_table_sql};
+pub use permits::{PERMIT_POLL, create_permits_table_sql, permit_transaction_begin};
 pub use renew::RenewalCounts;
 
 struct Inner {

@@ -274,6 +274,55 @@ mod store_level {
     mod postgres {
         use super::super::common::SqlHarness;
 
+        /// A process stopped in the middle of an acquisition's transaction (here a session
+        /// that ran simba's start of one, locked the semaphore's row as an acquisition does,
+        /// and then sends nothing) holds the other acquisitions up only until the server
+        /// ends that session (200 ms), not until it runs again. Without that, the next
+        /// acquisition waits on the row lock until the tests' statement timeout (1.5 s)
+        /// fails it.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_session_stopped_in_an_acquisition_does_not_hold_the_semaphore() {
+            use simba_core::backend::PermitStore;
+
+            let h = SqlHarness::postgres().await;
+            let store = h.store().await.expect("store");
+            let sem = simba_test_kit::support::unique_name("sem_stopped");
+            // The semaphore's row is made by its first acquisition.
+            assert!(super::holds(&store, &sem, "h", 1).await, "h holds");
+            assert!(store.permit_release(&sem, "h").await.expect("release"));
+            let (client, connection) = tokio_postgres::connect(h.url(), tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            let connection = tokio::spawn(connection);
+            client
+                .batch_execute(simba_jdbc::permit_transaction_begin(
+                    simba_jdbc::Backend::Postgres,
+                ))
+                .await
+                .expect("begin");
+            let lock = format!(
+                "SELECT 1 FROM {}_permits WHERE semaphore = $1 AND contender = '' FOR UPDATE",
+                h.table()
+            );
+            assert_eq!(
+                client.execute(&lock, &[&sem]).await.expect("lock the row"),
+                1
+            );
+            // The stalled session now sends nothing. Bound: 10 s is only a guard.
+            let reply = super::timeout(
+                super::Duration::from_secs(10),
+                store.permit_acquire(&sem, "next", 1, super::LONG),
+            )
+            .await
+            .expect("the acquisition never finished")
+            .expect("the acquisition waited on the stalled session's lock until it failed");
+            assert!(reply.owner.is_owned_by_at("next", reply.now), "{reply:?}");
+            // The server ended the stalled session.
+            assert!(client.execute("SELECT 1", &[]).await.is_err());
+            drop(connection);
+            assert!(store.permit_release(&sem, "next").await.expect("release"));
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fifo_and_one_wakeup_per_permit() {
             let h = SqlHarness::postgres().await;

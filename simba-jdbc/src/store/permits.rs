@@ -52,6 +52,7 @@ mod tx;
 mod view;
 
 pub(crate) use sql::PermitSql;
+pub use sql::permit_transaction_begin;
 use tx::{Outcome, Subscribers, acquire_tx, read};
 use view::{Slot, View, decide, misread};
 

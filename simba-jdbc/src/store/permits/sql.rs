@@ -2,6 +2,26 @@
 
 use super::*;
 
+/// PostgreSQL's start of an acquisition, one round trip. A process stopped in the middle
+/// of the transaction (SIGSTOP, a frozen VM) would keep the semaphore's row locked, and
+/// every acquisition waiting, until it runs again: the server ends such a session (and
+/// rolls its transaction back) once it has sent nothing for 200 ms. A live client
+/// sends its next statement within a round trip; one cut off tries again on a new
+/// connection.
+const PG_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 200";
+
+/// The statement that starts an acquisition's transaction on `backend` (for a test that
+/// stands in for a process stopped in the middle of one).
+#[doc(hidden)]
+pub fn permit_transaction_begin(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Mysql => "START TRANSACTION",
+        Backend::Postgres => PG_BEGIN,
+        // The write lock is taken by BEGIN IMMEDIATE (waiting in the busy handler).
+        Backend::Sqlite => "BEGIN IMMEDIATE",
+    }
+}
+
 /// The statements of the permits table (`?` placeholders, numbered on PostgreSQL).
 #[derive(Debug, Clone)]
 pub(crate) struct PermitSql {
@@ -53,12 +73,11 @@ impl PermitSql {
         let now = lease_clock_sql(backend);
         let cols = "contender, permits, ticket, acquired_at, ttl_at, transition_at, fence";
         let create = create_permits_table_sql(backend, table).unwrap_or_default();
-        let (lock_suffix, begin) = match backend {
-            Backend::Mysql => (" FOR UPDATE", "START TRANSACTION"),
-            Backend::Postgres => (" FOR UPDATE", "BEGIN"),
-            // The write lock is taken by BEGIN IMMEDIATE (waiting in the busy handler).
-            Backend::Sqlite => ("", "BEGIN IMMEDIATE"),
+        let lock_suffix = match backend {
+            Backend::Mysql | Backend::Postgres => " FOR UPDATE",
+            Backend::Sqlite => "",
         };
+        let begin = permit_transaction_begin(backend);
         let header = match backend {
             Backend::Mysql => format!(
                 "INSERT INTO {t} (semaphore, contender) VALUES (?, '') \
