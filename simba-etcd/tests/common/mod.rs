@@ -185,15 +185,9 @@ impl simba_test_kit::rw_cases::RwSource for EtcdPermitHarness {
         Box::pin(async move {
             let f =
                 EtcdFactory::connect(test_config(self.server.url(), &self.prefix, LEASE)).await?;
-            let readers = simba_core::Semaphore::new(
-                f.permit_store(),
-                config,
-                lock,
-                simba_core::MAX_READERS,
-            )?;
+            let permits = Arc::new(f.permit_store());
             let gates: Arc<dyn ContendServiceFactory> = Arc::new(f);
-            let gate = simba_core::Locker::new(gates, lock)?;
-            Ok(simba_core::RwLock::new(gate, readers)?)
+            Ok(simba_core::RwLock::from_parts(gates, permits, config, lock)?)
         })
     }
 
