@@ -187,7 +187,9 @@ impl simba_test_kit::rw_cases::RwSource for EtcdPermitHarness {
                 EtcdFactory::connect(test_config(self.server.url(), &self.prefix, LEASE)).await?;
             let permits = Arc::new(f.permit_store());
             let gates: Arc<dyn ContendServiceFactory> = Arc::new(f);
-            Ok(simba_core::RwLock::from_parts(gates, permits, config, lock)?)
+            Ok(simba_core::RwLock::from_parts(
+                gates, permits, config, lock,
+            )?)
         })
     }
 

@@ -150,28 +150,29 @@ impl Waiters {
         rx
     }
 
-    /// Wakes the waiters of `semaphore` that `owed` names (all of them with `None`);
-    /// forgets the ones that stopped listening.
-    fn wake<'a>(&self, semaphore: &str, owed: Option<impl Iterator<Item = &'a str>>) {
+    /// Wakes the waiters of `semaphore` that `named` names.
+    fn wake<'a>(&self, semaphore: &str, named: impl Iterator<Item = &'a str>) {
+        let named: Vec<&str> = named.collect();
+        self.wake_where(semaphore, |id| named.contains(&id));
+    }
+
+    /// Wakes every waiter of `semaphore`.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    fn wake_all(&self, semaphore: &str) {
+        self.wake_where(semaphore, |_| true);
+    }
+
+    /// Wakes the waiters of `semaphore` whose id passes `test`; forgets the ones that
+    /// stopped listening.
+    fn wake_where(&self, semaphore: &str, test: impl Fn(&str) -> bool) {
         let mut map = self.lock();
         let Some(list) = map.get_mut(semaphore) else {
             return;
         };
         list.retain(|(_, tx)| !tx.is_closed());
-        // A full channel already holds an event that makes the waiter look again.
-        match owed {
-            Some(owed) => {
-                for who in owed {
-                    for (_, tx) in list.iter().filter(|(id, _)| id == who) {
-                        let _ = tx.try_send(StoreEvent::Released);
-                    }
-                }
-            }
-            None => {
-                for (_, tx) in list.iter() {
-                    let _ = tx.try_send(StoreEvent::Released);
-                }
-            }
+        for (_, tx) in list.iter().filter(|(id, _)| test(id)) {
+            // A full channel already holds an event that makes the waiter look again.
+            let _ = tx.try_send(StoreEvent::Released);
         }
         if list.is_empty() {
             map.remove(semaphore);
@@ -183,11 +184,11 @@ impl Waiters {
     pub(crate) fn heard(&self, news: crate::push::Freed<'_>) {
         use crate::push::Freed;
         match news {
-            Freed::Owed(semaphore, owed) => self.wake(semaphore, Some(owed.iter().copied())),
+            Freed::Owed(semaphore, owed) => self.wake(semaphore, owed.iter().copied()),
             Freed::Matching(test) => {
                 let names: Vec<String> = self.lock().keys().filter(|s| test(s)).cloned().collect();
                 for semaphore in &names {
-                    self.wake(semaphore, None::<std::iter::Empty<&str>>);
+                    self.wake_all(semaphore);
                 }
             }
         }
@@ -436,7 +437,7 @@ impl Ops<'_> {
     fn woken(&self, semaphore: &str, view: &View) {
         let waiters = &self.inner.permits.waiters;
         let wakes = view.wakes();
-        waiters.wake(semaphore, Some(wakes.iter().copied()));
+        waiters.wake(semaphore, wakes.iter().copied());
         let elsewhere: Vec<&str> = wakes
             .iter()
             .copied()
