@@ -172,3 +172,61 @@ async fn a_silent_owed_waiter_is_passed_over_after_its_claim_on_the_cluster() {
     let cluster = redis_cluster(3).await.unwrap_or_else(|e| panic!("{e}"));
     silent_owed_waiter_is_passed_over(&cluster.cluster_url(), false).await;
 }
+
+/// A holder's renewal, by `permit_acquire` or `permit_guard`, starts the claim of a waiter
+/// owed a free permit, as every decision but a mismatch does (`Admission::claims`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_starts_the_claim_of_an_owed_waiter() {
+    init_tracing();
+    let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
+    let prefix = unique_name("t");
+    let store = RedisStore::connect(test_config(server.url(), &prefix))
+        .await
+        .unwrap();
+    let client = raw(server.url()).await;
+    let s = "renew";
+    let claims = format!("{prefix}:{{{s}}}:@@sem:claims");
+    for who in ["a", "b"] {
+        assert!(holds(
+            &store.permit_acquire(s, who, 2, LEASE).await.unwrap(),
+            who
+        ));
+    }
+    // Subscribed, or a release drops them from the queue as gone.
+    let _w_events = store.permit_subscribe(s, "w").await.unwrap().unwrap();
+    let _y_events = store.permit_subscribe(s, "y").await.unwrap().unwrap();
+    let w = store.permit_acquire(s, "w", 2, LEASE).await.unwrap();
+    assert!(!holds(&w, "w"));
+    // Full: nobody is owed a permit, no claim.
+    let r = store.permit_guard(s, "a", 2, LEASE).await.unwrap();
+    assert!(holds(&r, "a"));
+    assert!(cmd(&client, "ZSCORE", &[&claims, "w"]).await.is_null());
+    // b's release frees a permit owed to w (the release starts no claim); a's renewal by
+    // guard starts w's claim.
+    assert!(store.permit_release(s, "b").await.unwrap());
+    assert!(cmd(&client, "ZSCORE", &[&claims, "w"]).await.is_null());
+    let r = store.permit_guard(s, "a", 2, LEASE).await.unwrap();
+    assert!(holds(&r, "a"));
+    let started = cmd(&client, "ZSCORE", &[&claims, "w"]).await.as_i64();
+    assert_eq!(started, Some(r.now + PERMIT_CLAIM_MS), "by guard");
+    // w takes, and its claim goes with it.
+    assert!(holds(
+        &store.permit_acquire(s, "w", 2, LEASE).await.unwrap(),
+        "w"
+    ));
+    assert!(cmd(&client, "ZSCORE", &[&claims, "w"]).await.is_null());
+    // The same by a renewal through permit_acquire.
+    assert!(store.permit_release(s, "w").await.unwrap());
+    let x = store.permit_acquire(s, "x", 2, LEASE).await.unwrap();
+    assert!(holds(&x, "x"));
+    let y = store.permit_acquire(s, "y", 2, LEASE).await.unwrap();
+    assert!(!holds(&y, "y"));
+    assert!(store.permit_release(s, "x").await.unwrap());
+    let r = store.permit_acquire(s, "a", 2, LEASE).await.unwrap();
+    assert!(holds(&r, "a"));
+    let started = cmd(&client, "ZSCORE", &[&claims, "y"]).await.as_i64();
+    assert_eq!(started, Some(r.now + PERMIT_CLAIM_MS), "by acquire");
+    for who in ["a", "y"] {
+        store.permit_release(s, who).await.unwrap();
+    }
+}
