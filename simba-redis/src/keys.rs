@@ -56,15 +56,17 @@ impl KeySpace {
         keys
     }
 
-    /// Every key of a semaphore, in the order its scripts expect them (`KEYS[1..5]`, see
+    /// Every key of a semaphore, in the order its scripts expect them (`KEYS[1..6]`, see
     /// `sem_common.lua`): holders (also the channel of a release that woke no waiter),
-    /// data, wait queue, waiter expiry, fence counter. They carry the name's hash tag, as a
+    /// data, wait queue, waiter expiry, fence counter, claims. They carry the name's hash tag, as a
     /// mutex's keys do, under `:@@sem`, which no mutex key or contender channel has
     /// (contender ids cannot contain `@@`): a semaphore and a mutex of one name are apart.
     pub(crate) fn semaphore_keys(&self, semaphore: &str) -> Vec<String> {
         let holders = format!("{}:@@sem", self.owner(semaphore));
         let mut keys = vec![holders.clone()];
-        keys.extend([":data", ":queue", ":expires", ":fence"].map(|s| format!("{holders}{s}")));
+        keys.extend(
+            [":data", ":queue", ":expires", ":fence", ":claims"].map(|s| format!("{holders}{s}")),
+        );
         keys
     }
 
@@ -123,7 +125,8 @@ mod tests {
                 "simba:{s}:@@sem:data",
                 "simba:{s}:@@sem:queue",
                 "simba:{s}:@@sem:expires",
-                "simba:{s}:@@sem:fence"
+                "simba:{s}:@@sem:fence",
+                "simba:{s}:@@sem:claims"
             ]
         );
         assert_eq!(

@@ -11,7 +11,8 @@ use fred::types::config::{
 };
 use fred::types::{Builder, Value, scripts::Script};
 use simba_core::backend::{
-    Lease, LeaseReply, LeaseStore, PermitHolders, PermitStore, held_owner_id, hold_millis,
+    Lease, LeaseReply, LeaseStore, PERMIT_CLAIM_MS, PermitHolders, PermitStore, held_owner_id,
+    hold_millis,
 };
 use simba_core::events::EventReceiver;
 use simba_core::{Error, Result, check_common_contender_id, check_common_mutex_name};
@@ -62,8 +63,8 @@ const SEM_OWNERS_LUA: &str = concat!(
     include_str!("scripts/sem_owners.lua")
 );
 
-/// How soon a waiter whose free permit is owed to earlier waiters looks again (they were
-/// woken and should take theirs by then).
+/// How soon at the latest a waiter whose free permit is owed to earlier waiters looks again
+/// (they were woken and should take theirs by then; it looks sooner when their claims end).
 const PERMIT_TURN: Duration = Duration::from_millis(250);
 
 struct Scripts {
@@ -341,7 +342,7 @@ impl RedisStore {
     }
 
     /// `sem_release.lua`: releases (or, `leave_only`, only leaves the queue), and wakes
-    /// one waiter per free permit.
+    /// the waiters owed a free permit and the next.
     async fn sem_release(
         &self,
         semaphore: &str,
@@ -890,6 +891,11 @@ impl PermitStore for RedisStore {
         check_id(contender_id)
     }
 
+    /// [`PERMIT_CLAIM_MS`]: a woken waiter takes its permit within a round trip or two.
+    fn permit_claim(&self) -> Option<Duration> {
+        Some(Duration::from_millis(PERMIT_CLAIM_MS.unsigned_abs()))
+    }
+
     /// `sem_acquire.lua` (see the crate docs, *Semaphores*).
     async fn permit_acquire(
         &self,
@@ -905,6 +911,7 @@ impl PermitStore for RedisStore {
         args.push(permits.to_string());
         args.push(PERMIT_TURN.as_millis().to_string());
         args.push(if self.inner.quarantine { "1" } else { "0" }.to_owned());
+        args.push(PERMIT_CLAIM_MS.to_string());
         if self.inner.quarantine {
             keys.push(self.inner.keys.boot());
         }
@@ -919,7 +926,8 @@ impl PermitStore for RedisStore {
         permit_reply("semaphore acquire script", semaphore, permits, reply)
     }
 
-    /// `sem_guard.lua`: renews, never takes.
+    /// `sem_guard.lua`: renews (starting the claims of waiters owed a free permit, as a
+    /// renewal by `sem_acquire.lua` does), never takes.
     async fn permit_guard(
         &self,
         semaphore: &str,
@@ -930,6 +938,7 @@ impl PermitStore for RedisStore {
         check(semaphore, contender_id)?;
         let mut args = lease_args(contender_id, lease, self.inner.publish)?;
         args.truncate(3);
+        args.push(PERMIT_CLAIM_MS.to_string());
         let keys = self.inner.keys.semaphore_keys(semaphore);
         let reply = self
             .eval_keys(
@@ -942,7 +951,8 @@ impl PermitStore for RedisStore {
         permit_reply("semaphore guard script", semaphore, permits, reply)
     }
 
-    /// `sem_release.lua`: owner-checked; wakes one waiter per free permit.
+    /// `sem_release.lua`: owner-checked; wakes the waiters owed a free permit and the next
+    /// (`simba_core::backend::permit_wakes`).
     async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
         self.sem_release(semaphore, contender_id, false).await
     }

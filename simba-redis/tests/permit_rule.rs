@@ -5,14 +5,19 @@
 //! outcome and the fences must agree at every step.
 //!
 //! The lease is an hour: nothing expires during a run, so the runs compare the admission
-//! rule, not timing. A failure names its seed; `SIMBA_PERMIT_SEED=<seed>` runs that one
-//! only.
+//! rule, not timing. The model's clock is the store's (each reply's `now`), so claim
+//! windows (`PermitStore::permit_claim`) must match the rule to the millisecond; a second
+//! test paces the acquisitions so that a claim spans a few steps only and waiters owed a
+//! permit are passed over often. A failure names its seed; `SIMBA_PERMIT_SEED=<seed>` runs
+//! that one only.
 
 mod common;
 
 use std::time::Duration;
 
-use simba_core::backend::Lease;
+use simba_core::Result;
+use simba_core::backend::{Lease, LeaseReply, PERMIT_CLAIM_MS, PermitHolders, PermitStore};
+use simba_core::events::EventReceiver;
 use simba_redis::RedisStore;
 use simba_test_kit::permit_model::{Run, differential};
 use simba_test_kit::servers::redis;
@@ -54,6 +59,80 @@ async fn sem_acquire_and_release_scripts_follow_the_core_rule() {
                 lease: LEASE,
             };
             if let Err(e) = differential(&store, &unique_name("rule"), run).await {
+                panic!("{e} (run again with SIMBA_PERMIT_SEED={seed})");
+            }
+        }
+    }
+}
+
+/// A store whose acquisitions each start `pace` late: with [`PERMIT_CLAIM_MS`] of 50 ms, a
+/// waiter owed a permit that is not among the next few callers is passed over.
+struct Paced {
+    store: RedisStore,
+    pace: Duration,
+}
+
+impl PermitStore for Paced {
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+    fn permit_claim(&self) -> Option<Duration> {
+        self.store.permit_claim()
+    }
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> Result<LeaseReply> {
+        // Time is the subject: the pace makes claims end between steps.
+        tokio::time::sleep(self.pace).await;
+        self.store
+            .permit_acquire(semaphore, contender_id, permits, lease)
+            .await
+    }
+    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
+        self.store.permit_release(semaphore, contender_id).await
+    }
+    async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
+        self.store.permit_owners(semaphore).await
+    }
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> Result<Option<EventReceiver>> {
+        self.store.permit_subscribe(semaphore, contender_id).await
+    }
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
+        self.store.permit_leave(semaphore, contender_id).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sem_scripts_pass_over_waiters_whose_claim_ended_as_the_core_rule_does() {
+    let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
+    let store = RedisStore::connect(common::test_config(server.url(), &unique_name("t")))
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let pace = Duration::from_millis(PERMIT_CLAIM_MS.unsigned_abs() / 4);
+    let paced = Paced { store, pace };
+    let mut seeds = seeds();
+    // Fewer runs than the unpaced test: each step takes `pace`.
+    if seeds.len() > 4 {
+        seeds.drain(3..seeds.len() - 1);
+    }
+    for seed in seeds {
+        for permits in [1, 2, 3] {
+            let run = Run {
+                seed,
+                steps: 120,
+                contenders: 5,
+                permits,
+                lease: LEASE,
+            };
+            if let Err(e) = differential(&paced, &unique_name("paced"), run).await {
                 panic!("{e} (run again with SIMBA_PERMIT_SEED={seed})");
             }
         }

@@ -1,5 +1,6 @@
 //! The semaphore scripts on a real Redis: key layout, the fence rule, the FIFO queue and
-//! its one wake-up per freed permit, leaving without releasing, polling mode.
+//! its wake-ups (the waiters owed a freed permit and the next), leaving without releasing,
+//! polling mode.
 
 // Tests fail by panicking; unwrap on a setup step is the clearest report.
 #![allow(clippy::unwrap_used)]
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use common::{cmd, raw, test_config};
 use fred::types::Value;
-use simba_core::backend::{Lease, LeaseStore, PermitStore, StoreEvent};
+use simba_core::backend::{Lease, LeaseStore, PERMIT_CLAIM_MS, PermitStore, StoreEvent};
 use simba_core::{LeaseConfig, Semaphore};
 use simba_redis::{RedisStore, WaitMode};
 use simba_test_kit::servers::redis;
@@ -49,14 +50,15 @@ async fn semaphore_keys_fences_and_fifo_wakeups() {
     let m = store.acquire(s, "z", LEASE).await.unwrap();
     assert!(m.owner.is_owned_by_at("z", m.now));
 
-    // b then c queue; each is told when to look again, and holds nothing.
-    for who in ["b", "c"] {
+    // b, c then d queue; each is told when to look again, and holds nothing.
+    for who in ["b", "c", "d"] {
         let r = store.permit_acquire(s, who, 1, LEASE).await.unwrap();
         assert!(r.owner.owner_id.is_empty(), "{who}: {:?}", r.owner);
         assert!(r.owner.transition_at > r.now);
     }
     let mut b = store.permit_subscribe(s, "b").await.unwrap().unwrap();
     let mut c = store.permit_subscribe(s, "c").await.unwrap().unwrap();
+    let mut d = store.permit_subscribe(s, "d").await.unwrap().unwrap();
     // A holder's leave is no release.
     store.permit_leave(s, "a").await.unwrap();
     let read = store.permit_owners(s).await.unwrap();
@@ -70,17 +72,21 @@ async fn semaphore_keys_fences_and_fifo_wakeups() {
         !store.permit_release(s, "a").await.unwrap(),
         "released twice"
     );
-    // One wake-up for one freed permit: the first in line. Bound: a pushed message on
+    // One freed permit: a wake-up for the first in line, owed it, and one for the next
+    // (it looks again when b's claim ends); none for d. Bound: a pushed message on
     // loopback, generous for a loaded machine.
-    let woken = timeout(Duration::from_secs(5), b.recv()).await.unwrap();
-    assert_eq!(woken, Some(StoreEvent::Released));
+    for (who, rx) in [("b", &mut b), ("c", &mut c)] {
+        let woken = timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+        assert_eq!(woken, Some(StoreEvent::Released), "{who}");
+    }
     assert!(
-        timeout(Duration::from_millis(300), c.recv()).await.is_err(),
-        "the second waiter was woken for one permit"
+        timeout(Duration::from_millis(300), d.recv()).await.is_err(),
+        "the third waiter was woken for one permit"
     );
-    // c cannot barge past b.
+    // c cannot barge past b while b's claim runs.
     let r = store.permit_acquire(s, "c", 1, LEASE).await.unwrap();
     assert!(!r.owner.is_owner("c"));
+    assert_eq!(r.owner.transition_at, r.now + PERMIT_CLAIM_MS);
     let got = store.permit_acquire(s, "b", 1, LEASE).await.unwrap();
     assert!(got.owner.is_owned_by_at("b", got.now));
     assert!(got.owner.fence > a.owner.fence);
@@ -107,6 +113,7 @@ async fn semaphore_keys_fences_and_fifo_wakeups() {
     );
     assert!(store.permit_release(s, "b").await.unwrap());
     assert!(store.permit_release(s, "c").await.is_ok());
+    assert!(store.permit_release(s, "d").await.is_ok());
 }
 
 /// Without pub/sub, waiters poll (every `waiter_poll`) and a release drops nobody from
