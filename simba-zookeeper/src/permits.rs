@@ -363,11 +363,12 @@ impl ZkPermitStore {
 
     /// This store with the claim window `claim` (see the module docs, *Claim window*):
     /// how long a waiter owed a free permit has to take it before a waiter behind it
-    /// removes its node; `None`: never (a stopped waiter's place lasts its lease). It
-    /// shares everything else with `self` (session, subscriptions).
+    /// removes its node; `None`: never (a stopped waiter's place lasts its lease). A
+    /// window under 1 ms counts as 1 ms. It shares everything else with `self` (session,
+    /// subscriptions).
     #[must_use]
     pub fn with_claim(mut self, claim: Option<Duration>) -> Self {
-        self.claim_ms = claim.map(millis);
+        self.claim_ms = claim.map(|c| millis(c).max(1));
         self
     }
 
@@ -850,7 +851,7 @@ impl Inner {
     /// Runs the claims of the waiters owed a permit among `front` (the first N live nodes
     /// ahead, read before the server's `now`): one first seen owed (at its version) a claim
     /// window or more ago is removed, version-checked; the others' first sighting is
-    /// recorded.
+    /// recorded. Sightings older than the window plus the session timeout are forgotten.
     async fn end_claims(&self, front: &[Node], now: i64, claim_ms: i64) -> Result<Claims> {
         let forget_after = claim_ms.saturating_add(self.session_ms());
         let mut due = Vec::new();
@@ -860,7 +861,9 @@ impl Inner {
             // A node keeps one version at most its lease (under half the session) after it
             // was written: an older sighting is of a node gone or changed.
             owed.retain(|_, seen| seen.saturating_add(forget_after) > now);
-            for node in front.iter().filter(|n| !n.renewed()) {
+            // A node without a lease in its data (written by something else) is left
+            // alone: it holds its slot as long as its session.
+            for node in front.iter().filter(|n| !n.renewed() && n.ttl_ms > 0) {
                 let key = (node.path.clone(), node.stat.version);
                 let end = owed.entry(key).or_insert(now).saturating_add(claim_ms);
                 if end <= now {
