@@ -313,3 +313,46 @@ async fn an_owed_waiter_that_takes_in_time_keeps_its_permit() {
     assert_eq!(renewed.owner.fence, w.owner.fence);
     assert_eq!(holder_ids(&store, &s).await, ["b", "w"]);
 }
+
+/// A waiter further back (watching only the node just ahead) runs the claim too: its own
+/// sighting of the owed waiter, a claim window old, removes it, even though no waiter near
+/// the front (here on another session, with sightings of its own) has looked meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_further_back_runs_the_claim_too() {
+    let (factory, front) = store_with(CLAIM_SESSION, Some(CLAIM)).await;
+    let back = ZkFactory::connect(factory.config().clone())
+        .await
+        .expect("connect")
+        .permit_store();
+    let s = unique_name("claim_back");
+    let call = |store: &ZkPermitStore, who: &'static str| {
+        let (store, s) = (store.clone(), s.clone());
+        async move { acquire_for(&store, &s, who, LONG_LEASE).await }
+    };
+    assert!(holds(&call(&front, "a").await, "a"));
+    assert!(holds(&call(&front, "b").await, "b"));
+    for who in ["w", "x", "y"] {
+        assert!(!holds(&call(&front, who).await, who));
+    }
+    // z has four live nodes ahead (2 permits): further back.
+    let z = call(&back, "z").await;
+    assert!(!holds(&z, "z"));
+    assert!(front.permit_release(&s, "a").await.unwrap());
+    // w is owed a's permit and stays silent; z looks and is asked back when w's claim ends.
+    let z = call(&back, "z").await;
+    assert!(!holds(&z, "z"));
+    let wait = look_again_in(&z);
+    assert!(
+        wait <= CLAIM,
+        "z is to look again in {wait:?}, after w's claim"
+    );
+    // Time is the subject: z looks again once w's claim has ended, as the engine would
+    // (the server stamps the clock of that look after the sleep, past the claim's end).
+    sleep(wait).await;
+    assert!(!holds(&call(&back, "z").await, "z"));
+    // w's node is gone: x, next, takes its permit at once (x's store never saw w owed).
+    let x = call(&front, "x").await;
+    assert!(holds(&x, "x"), "w still held up its permit: {x:?}");
+    assert!(!holds(&call(&front, "w").await, "w"), "w kept its place");
+    assert_eq!(holder_ids(&front, &s).await, ["b", "x"]);
+}
