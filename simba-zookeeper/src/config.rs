@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use simba_core::backend::PERMIT_CLAIM_MS;
 use simba_core::{Error, Result, validate_duration};
 
 /// The shortest session timeout accepted.
@@ -144,6 +145,14 @@ pub struct ZkConfig {
     /// (the mutex name) besides `backend` (default off: names are unbounded, every one
     /// makes its own time series). As [`LeaseConfig::metrics_mutex_label`](simba_core::LeaseConfig::metrics_mutex_label).
     pub metrics_mutex_label: bool,
+    /// How long a semaphore waiter owed a free permit has to take it before a waiter behind
+    /// it removes its node (default `Some(`[`PERMIT_CLAIM_MS`]` ms)`; `None`: never, a
+    /// stopped waiter then holds its permit up until its place lapses at its lease end).
+    /// The removal is version-checked: a waiter that took meanwhile keeps its permit, and
+    /// one removed that calls again joins again at the back of the queue (see
+    /// [`ZkPermitStore`](crate::ZkPermitStore), *Claim window*). At least 1 ms, whole
+    /// milliseconds.
+    pub permit_claim: Option<Duration>,
 }
 
 impl ZkConfig {
@@ -157,6 +166,7 @@ impl ZkConfig {
             digest: None,
             drift_margin: Duration::from_millis(200),
             metrics_mutex_label: false,
+            permit_claim: Some(Duration::from_millis(PERMIT_CLAIM_MS.unsigned_abs())),
         }
     }
 
@@ -266,14 +276,21 @@ impl ZkConfig {
         self
     }
 
+    /// Sets [`ZkConfig::permit_claim`] (`None`: a stopped waiter's place lasts its lease).
+    pub fn with_permit_claim(mut self, claim: Option<Duration>) -> Self {
+        self.permit_claim = claim;
+        self
+    }
+
     /// Checks every setting.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the first bad setting and saying how to fix it: an
     /// unparsable connect string, a session timeout outside
     /// [`MIN_SESSION_TIMEOUT`]`..=`[`MAX_SESSION_TIMEOUT`], a zero or huge connect timeout,
-    /// a root that is not a valid absolute ZooKeeper path, bad credentials, or a drift
-    /// margin of half the session timeout or more; any duration that is not whole milliseconds.
+    /// a root that is not a valid absolute ZooKeeper path, bad credentials, a drift margin
+    /// of half the session timeout or more, or a permit claim of zero; any duration that is
+    /// not whole milliseconds.
     pub fn validate(&self) -> Result<()> {
         self.resolve().map(|_| ())
     }
@@ -287,6 +304,10 @@ impl ZkConfig {
             ("drift_margin", self.drift_margin),
         ] {
             validate_duration(field, d, Duration::ZERO)?;
+        }
+        if let Some(claim) = self.permit_claim {
+            // Zero would remove a waiter owed a permit the moment anyone behind it looks.
+            validate_duration("permit_claim", claim, Duration::from_millis(1))?;
         }
         if self.session_timeout < MIN_SESSION_TIMEOUT {
             return Err(Error::config(
@@ -559,6 +580,17 @@ mod tests {
         assert_eq!(r.hosts, vec![("127.0.0.1".to_owned(), 2181)]);
         assert_eq!(r.chroot, None);
         assert_eq!(r.base, "/simba");
+    }
+
+    #[test]
+    fn permit_claim_defaults_to_the_core_claim_and_is_checked() {
+        let c = ZkConfig::new("h:1");
+        assert_eq!(c.permit_claim, Some(Duration::from_millis(50)));
+        assert!(c.clone().with_permit_claim(None).validate().is_ok());
+        for bad in [Duration::ZERO, Duration::from_micros(1500)] {
+            let e = c.clone().with_permit_claim(Some(bad)).validate();
+            assert_eq!(field(e.expect_err("refused")), "permit_claim");
+        }
     }
 
     #[test]

@@ -146,9 +146,9 @@ impl ZkFactory {
 
     /// The store of this session's semaphores, a
     /// [`PermitStore`](simba_core::backend::PermitStore) for [`Semaphore`] (see the crate
-    /// docs, *Semaphores*).
+    /// docs, *Semaphores*), with the claim window [`ZkConfig::permit_claim`].
     pub fn permit_store(&self) -> ZkPermitStore {
-        ZkPermitStore::new(self.session.clone())
+        ZkPermitStore::new(self.session.clone(), self.config.permit_claim)
     }
 
     /// The lease config for permits of this session: the longest lease the store accepts

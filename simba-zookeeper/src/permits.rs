@@ -29,6 +29,34 @@
 //! wakes it, even when the node just ahead of it is a waiter that never writes again;
 //! one further back watches the node just ahead only (no herd), and looks again when that
 //! node's lease ends.
+//!
+//! # Claim window
+//!
+//! A waiter among the first N live nodes that has not taken its permit (never written as
+//! a holder: version 0, or marked ` w`) is *owed* one. A stopped owed waiter would hold
+//! that permit up until its lease ends, so every waiter that looks behind it records, in
+//! its store instance, the server time it first saw each owed node at each version, looks
+//! again by then + the claim window
+//! ([`ZkConfig::permit_claim`](crate::ZkConfig::permit_claim)), and if the node still has
+//! that version then, deletes it, version-checked: the owed waiter loses its place (when
+//! it calls again it finds no node and joins again at the back). The recipe cannot pass
+//! a waiter over and keep its place, as the in-memory store does, because the order of
+//! the nodes is what says who holds; so [`PermitStore::permit_claim`] stays `None`.
+//!
+//! This keeps at most N holders: the holders are still the first N live nodes in
+//! sequence order, and the node deleted never held (it had not been written as a holder
+//! at the version read). The delete and the owed waiter's take are both conditional on
+//! that same version of the same node, so exactly one succeeds: a take that came first
+//! makes the delete fail (the node holds, and stays), a delete that came first makes the
+//! take fail (no node: the waiter joins again). A waiter behind only takes after reading
+//! the nodes again.
+//!
+//! Not only the waiters near the front run the claims: each store instance (each process)
+//! has its own sightings, and with a permit held up the others cycle fast, so a waiter
+//! near the front usually takes the other permit before its own claim ends. The first
+//! waiter anywhere behind to look with a sighting a claim window old removes the node
+//! (in a `chaos` run with a waiter paused, running them near the front only left the
+//! held-up permit idle about twice as long).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,15 +91,22 @@ const SEQ_DIGITS: usize = 10;
 /// with [`ZkFactory::permit_store`](crate::ZkFactory::permit_store), or a
 /// [`Semaphore`](simba_core::Semaphore) at once with
 /// [`ZkFactory::semaphore`](crate::ZkFactory::semaphore).
+///
+/// Its claim window (see the module docs, *Claim window*) is
+/// [`ZkConfig::permit_claim`](crate::ZkConfig::permit_claim);
+/// [`ZkPermitStore::with_claim`] sets another.
 #[derive(Clone)]
 pub struct ZkPermitStore {
     inner: Arc<Inner>,
+    /// The claim window in milliseconds; `None`: owed waiters are never removed.
+    claim_ms: Option<i64>,
 }
 
 impl std::fmt::Debug for ZkPermitStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZkPermitStore")
             .field("dir", &self.inner.dir)
+            .field("claim_ms", &self.claim_ms)
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +120,17 @@ struct Inner {
     subscribers: Subscribers,
     /// The task that tells subscribers to read again after a reconnect runs.
     following: AtomicBool,
+    /// The server time each owed waiter's node (path, version) was first seen owed (see
+    /// the module docs, *Claim window*).
+    owed: StdMutex<HashMap<(String, i32), i64>>,
+}
+
+/// What the claims of the owed waiters ahead came to.
+enum Claims {
+    /// A node was removed, or changed under the read: read again.
+    Again,
+    /// When the first claim still running ends (`None`: none runs).
+    Until(Option<i64>),
 }
 
 /// What a node's data says after its lease (see the module docs).
@@ -307,7 +353,7 @@ pub(crate) fn lease_config(session: Duration) -> LeaseConfig {
 }
 
 impl ZkPermitStore {
-    pub(crate) fn new(session: Arc<Session>) -> Self {
+    pub(crate) fn new(session: Arc<Session>, claim: Option<Duration>) -> Self {
         let dir = format!("{}/{SEMAPHORES}", session.core().base());
         ZkPermitStore {
             inner: Arc::new(Inner {
@@ -315,8 +361,30 @@ impl ZkPermitStore {
                 dir,
                 subscribers: StdMutex::default(),
                 following: AtomicBool::new(false),
+                owed: StdMutex::default(),
             }),
+            claim_ms: None,
         }
+        .with_claim(claim)
+    }
+
+    /// This store with the claim window `claim` (see the module docs, *Claim window*):
+    /// how long a waiter owed a free permit has to take it before a waiter behind it
+    /// removes its node; `None`: never (a stopped waiter's place lasts its lease). A
+    /// window under 1 ms counts as 1 ms. It shares everything else with `self` (session,
+    /// subscriptions).
+    #[must_use]
+    pub fn with_claim(mut self, claim: Option<Duration>) -> Self {
+        self.claim_ms = claim.map(|c| millis(c).max(1));
+        self
+    }
+
+    /// The claim window in effect (see [`ZkPermitStore::with_claim`]). Not
+    /// [`PermitStore::permit_claim`], which stays `None`: that promises a waiter passed
+    /// over keeps its place, and here it loses it.
+    pub fn claim(&self) -> Option<Duration> {
+        self.claim_ms
+            .map(|ms| Duration::from_millis(ms.unsigned_abs()))
     }
 
     /// The server-side path of semaphore `name`'s node: `{chroot}{root}/%semaphores/{name}`
@@ -491,6 +559,10 @@ impl Inner {
         self.subscribers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn owed(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), i64>> {
+        self.owed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn notify(&self, key: &(String, String), event: StoreEvent) {
         if let Some(tx) = self.subscribers().get(key) {
             // A full channel already holds an event that makes the contender look again.
@@ -539,6 +611,7 @@ impl Inner {
         contender_id: &str,
         permits: u32,
         lease: Lease,
+        claim_ms: Option<i64>,
     ) -> Result<LeaseReply> {
         self.check_lease(lease)?;
         let parent = self.parent(semaphore);
@@ -573,7 +646,15 @@ impl Inner {
                 },
             };
             match self
-                .place(semaphore, &parent, &mine, contender_id, permits, lease)
+                .place(
+                    semaphore,
+                    &parent,
+                    &mine,
+                    contender_id,
+                    permits,
+                    lease,
+                    claim_ms,
+                )
                 .await?
             {
                 Round::Done(reply) => return Ok(reply),
@@ -669,6 +750,7 @@ impl Inner {
 
     /// Decides what `contender_id`'s node `mine` is: a holder (renewed now) or a waiter
     /// (watching what can free its turn).
+    #[allow(clippy::too_many_arguments)]
     async fn place(
         self: &Arc<Self>,
         semaphore: &str,
@@ -677,6 +759,7 @@ impl Inner {
         contender_id: &str,
         permits: u32,
         lease: Lease,
+        claim_ms: Option<i64>,
     ) -> Result<Round<LeaseReply>> {
         let core = self.core();
         let Some(children) = self.children(parent).await? else {
@@ -703,6 +786,15 @@ impl Inner {
         let live = self.prune(ahead, now).await?;
         if live.len() < n {
             return self.renew(&me, contender_id, lease).await;
+        }
+        // The waiters owed the permits ahead have the claim window to take them; one that
+        // did not is removed (see the module docs, *Claim window*).
+        let mut claim_end = None;
+        if let Some(claim_ms) = claim_ms {
+            match self.end_claims(&live[..n], now, claim_ms).await? {
+                Claims::Again => return Ok(Round::Again),
+                Claims::Until(end) => claim_end = end,
+            }
         }
         // A waiter keeps its place by writing within its lease: every half ttl.
         let half_ttl = lease.ttl_ms() / 2;
@@ -736,14 +828,17 @@ impl Inner {
                 return Ok(Round::Again);
             }
             // Look again when the first lease ahead ends (one that stopped renewing or
-            // keeping its place), or when this one must keep its place.
+            // keeping its place), when the first claim ahead ends, or when this one must
+            // keep its place.
             let at = live
                 .iter()
                 .map(|h| h.ends_at(now, session_ms))
                 .min()
                 .unwrap_or(now)
-                .saturating_add(1);
-            return Ok(Round::Done(LeaseReply::look_again_at(at.min(keep_by), now)));
+                .saturating_add(1)
+                .min(keep_by)
+                .min(claim_end.unwrap_or(i64::MAX));
+            return Ok(Round::Done(LeaseReply::look_again_at(at, now)));
         }
         // Further back: watch the node just ahead only. It goes, or it writes (it keeps its
         // place, or becomes a holder); and its lease ends if it stops writing.
@@ -752,12 +847,65 @@ impl Inner {
         };
         match core.call(core.zk().exists_w(&before.path, waker)).await {
             Ok(Some(_)) => {
-                let at = before.ends_at(now, session_ms).saturating_add(1);
-                Ok(Round::Done(LeaseReply::look_again_at(at.min(keep_by), now)))
+                let at = before
+                    .ends_at(now, session_ms)
+                    .saturating_add(1)
+                    .min(keep_by)
+                    .min(claim_end.unwrap_or(i64::MAX));
+                Ok(Round::Done(LeaseReply::look_again_at(at, now)))
             }
             Ok(None) => Ok(Round::Again),
             Err(e) => Err(e.into_error(&format!("watching {}", before.path))),
         }
+    }
+
+    /// Runs the claims of the waiters owed a permit among `front` (the first N live nodes
+    /// ahead, read before the server's `now`): one first seen owed (at its version) a claim
+    /// window or more ago is removed, version-checked; the others' first sighting is
+    /// recorded. Sightings older than the window plus the session timeout are forgotten.
+    async fn end_claims(&self, front: &[Node], now: i64, claim_ms: i64) -> Result<Claims> {
+        let forget_after = claim_ms.saturating_add(self.session_ms());
+        let mut due = Vec::new();
+        let mut next: Option<i64> = None;
+        {
+            let mut owed = self.owed();
+            // A node keeps one version at most its lease (under half the session) after it
+            // was written: an older sighting is of a node gone or changed.
+            owed.retain(|_, seen| seen.saturating_add(forget_after) > now);
+            // A node without a lease in its data (written by something else) is left
+            // alone: it holds its slot as long as its session.
+            for node in front.iter().filter(|n| !n.renewed() && n.ttl_ms > 0) {
+                let key = (node.path.clone(), node.stat.version);
+                let end = owed.entry(key).or_insert(now).saturating_add(claim_ms);
+                if end <= now {
+                    due.push(node);
+                } else {
+                    next = Some(next.map_or(end, |e| e.min(end)));
+                }
+            }
+        }
+        if due.is_empty() {
+            return Ok(Claims::Until(next));
+        }
+        let core = self.core();
+        for node in due {
+            self.owed().remove(&(node.path.clone(), node.stat.version));
+            match core
+                .write(core.zk().delete(&node.path, Some(node.stat.version)))
+                .await
+            {
+                Ok(()) => {
+                    tracing::debug!(
+                        path = %node.path,
+                        "removed a waiter that did not take the permit it was owed in time"
+                    );
+                }
+                // Gone, or written meanwhile (it took, or kept its place): it stays.
+                Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => {}
+                Err(e) => return Err(e.into_error(&format!("removing {}", node.path))),
+            }
+        }
+        Ok(Claims::Again)
     }
 
     /// Writes waiter `node`'s data again (version-checked), which keeps its place for
@@ -934,7 +1082,7 @@ impl PermitStore for ZkPermitStore {
         lease: Lease,
     ) -> Result<LeaseReply> {
         self.inner
-            .acquire(semaphore, contender_id, permits, lease)
+            .acquire(semaphore, contender_id, permits, lease, self.claim_ms)
             .await
     }
 

@@ -6,7 +6,7 @@
 //!
 //! The lease is 25 s, the longest a 60 s session allows (half of it), and a run takes well
 //! under that: nothing expires during a run, so the runs compare the admission rule, not
-//! timing (each run is on a new semaphore). A failure names its seed;
+//! timing (each run is on a new semaphore), and the store's claim window is off. A failure names its seed;
 //! `SIMBA_PERMIT_SEED=<seed>` runs that one only.
 
 mod common;
@@ -47,7 +47,10 @@ async fn permit_recipe_follows_the_core_rule() {
     let factory = ZkFactory::connect(test_config(zk.url(), &random_root(), SESSION))
         .await
         .unwrap_or_else(|e| panic!("connect: {e}"));
-    let store = factory.permit_store();
+    // The claim window off: ZooKeeper removes an owed waiter that does not take in time
+    // (it loses its place), which is not the model's pass-over (its `permit_claim` stays
+    // `None`); with it off the runs compare the rule, not timing.
+    let store = factory.permit_store().with_claim(None);
     for seed in seeds() {
         for permits in [1, 2, 3] {
             let run = Run {
