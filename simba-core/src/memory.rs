@@ -63,22 +63,8 @@ impl Permits {
         lease: Lease,
         now: i64,
     ) -> Result<LeaseReply> {
-        let holders: Vec<AdmissionHolder<'_>> = self
-            .holders
-            .iter()
-            .map(|h| AdmissionHolder {
-                contender_id: &h.owner_id,
-                transition_at: h.transition_at,
-                fence: h.fence,
-            })
-            .collect();
-        let waiters = self.admission_waiters();
-        let state = SemaphoreState {
-            permits: self.permits,
-            last_fence: self.fence,
-            holders: &holders,
-            waiters: &waiters,
-        };
+        let (holders, waiters) = (self.admission_holders(), self.admission_waiters());
+        let state = self.state(&holders, &waiters);
         let request = PermitRequest {
             contender_id,
             permits,
@@ -170,22 +156,8 @@ impl Permits {
     fn wake(&mut self, now: i64) {
         self.subscribers.retain(|(_, tx)| !tx.is_closed());
         loop {
-            let holders: Vec<AdmissionHolder<'_>> = self
-                .holders
-                .iter()
-                .map(|h| AdmissionHolder {
-                    contender_id: &h.owner_id,
-                    transition_at: h.transition_at,
-                    fence: h.fence,
-                })
-                .collect();
-            let waiters = self.admission_waiters();
-            let state = SemaphoreState {
-                permits: self.permits,
-                last_fence: self.fence,
-                holders: &holders,
-                waiters: &waiters,
-            };
+            let (holders, waiters) = (self.admission_holders(), self.admission_waiters());
+            let state = self.state(&holders, &waiters);
             let mut deaf = None;
             for i in permit_wakes(&state, now) {
                 let id = &self.queue[i].0;
@@ -210,6 +182,31 @@ impl Permits {
                 None => return,
             }
         }
+    }
+
+    /// The semaphore as the admission rule sees it, over these holders and waiters.
+    fn state<'a>(
+        &self,
+        holders: &'a [AdmissionHolder<'a>],
+        waiters: &'a [AdmissionWaiter<'a>],
+    ) -> SemaphoreState<'a> {
+        SemaphoreState {
+            permits: self.permits,
+            last_fence: self.fence,
+            holders,
+            waiters,
+        }
+    }
+
+    fn admission_holders(&self) -> Vec<AdmissionHolder<'_>> {
+        self.holders
+            .iter()
+            .map(|h| AdmissionHolder {
+                contender_id: &h.owner_id,
+                transition_at: h.transition_at,
+                fence: h.fence,
+            })
+            .collect()
     }
 
     fn admission_waiters(&self) -> Vec<AdmissionWaiter<'_>> {

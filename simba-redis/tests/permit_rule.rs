@@ -15,11 +15,9 @@ mod common;
 
 use std::time::Duration;
 
-use simba_core::Result;
-use simba_core::backend::{Lease, LeaseReply, PERMIT_CLAIM_MS, PermitHolders, PermitStore};
-use simba_core::events::EventReceiver;
+use simba_core::backend::{Lease, PERMIT_CLAIM_MS};
 use simba_redis::RedisStore;
-use simba_test_kit::permit_model::{Run, differential};
+use simba_test_kit::permit_model::{Paced, Run, differential};
 use simba_test_kit::servers::redis;
 use simba_test_kit::support::unique_name;
 
@@ -62,51 +60,6 @@ async fn sem_acquire_and_release_scripts_follow_the_core_rule() {
                 panic!("{e} (run again with SIMBA_PERMIT_SEED={seed})");
             }
         }
-    }
-}
-
-/// A store whose acquisitions each start `pace` late: with [`PERMIT_CLAIM_MS`] of 50 ms, a
-/// waiter owed a permit that is not among the next few callers is passed over.
-struct Paced {
-    store: RedisStore,
-    pace: Duration,
-}
-
-impl PermitStore for Paced {
-    fn backend(&self) -> &'static str {
-        self.store.backend()
-    }
-    fn permit_claim(&self) -> Option<Duration> {
-        self.store.permit_claim()
-    }
-    async fn permit_acquire(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-        permits: u32,
-        lease: Lease,
-    ) -> Result<LeaseReply> {
-        // Time is the subject: the pace makes claims end between steps.
-        tokio::time::sleep(self.pace).await;
-        self.store
-            .permit_acquire(semaphore, contender_id, permits, lease)
-            .await
-    }
-    async fn permit_release(&self, semaphore: &str, contender_id: &str) -> Result<bool> {
-        self.store.permit_release(semaphore, contender_id).await
-    }
-    async fn permit_owners(&self, semaphore: &str) -> Result<PermitHolders> {
-        self.store.permit_owners(semaphore).await
-    }
-    async fn permit_subscribe(
-        &self,
-        semaphore: &str,
-        contender_id: &str,
-    ) -> Result<Option<EventReceiver>> {
-        self.store.permit_subscribe(semaphore, contender_id).await
-    }
-    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> Result<()> {
-        self.store.permit_leave(semaphore, contender_id).await
     }
 }
 

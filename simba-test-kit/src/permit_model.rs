@@ -460,6 +460,68 @@ pub async fn differential<S: PermitStore>(
     Ok(())
 }
 
+/// A store whose acquisitions each start `pace` late, for a [`differential`] run in which
+/// claims ([`PermitStore::permit_claim`]) end between steps: with a pace of a quarter of
+/// the claim, a waiter owed a permit that is not among the next few callers is passed over.
+#[derive(Debug, Clone)]
+pub struct Paced<S> {
+    /// The store.
+    pub store: S,
+    /// How late each acquisition starts.
+    pub pace: std::time::Duration,
+}
+
+impl<S: PermitStore> PermitStore for Paced<S> {
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+    fn permit_claim(&self) -> Option<std::time::Duration> {
+        self.store.permit_claim()
+    }
+    async fn permit_acquire(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+        permits: u32,
+        lease: Lease,
+    ) -> simba_core::Result<simba_core::backend::LeaseReply> {
+        // Time is the subject: the pace makes claims end between steps.
+        tokio::time::sleep(self.pace).await;
+        self.store
+            .permit_acquire(semaphore, contender_id, permits, lease)
+            .await
+    }
+    async fn permit_release(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> simba_core::Result<bool> {
+        self.store.permit_release(semaphore, contender_id).await
+    }
+    async fn permit_owners(
+        &self,
+        semaphore: &str,
+    ) -> simba_core::Result<simba_core::backend::PermitHolders> {
+        self.store.permit_owners(semaphore).await
+    }
+    async fn permit_subscribe(
+        &self,
+        semaphore: &str,
+        contender_id: &str,
+    ) -> simba_core::Result<Option<simba_core::events::EventReceiver>> {
+        self.store.permit_subscribe(semaphore, contender_id).await
+    }
+    async fn permit_leave(&self, semaphore: &str, contender_id: &str) -> simba_core::Result<()> {
+        self.store.permit_leave(semaphore, contender_id).await
+    }
+    fn check_semaphore_name(&self, semaphore: &str) -> simba_core::Result<()> {
+        self.store.check_semaphore_name(semaphore)
+    }
+    fn check_contender_id(&self, contender_id: &str) -> simba_core::Result<()> {
+        self.store.check_contender_id(contender_id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -23,7 +23,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::permit_model::{Run, differential};
+use crate::permit_model::{Paced, Run, differential};
 use crate::store_cases::StoreSource;
 use crate::suite::{CaseError, CaseResult, SetupError};
 use crate::support::unique_name;
@@ -734,7 +734,9 @@ pub async fn store_fences_increase_across_permits<S: PermitSource>(src: &S) -> C
 
 /// The differential test of [`permit_model`](crate::permit_model) on a few fixed seeds:
 /// the store admits exactly as simba-core's rule does. Long leases: nothing expires during
-/// the run (see [`Run::lease`]).
+/// the run (see [`Run::lease`]). Where the store passes waiters over
+/// ([`PermitStore::permit_claim`]), two more runs pace the acquisitions
+/// ([`Paced`]) so that claims end between steps.
 pub async fn store_admission_follows_the_rule<S: PermitSource>(src: &S) -> CaseResult {
     let store = src.store().await?;
     for seed in [1, 2] {
@@ -747,6 +749,30 @@ pub async fn store_admission_follows_the_rule<S: PermitSource>(src: &S) -> CaseR
             lease: STORE_LEASE,
         };
         within("the differential run", differential(&store, &name, run)).await??;
+    }
+    // Where waiters are passed over, once more with each acquisition a quarter of a claim
+    // late, so that claims end between steps (time is the subject).
+    if let Some(claim) = store.permit_claim() {
+        let paced = Paced {
+            store,
+            pace: claim / 4,
+        };
+        // Two runs that a store ignoring claims fails (checked: at steps 15 and 22).
+        for (seed, permits) in [(6, 1), (5, 2)] {
+            let run = Run {
+                seed,
+                steps: 60,
+                contenders: 5,
+                permits,
+                lease: STORE_LEASE,
+            };
+            let name = unique_name("sem_rule_paced");
+            within(
+                "the paced differential run",
+                differential(&paced, &name, run),
+            )
+            .await??;
+        }
     }
     Ok(())
 }
