@@ -155,6 +155,14 @@ fn bench_json_on_sqlite() {
     let v = bench_json(&url);
     check_common(&v, "sqlite");
     number(&v, "floor.handoff_p50_us");
+    // The database file's journal mode, and the store's connections' `synchronous`.
+    assert_eq!(v["floor"]["durability"]["journal_mode"], "wal", "{v:#}");
+    assert!(
+        v["floor"]["durability"]["synchronous"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("NORMAL")),
+        "{v:#}"
+    );
     number(&v, "failover.no_jitter.after_lease_p50_ms");
     // simba-jdbc's permits: measured beside the mutex.
     assert_eq!(v["semaphore"]["supported"], true, "{v:#}");
@@ -171,6 +179,9 @@ async fn bench_json_on_redis() {
     let v = blocking(move || bench_json(&url)).await;
     check_common(&v, "redis");
     number(&v, "floor.pubsub_p50_us");
+    // Read from the server: the kit's Redis keeps an append-only file.
+    assert_eq!(v["floor"]["durability"]["appendonly"], "yes", "{v:#}");
+    assert!(v["floor"]["durability"]["appendfsync"].is_string(), "{v:#}");
     number(&v, "floor.raw_lock_p50_us");
     number(&v, "scale.connections");
     assert_eq!(v["semaphore"]["supported"], true, "{v:#}");

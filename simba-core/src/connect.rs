@@ -434,6 +434,17 @@ pub trait Probe: Send {
     fn close(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
         Box::pin(async { Ok(()) })
     }
+
+    /// The settings that decide what a write waits for before the server answers (does a
+    /// commit reach the disk?), as `(name, value)` pairs read from the server where it can
+    /// say (`fsync`, `synchronous_commit`, `appendfsync`, …), so that a figure is read
+    /// beside them. Empty (the default) where the backend does not report them.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the server refused or did not answer the read.
+    fn durability(&mut self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// The error for a floor a probe does not measure.

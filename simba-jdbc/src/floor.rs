@@ -442,6 +442,23 @@ impl ProbeConn {
         }
     }
 
+    /// The rows of `sql`, a statement of one text column named `value`.
+    async fn load_text(&mut self, sql: &str) -> diesel::QueryResult<Vec<String>> {
+        use crate::conn::SqlConn;
+        let _ = sql;
+        let rows = match self {
+            #[cfg(feature = "mysql")]
+            ProbeConn::Mysql(c) => c.load_text(sql).await?,
+            #[cfg(feature = "postgres")]
+            ProbeConn::Postgres(c) => c.as_mut().load_text(sql).await?,
+            #[cfg(feature = "sqlite")]
+            ProbeConn::Sqlite(c) => c.load_text(sql).await?,
+            #[cfg(not(any(feature = "mysql", feature = "postgres", feature = "sqlite")))]
+            ProbeConn::Never(never) => match *never {},
+        };
+        Ok(rows.into_iter().map(|r| r.value).collect())
+    }
+
     /// Runs `sql` (one statement, its result discarded): one round trip.
     async fn execute(&mut self, sql: &str) -> diesel::QueryResult<()> {
         use diesel_async::SimpleAsyncConnection;
@@ -459,6 +476,37 @@ impl ProbeConn {
     }
 }
 
+/// What each database says about its durability: one statement of `name=value` rows.
+fn durability_sql(kind: Backend) -> &'static str {
+    match kind {
+        Backend::Postgres => {
+            "SELECT name || '=' || setting AS value FROM pg_settings \
+             WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes') ORDER BY name"
+        }
+        Backend::Mysql => {
+            "SELECT CONCAT('innodb_flush_log_at_trx_commit=', \
+             @@innodb_flush_log_at_trx_commit) AS value \
+             UNION ALL SELECT CONCAT('sync_binlog=', @@sync_binlog) \
+             UNION ALL SELECT CONCAT('log_bin=', @@log_bin)"
+        }
+        // The journal mode is the database file's; `synchronous` is each connection's, and
+        // simba-jdbc sets it on its own (see `crate::sqlite`), not the probe's.
+        Backend::Sqlite => {
+            "SELECT 'journal_mode=' || journal_mode AS value FROM pragma_journal_mode"
+        }
+    }
+}
+
+/// `name=value` rows as pairs (a row without `=` is kept whole as the name).
+fn pairs(rows: Vec<String>) -> Vec<(String, String)> {
+    rows.into_iter()
+        .map(|r| match r.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => (r, String::new()),
+        })
+        .collect()
+}
+
 /// A SQL database's floor: `SELECT 1` on a connection of the pool's kind.
 pub(crate) struct SqlFloors {
     pub(crate) probe: SqlProbe,
@@ -468,6 +516,33 @@ pub(crate) struct SqlFloors {
 impl Probe for SqlFloors {
     fn round_trip_name(&self) -> &'static str {
         "SELECT 1"
+    }
+
+    fn durability(&mut self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        Box::pin(async move {
+            let kind = self.kind;
+            let sql = durability_sql(kind);
+            let limit = self.probe.timeout;
+            let rows = tokio::time::timeout(limit, self.probe.conn.load_text(sql))
+                .await
+                .map_err(|_| {
+                    Error::backend(
+                        kind.name(),
+                        format!("reading the durability settings: no answer within {limit:?}"),
+                    )
+                })?
+                .map_err(|e| {
+                    Error::backend_source(kind.name(), "reading the durability settings", true, e)
+                })?;
+            let mut settings = pairs(rows);
+            if kind == Backend::Sqlite {
+                settings.push((
+                    "synchronous".to_owned(),
+                    format!("{} (simba-jdbc sets it)", crate::sqlite::SYNCHRONOUS),
+                ));
+            }
+            Ok(settings)
+        })
     }
 
     fn floors(&self) -> Vec<Floor> {

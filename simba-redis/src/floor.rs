@@ -242,6 +242,28 @@ impl Probe for RedisProbe {
         "PING"
     }
 
+    fn durability(&mut self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        Box::pin(async move {
+            let mut settings = Vec::new();
+            // One name per `CONFIG GET` (several at once need Redis 7).
+            for name in ["appendonly", "appendfsync", "save"] {
+                let reply: std::collections::HashMap<String, String> = self
+                    .store
+                    .client()
+                    .custom(
+                        CustomCommand::new_static("CONFIG", ClusterHash::Random, false),
+                        vec!["GET", name],
+                    )
+                    .await
+                    .map_err(|e| backend("CONFIG GET", e))?;
+                if let Some(value) = reply.get(name) {
+                    settings.push((name.to_owned(), value.clone()));
+                }
+            }
+            Ok(settings)
+        })
+    }
+
     fn floors(&self) -> Vec<Floor> {
         let mut floors = vec![Floor::RoundTrip, Floor::RawLock];
         if self.pubsub.is_some() {

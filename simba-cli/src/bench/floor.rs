@@ -12,7 +12,7 @@ use super::stats::Samples;
 const PROBE_LIMIT: Duration = Duration::from_secs(5);
 
 /// The floors of one backend.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Floors {
     /// What one round trip is (`PING`, `SELECT 1`, `exists`).
     pub(crate) rtt_what: &'static str,
@@ -35,6 +35,26 @@ pub(crate) struct Floors {
     pub(crate) engine_uncontended: Option<f64>,
     /// The engine alone (over `MemoryStore`): handoff p50 from `release()` called, µs.
     pub(crate) engine_handoff: Option<f64>,
+    /// The server's durability settings as it reported them (`Probe::durability`; empty:
+    /// the backend reports none), or why they could not be read.
+    pub(crate) durability: Result<Vec<(String, String)>, String>,
+}
+
+impl Default for Floors {
+    fn default() -> Self {
+        Floors {
+            rtt_what: "",
+            rtt: Samples::default(),
+            pubsub: None,
+            raw_lock: None,
+            handoff: None,
+            handoff_what: "",
+            acquisition: None,
+            engine_uncontended: None,
+            engine_handoff: None,
+            durability: Ok(Vec::new()),
+        }
+    }
 }
 
 impl Floors {
@@ -56,6 +76,9 @@ pub(crate) async fn measure(conn: &dyn Connection, n: usize, run: &str) -> anyho
         rtt_what: probe.round_trip_name(),
         ..Floors::default()
     };
+    // What a commit waits for on this server, read first: a failure to read it is shown
+    // in its row, not a failure of the floors.
+    floors.durability = probe.durability().await.map_err(|e| e.to_string());
     // Every floor, then close the probe whatever happened: the first failure is reported.
     let measured = async {
         for floor in probe.floors() {

@@ -344,6 +344,31 @@ fn floor_section(f: &Floors) -> Section {
         format!("{} / {}", us(f.rtt.p50()), us(f.rtt.p99())),
         format!("{} samples", f.rtt.len()),
     ));
+    let (value, json_value) = match &f.durability {
+        Ok(settings) if settings.is_empty() => {
+            ("not reported by this backend".to_owned(), Value::Null)
+        }
+        Ok(settings) => (
+            settings
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Value::Object(
+                settings
+                    .iter()
+                    .map(|(k, v)| (k.clone(), json!(v)))
+                    .collect::<Map<String, Value>>(),
+            ),
+        ),
+        Err(e) => (format!("not read: {e}"), Value::Null),
+    };
+    s.json.insert("durability".into(), json_value);
+    s.rows.push(Row::new(
+        "server durability",
+        value,
+        "what a write waits for (read from the server)",
+    ));
     // etcd's probe (its round trip is a `put`) measures a watch delivery and a
     // transaction lock where Redis's measures pub/sub and `SET NX PX`.
     let etcd = f.rtt_what == "put";

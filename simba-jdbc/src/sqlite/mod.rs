@@ -56,6 +56,10 @@ impl_sql_conn!(SqliteConn, diesel::sqlite::Sqlite, prepared {
 /// uncontended and handoff p50s did not move (docs/performance.md).
 const CACHE_SIZE: &str = "PRAGMA cache_size = -256";
 
+/// The `synchronous` setting of every connection of the store's pool: a commit syncs the
+/// WAL at checkpoints only (see the crate README, *SQLite*, durability).
+pub(crate) const SYNCHRONOUS: &str = "NORMAL";
+
 /// What a SQLite store holds: its pool, and where its database lives.
 pub(crate) struct Store {
     pub(crate) pool: DeadPool<SqliteConn>,
@@ -109,7 +113,7 @@ impl Store {
                     // A commit syncs the WAL only at checkpoints, not every time: see the
                     // crate README (*SQLite*, durability) for why a lock table may lose its
                     // last commits in a power loss.
-                    conn.batch_execute("PRAGMA synchronous = NORMAL")
+                    conn.batch_execute(&format!("PRAGMA synchronous = {SYNCHRONOUS}"))
                         .await
                         .map_err(setup)?;
                     conn.batch_execute(CACHE_SIZE).await.map_err(setup)?;
