@@ -227,15 +227,11 @@ impl simba_test_kit::rw_cases::RwSource for ZkPermitHarness {
         Box::pin(async move {
             let session = test_config(self.server.url(), &self.root, PERMIT_SESSION);
             let factory = ZkFactory::connect(session).await?;
-            let readers = simba_core::Semaphore::new(
-                factory.permit_store(),
-                config,
-                lock,
-                simba_core::MAX_READERS,
-            )?;
+            let permits = Arc::new(factory.permit_store());
             let gates: Arc<dyn ContendServiceFactory> = Arc::new(factory);
-            let gate = simba_core::Locker::new(gates, lock)?;
-            Ok(simba_core::RwLock::new(gate, readers)?)
+            Ok(simba_core::RwLock::from_parts(
+                gates, permits, config, lock,
+            )?)
         })
     }
 
