@@ -240,28 +240,25 @@ pub fn admit_permit(state: &SemaphoreState<'_>, request: &PermitRequest<'_>) -> 
     let counting: Vec<usize> = live
         .iter()
         .copied()
-        .filter(|&i| Some(i) == queued || state.waiters[i].claim_by.is_none_or(|c| c > now))
+        .filter(|&i| Some(i) == queued || counts(&state.waiters[i], now))
         .collect();
     let place = queued.map_or(counting.len(), |q| {
         counting.iter().take_while(|&&i| i != q).count()
     });
-    let free = usize::try_from(request.permits)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(holders.len());
     let mine = holders
         .iter()
         .copied()
         .find(|&i| state.holders[i].contender_id == me);
     let agreed = mine.is_some() || holders.is_empty() || state.permits == request.permits;
+    // The count in force: the holders' while anyone holds, else the asked one.
+    let count = if holders.is_empty() {
+        request.permits
+    } else {
+        state.permits
+    };
+    let free = free_permits(count, holders.len());
     // The others owed a permit (none is, when the counts disagree: nothing is decided).
     let owed: Vec<usize> = if agreed {
-        let free = if mine.is_some() {
-            usize::try_from(state.permits)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(holders.len())
-        } else {
-            free
-        };
         counting
             .iter()
             .copied()
@@ -369,19 +366,26 @@ pub fn permit_wakes(state: &SemaphoreState<'_>, now: i64) -> Vec<usize> {
         .iter()
         .filter(|h| h.transition_at > now)
         .count();
-    let free = usize::try_from(state.permits)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(holders);
+    let free = free_permits(state.permits, holders);
     if free == 0 {
         return Vec::new();
     }
     (0..state.waiters.len())
-        .filter(|&i| {
-            let w = &state.waiters[i];
-            w.keep_until > now && w.claim_by.is_none_or(|c| c > now)
-        })
+        .filter(|&i| state.waiters[i].keep_until > now && counts(&state.waiters[i], now))
         .take(free.saturating_add(1))
         .collect()
+}
+
+/// Whether waiter `w` counts at `now`: it is not passed over (no claim, or one not ended).
+fn counts(w: &AdmissionWaiter<'_>, now: i64) -> bool {
+    w.claim_by.is_none_or(|c| c > now)
+}
+
+/// The permits of `count` that `holders` leave free.
+fn free_permits(count: u32, holders: usize) -> usize {
+    usize::try_from(count)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(holders)
 }
 
 #[cfg(test)]
