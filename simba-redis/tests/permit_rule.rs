@@ -15,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use simba_core::backend::{Lease, PERMIT_CLAIM_MS};
+use simba_core::backend::{Lease, PERMIT_CLAIM_MS, PermitStore};
 use simba_redis::RedisStore;
 use simba_test_kit::permit_model::{Paced, Run, differential};
 use simba_test_kit::servers::redis;
@@ -41,41 +41,15 @@ fn seeds() -> Vec<u64> {
     seeds
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sem_acquire_and_release_scripts_follow_the_core_rule() {
-    let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let store = RedisStore::connect(common::test_config(server.url(), &unique_name("t")))
+/// A store on the Redis at `url`, with a prefix of its own.
+async fn store(url: &str) -> RedisStore {
+    RedisStore::connect(common::test_config(url, &unique_name("t")))
         .await
-        .unwrap_or_else(|e| panic!("connect: {e}"));
-    for seed in seeds() {
-        for permits in [1, 2, 3] {
-            let run = Run {
-                seed,
-                steps: 120,
-                contenders: 5,
-                permits,
-                lease: LEASE,
-            };
-            if let Err(e) = differential(&store, &unique_name("rule"), run).await {
-                panic!("{e} (run again with SIMBA_PERMIT_SEED={seed})");
-            }
-        }
-    }
+        .unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sem_scripts_pass_over_waiters_whose_claim_ended_as_the_core_rule_does() {
-    let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
-    let store = RedisStore::connect(common::test_config(server.url(), &unique_name("t")))
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}"));
-    let pace = Duration::from_millis(PERMIT_CLAIM_MS.unsigned_abs() / 4);
-    let paced = Paced { store, pace };
-    let mut seeds = seeds();
-    // Fewer runs than the unpaced test: each step takes `pace`.
-    if seeds.len() > 4 {
-        seeds.drain(3..seeds.len() - 1);
-    }
+/// The differential runs of `seeds` with 1, 2 and 3 permits on `store`.
+async fn runs<S: PermitStore>(store: &S, seeds: Vec<u64>, name: &str) {
     for seed in seeds {
         for permits in [1, 2, 3] {
             let run = Run {
@@ -85,9 +59,31 @@ async fn sem_scripts_pass_over_waiters_whose_claim_ended_as_the_core_rule_does()
                 permits,
                 lease: LEASE,
             };
-            if let Err(e) = differential(&paced, &unique_name("paced"), run).await {
+            if let Err(e) = differential(store, &unique_name(name), run).await {
                 panic!("{e} (run again with SIMBA_PERMIT_SEED={seed})");
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sem_acquire_and_release_scripts_follow_the_core_rule() {
+    let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
+    runs(&store(server.url()).await, seeds(), "rule").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sem_scripts_pass_over_waiters_whose_claim_ended_as_the_core_rule_does() {
+    let server = redis().await.unwrap_or_else(|e| panic!("{e}"));
+    let pace = Duration::from_millis(PERMIT_CLAIM_MS.unsigned_abs() / 4);
+    let paced = Paced {
+        store: store(server.url()).await,
+        pace,
+    };
+    let mut seeds = seeds();
+    // Fewer runs than the unpaced test: each step takes `pace`.
+    if seeds.len() > 4 {
+        seeds.drain(3..seeds.len() - 1);
+    }
+    runs(&paced, seeds, "paced").await;
 }
