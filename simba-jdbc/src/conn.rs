@@ -140,6 +140,41 @@ impl OwnedArg {
     }
 }
 
+/// One statement of a [`SqlConn::pipeline`].
+pub(crate) enum Step<'a> {
+    /// [`SqlConn::exec`]: the rows it changed.
+    Exec(&'a str, &'a [Arg<'a>]),
+    /// [`SqlConn::batch`] (no arguments, no rows).
+    Batch(&'a str),
+    /// [`SqlConn::load_permits`].
+    Permits(&'a str, &'a [Arg<'a>]),
+}
+
+/// What one [`Step`] gave.
+pub(crate) enum Done {
+    Count(usize),
+    Batch,
+    Permits(Vec<crate::rows::PermitRow>),
+}
+
+impl Done {
+    /// The rows a [`Step::Exec`] changed (0 for another step).
+    pub(crate) fn count(&self) -> usize {
+        match self {
+            Done::Count(n) => *n,
+            Done::Batch | Done::Permits(_) => 0,
+        }
+    }
+
+    /// The rows of a [`Step::Permits`] (none for another step).
+    pub(crate) fn into_permits(self) -> Vec<crate::rows::PermitRow> {
+        match self {
+            Done::Permits(rows) => rows,
+            Done::Count(_) | Done::Batch => Vec::new(),
+        }
+    }
+}
+
 /// What the store needs from a connection, whatever the backend.
 pub(crate) trait SqlConn: Send {
     fn exec<'a>(
@@ -190,6 +225,40 @@ pub(crate) trait SqlConn: Send {
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<crate::rows::PermitRow>>> + Send + 'a;
+
+    /// Whether [`SqlConn::pipeline`] sends its steps together (one round trip for all).
+    fn pipelines(&self) -> bool {
+        false
+    }
+
+    /// Runs `steps` in order and returns what each gave. Where the connection pipelines
+    /// (PostgreSQL's fast path) they are sent together and answered in one round trip:
+    /// the server still runs them one after another, each statement reading what the ones
+    /// before it did (every statement of a `READ COMMITTED` transaction takes its own
+    /// snapshot when it starts, so a read sent behind a row lock sees the database as it is
+    /// once the lock is granted). Elsewhere one after another, stopping at the first
+    /// failure. The result is the first failure; on a pipelining connection the steps after
+    /// a failed one were sent too, so steps that must not outlive a failure belong in a
+    /// transaction (a failed statement aborts it, and its `COMMIT` then rolls back).
+    fn pipeline<'a>(
+        &'a mut self,
+        steps: &'a [Step<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<Done>>> + Send + 'a {
+        async move {
+            let mut done = Vec::with_capacity(steps.len());
+            for step in steps {
+                done.push(match *step {
+                    Step::Exec(sql, args) => Done::Count(self.exec(sql, args).await?),
+                    Step::Batch(sql) => {
+                        self.batch(sql).await?;
+                        Done::Batch
+                    }
+                    Step::Permits(sql, args) => Done::Permits(self.load_permits(sql, args).await?),
+                });
+            }
+            Ok(done)
+        }
+    }
 
     /// Whether the connection runs its statements on a thread of its own (SQLite): then a
     /// call's statements go there together, in one hop ([`SqlConn::on_thread`]).

@@ -149,6 +149,37 @@ macro_rules! run_fast {
     }};
 }
 
+/// Runs `$body` (a transaction, or statements that read what one wrote) on a connection
+/// the call has to itself: on PostgreSQL one of the fast path's ([`Fast::exclusive`],
+/// statements prepared once per connection), elsewhere as [`on_conn!`] does.
+///
+/// [`Fast::exclusive`]: crate::postgres::Fast::exclusive
+macro_rules! on_own {
+    ($inner:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        let own = $crate::dialect::with_fast!(&inner.dialect, |fast| on_handle!(
+            fast.exclusive(),
+            |$c| $body
+        ));
+        match own {
+            Some(result) => result,
+            None => on_conn!(inner, |$c| $body),
+        }
+    }};
+}
+
+/// [`on_own!`] bounded by the statement timeout, its failure described as `$what`.
+macro_rules! run_own {
+    ($inner:expr, $what:expr, |$c:ident| $body:expr) => {{
+        let inner: &Inner = $inner;
+        inner
+            .bounded(&$what, inner.config.statement_timeout(), async {
+                on_own!(inner, |$c| $body)
+            })
+            .await
+    }};
+}
+
 /// Runs one store call (`$body` on a pooled connection `$c`) bounded by the statement
 /// timeout, its failure described as `$what`.
 macro_rules! run {

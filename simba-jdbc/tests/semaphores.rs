@@ -277,7 +277,7 @@ mod store_level {
         /// A process stopped in the middle of an acquisition's transaction (here a session
         /// that ran simba's start of one, locked the semaphore's row as an acquisition does,
         /// and then sends nothing) holds the other acquisitions up only until the server
-        /// ends that session (200 ms), not until it runs again. Without that, the next
+        /// ends that session (50 ms), not until it runs again. Without that, the next
         /// acquisition waits on the row lock until the tests' statement timeout (1.5 s)
         /// fails it.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

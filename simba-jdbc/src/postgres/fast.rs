@@ -33,12 +33,15 @@ use tokio_postgres::{Client, Statement};
 use tracing::debug;
 
 use super::Connector;
-use crate::conn::{Arg, SqlConn};
+use crate::conn::{Arg, Done, SqlConn, Step};
 use crate::rows::{BatchRow, OwnerRow, TextRow};
 use crate::schema::ColumnRow;
 
 /// The most connections of a store's fast path.
 pub(crate) const MAX_CONNS: usize = 4;
+/// The most steps of a pipeline sent at once (`futures_util`'s `join_all` polls up to
+/// 30 futures in order itself, more through a queue).
+const PIPELINE_CHUNK: usize = 16;
 /// Statements in flight on every open connection at which the next call opens another.
 const BUSY: usize = 4;
 
@@ -423,6 +426,24 @@ impl Handle {
         Ok(usize::try_from(n.map_err(failed)?).unwrap_or(usize::MAX))
     }
 
+    /// One step of a pipeline, as [`SqlConn`]'s method of the same kind runs it.
+    async fn step(&self, step: &Step<'_>) -> QueryResult<Done> {
+        Ok(match *step {
+            Step::Exec(sql, args) => Done::Count(self.execute(sql, args, true).await?),
+            Step::Batch(sql) => {
+                self.conn.client.batch_execute(sql).await.map_err(failed)?;
+                Done::Batch
+            }
+            Step::Permits(sql, args) => Done::Permits(
+                self.rows(sql, args, true)
+                    .await?
+                    .iter()
+                    .map(permit_row)
+                    .collect::<QueryResult<_>>()?,
+            ),
+        })
+    }
+
     /// Runs `sql` uncached and maps each row with `row`.
     async fn unprepared<T>(
         &mut self,
@@ -430,7 +451,22 @@ impl Handle {
         args: &[Arg<'_>],
         row: impl Fn(&tokio_postgres::Row) -> QueryResult<T>,
     ) -> QueryResult<Vec<T>> {
-        self.rows(sql, args, false).await?.iter().map(row).collect()
+        self.mapped(sql, args, false, row).await
+    }
+
+    /// Runs `sql` (prepared once per connection when `cached`) and maps each row with `row`.
+    async fn mapped<T>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+        cached: bool,
+        row: impl Fn(&tokio_postgres::Row) -> QueryResult<T>,
+    ) -> QueryResult<Vec<T>> {
+        self.rows(sql, args, cached)
+            .await?
+            .iter()
+            .map(row)
+            .collect()
     }
 }
 
@@ -451,6 +487,19 @@ fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
             Arg::Int(i) => i as &(dyn ToSql + Sync),
         })
         .collect()
+}
+
+fn permit_row(r: &tokio_postgres::Row) -> QueryResult<crate::rows::PermitRow> {
+    Ok(crate::rows::PermitRow {
+        now_ms: get(r, "now_ms")?,
+        contender: get(r, "contender")?,
+        permits: get(r, "permits")?,
+        ticket: get(r, "ticket")?,
+        acquired_at: get(r, "acquired_at")?,
+        ttl_at: get(r, "ttl_at")?,
+        transition_at: get(r, "transition_at")?,
+        fence: get(r, "fence")?,
+    })
 }
 
 fn get<T>(row: &tokio_postgres::Row, name: &str) -> QueryResult<T>
@@ -555,24 +604,104 @@ impl SqlConn for Handle {
         })
     }
 
-    /// Not prepared nor cached (semaphores run on the pool, or behind a transaction pooler
-    /// on an exclusive handle).
+    /// Prepared once per connection, as every statement of a semaphore's is.
     fn load_permits<'a>(
         &'a mut self,
         sql: &'a str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = QueryResult<Vec<crate::rows::PermitRow>>> + Send + 'a {
-        self.unprepared(sql, args, |r| {
-            Ok(crate::rows::PermitRow {
-                now_ms: get(r, "now_ms")?,
-                contender: get(r, "contender")?,
-                permits: get(r, "permits")?,
-                ticket: get(r, "ticket")?,
-                acquired_at: get(r, "acquired_at")?,
-                ttl_at: get(r, "ttl_at")?,
-                transition_at: get(r, "transition_at")?,
-                fence: get(r, "fence")?,
-            })
-        })
+        self.mapped(sql, args, true, permit_row)
+    }
+
+    /// Behind a transaction pooler the steps go one after another: a pooler may hand
+    /// statements outside a transaction to different server connections.
+    fn pipelines(&self) -> bool {
+        !self.unnamed
+    }
+
+    /// Every step sent at once: tokio-postgres sends a request when its future is first
+    /// polled, and `join_all` polls them first in the steps' order.
+    fn pipeline<'a>(
+        &'a mut self,
+        steps: &'a [Step<'a>],
+    ) -> impl Future<Output = QueryResult<Vec<Done>>> + Send + 'a {
+        async move {
+            let this = &*self;
+            if this.unnamed {
+                let mut done = Vec::with_capacity(steps.len());
+                for step in steps {
+                    done.push(this.step(step).await?);
+                }
+                return Ok(done);
+            }
+            // Prepared first, all of them: a step whose statement is still to be prepared
+            // would send its execution a round trip after the steps behind it sent theirs,
+            // out of order.
+            let texts = steps.iter().filter_map(|s| match *s {
+                Step::Exec(sql, _) | Step::Permits(sql, _) => Some(sql),
+                Step::Batch(_) => None,
+            });
+            futures_util::future::join_all(texts.map(|sql| this.statement(sql)))
+                .await
+                .into_iter()
+                .collect::<QueryResult<Vec<_>>>()?;
+            let mut done = Vec::with_capacity(steps.len());
+            // `join_all` polls more than a few futures through a queue: in chunks, each
+            // chunk's steps first polled in order.
+            for chunk in steps.chunks(PIPELINE_CHUNK) {
+                let results = futures_util::future::join_all(chunk.iter().map(|s| this.step(s)));
+                for result in results.await {
+                    done.push(result?);
+                }
+            }
+            Ok(done)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A pipeline runs its steps in their order, also when a step's statement is not
+    /// prepared yet and a later one's is (a step that had to prepare first would otherwise
+    /// run after the steps behind it): the `UPDATE` finds the row the `INSERT` before it
+    /// made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pipeline_runs_its_steps_in_order_when_some_are_not_prepared_yet() {
+        let server = simba_test_kit::servers::postgres()
+            .await
+            .unwrap_or_else(|e| panic!("no PostgreSQL for the tests: {e}"));
+        let pg = Arc::new(Connector::new(server.url()).expect("connector"));
+        let fast = Fast::new(pg, Duration::from_secs(10), false, 1);
+        let mut c = fast.exclusive().await.expect("a connection");
+        c.batch("CREATE TEMPORARY TABLE pipeline_order (n BIGINT)")
+            .await
+            .expect("table");
+        let (insert, update) = (
+            "INSERT INTO pipeline_order (n) VALUES ($1)",
+            "UPDATE pipeline_order SET n = n + 1 WHERE n = $1",
+        );
+        // Only the later statement is prepared (and cached) before the pipeline.
+        assert_eq!(
+            c.exec(update, &[Arg::Int(1)]).await.expect("update"),
+            0,
+            "no row yet"
+        );
+        let one = [Arg::Int(1)];
+        let done = c
+            .pipeline(&[
+                Step::Batch("BEGIN"),
+                Step::Exec(insert, &one),
+                Step::Exec(update, &one),
+                Step::Batch("COMMIT"),
+            ])
+            .await
+            .expect("pipeline");
+        let counts: Vec<usize> = done.iter().map(Done::count).collect();
+        assert_eq!(counts, [0, 1, 1, 0], "the update ran before the insert");
+        c.finish();
     }
 }

@@ -40,7 +40,7 @@ use tracing::debug;
 // `Failure`, `Checked`, `on_pool!` and `debug!` are named by the `run!` expansion.
 use super::{Failure, Inner, permanent};
 use crate::config::Backend;
-use crate::conn::{Arg, Checked, SqlConn};
+use crate::conn::{Arg, Checked, SqlConn, Step};
 use crate::dialect::on_pool;
 use crate::rows::PermitRow;
 use crate::sql::{lease_clock_sql, numbered, quote_table};
@@ -53,7 +53,7 @@ mod view;
 
 pub(crate) use sql::PermitSql;
 pub use sql::permit_transaction_begin;
-use tx::{Outcome, Subscribers, acquire_tx, read};
+use tx::{Outcome, Subscribers, acquire_tx, read, viewed};
 use view::{Slot, View, decide, misread};
 
 /// The longest a waiter of a semaphore waits before it looks again (a permit freed by
@@ -263,7 +263,7 @@ impl Ops<'_> {
                         let sql = &inner.permits.sql;
                         let claim = claim_ms(inner.dialect.pushes_permits());
                         let inner = &*inner;
-                        on_conn!(inner, |c| acquire_tx(
+                        on_own!(inner, |c| acquire_tx(
                             c, sql, &s, &me, permits, lease, claim
                         ))
                     }
@@ -339,21 +339,24 @@ impl Ops<'_> {
         let sql = &inner.permits.sql;
         let ttl = lease.ttl_ms();
         let total = ttl.saturating_add(lease.transition_ms());
-        let view: View = run!(
+        let args = [
+            Arg::Int(ttl),
+            Arg::Int(total),
+            Arg::Text(semaphore),
+            Arg::Text(me),
+        ];
+        let name = [Arg::Text(semaphore)];
+        let view: View = run_own!(
             inner,
             format!("renew a permit of semaphore {semaphore:?}"),
             |c| async {
-                c.exec(
-                    &sql.renew,
-                    &[
-                        Arg::Int(ttl),
-                        Arg::Int(total),
-                        Arg::Text(semaphore),
-                        Arg::Text(me),
-                    ],
-                )
-                .await?;
-                read(c, sql, semaphore).await
+                let done = c
+                    .pipeline(&[
+                        Step::Exec(&sql.renew, &args),
+                        Step::Permits(&sql.read, &name),
+                    ])
+                    .await?;
+                viewed(done.into_iter().nth(1))
             }
         )
         .map_err(|e| self.explain(e))?;
@@ -371,17 +374,32 @@ impl Ops<'_> {
         let inner = &**self.inner;
         let sql = &inner.permits.sql;
         let args = [Arg::Text(semaphore), Arg::Text(me)];
-        let (released, view): (bool, Option<View>) = run!(
+        let name = [Arg::Text(semaphore)];
+        let wakes = self.wakes(semaphore);
+        let (released, view): (bool, Option<View>) = run_own!(
             inner,
             format!("release a permit of semaphore {semaphore:?}"),
             |c| async {
-                let released = c.exec(&sql.release, &args).await? > 0;
-                // A waiter's place, or a holder past its lease.
-                let left = c.exec(&sql.delete, &args).await? > 0;
-                let view = if (released || left) && self.wakes(semaphore) {
-                    Some(read(c, sql, semaphore).await?)
-                } else {
+                // The read that tells whom to wake goes with the deletes where that costs
+                // no round trip of its own.
+                let ahead = wakes && c.pipelines();
+                let mut steps = vec![
+                    Step::Exec(&sql.release, &args),
+                    // A waiter's place, or a holder past its lease.
+                    Step::Exec(&sql.delete, &args),
+                ];
+                if ahead {
+                    steps.push(Step::Permits(&sql.read, &name));
+                }
+                let mut done = c.pipeline(&steps).await?.into_iter();
+                let released = done.next().is_some_and(|d| d.count() > 0);
+                let left = done.next().is_some_and(|d| d.count() > 0);
+                let view = if !(released || left) || !wakes {
                     None
+                } else if ahead {
+                    Some(viewed(done.next())?)
+                } else {
+                    Some(read(c, sql, semaphore).await?)
                 };
                 Ok::<_, diesel::result::Error>((released, view))
             }
@@ -397,7 +415,7 @@ impl Ops<'_> {
         self.check(semaphore, None)?;
         let inner = &**self.inner;
         let sql = &inner.permits.sql;
-        let view: View = run!(
+        let view: View = run_own!(
             inner,
             format!("read the holders of semaphore {semaphore:?}"),
             |c| read(c, sql, semaphore)
@@ -451,17 +469,27 @@ impl Ops<'_> {
         self.check(semaphore, Some(me))?;
         let inner = &**self.inner;
         let sql = &inner.permits.sql;
-        let view: Option<View> = run!(
+        let view: Option<View> = run_own!(
             inner,
             format!("leave the queue of semaphore {semaphore:?}"),
             |c| async {
                 // Only a waiter's row (fence 0).
                 let args = [Arg::Text(semaphore), Arg::Text(me)];
-                let left = c.exec(&sql.leave, &args).await? > 0;
-                if left && self.wakes(semaphore) {
-                    Ok::<_, diesel::result::Error>(Some(read(c, sql, semaphore).await?))
+                let name = [Arg::Text(semaphore)];
+                let wakes = self.wakes(semaphore);
+                let ahead = wakes && c.pipelines();
+                let mut steps = vec![Step::Exec(&sql.leave, &args)];
+                if ahead {
+                    steps.push(Step::Permits(&sql.read, &name));
+                }
+                let mut done = c.pipeline(&steps).await?.into_iter();
+                let left = done.next().is_some_and(|d| d.count() > 0);
+                if !left || !wakes {
+                    Ok::<_, diesel::result::Error>(None)
+                } else if ahead {
+                    Ok(Some(viewed(done.next())?))
                 } else {
-                    Ok(None)
+                    Ok(Some(read(c, sql, semaphore).await?))
                 }
             }
         )

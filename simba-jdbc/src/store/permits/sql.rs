@@ -5,10 +5,10 @@ use super::*;
 /// PostgreSQL's start of an acquisition, one round trip. A process stopped in the middle
 /// of the transaction (SIGSTOP, a frozen VM) would keep the semaphore's row locked, and
 /// every acquisition waiting, until it runs again: the server ends such a session (and
-/// rolls its transaction back) once it has sent nothing for 200 ms. A live client
-/// sends its next statement within a round trip; one cut off tries again on a new
-/// connection.
-const PG_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 200";
+/// rolls its transaction back) once it has sent nothing for 50 ms. A live client sends
+/// its second (and last) pipeline of statements as soon as the first is answered; one cut
+/// off tries again on a new connection.
+const PG_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 50";
 
 /// The statement that starts an acquisition's transaction on `backend` (for a test that
 /// stands in for a process stopped in the middle of one).

@@ -1,6 +1,7 @@
 //! An acquisition's transaction: lock the semaphore's row, read, decide, write.
 
 use super::*;
+use crate::conn::{Done, Step};
 
 /// What an acquisition's transaction returns.
 pub(super) enum Outcome {
@@ -20,7 +21,15 @@ pub(super) async fn read<C: SqlConn>(
     View::new(rows).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))
 }
 
-/// One acquisition: a transaction on `c` (rolled back on any failure).
+/// The semaphore's rows a [`Step::Permits`] read, as a [`View`].
+pub(super) fn viewed(done: Option<Done>) -> QueryResult<View> {
+    let rows = done.map(Done::into_permits).unwrap_or_default();
+    View::new(rows).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))
+}
+
+/// One acquisition: a transaction on `c` (rolled back on any failure), in two round trips
+/// where the connection pipelines ([`SqlConn::pipeline`]): the start, the semaphore's row
+/// locked and every row read; then the writes the rule decided on and the commit.
 pub(super) async fn acquire_tx<C: SqlConn>(
     c: &mut C,
     sql: &PermitSql,
@@ -30,62 +39,89 @@ pub(super) async fn acquire_tx<C: SqlConn>(
     lease: Lease,
     claim_ms: i64,
 ) -> QueryResult<Outcome> {
-    c.batch(sql.begin).await?;
-    let done = acquire_in_tx(c, sql, semaphore, me, permits, lease, claim_ms).await;
-    let end = match &done {
-        Ok(Outcome::Reply(_) | Outcome::Mismatch(_)) => "COMMIT",
-        Ok(Outcome::NoHeader) | Err(_) => "ROLLBACK",
+    let name = [Arg::Text(semaphore)];
+    let start = c
+        .pipeline(&[
+            Step::Batch(sql.begin),
+            Step::Permits(&sql.lock, &name),
+            Step::Permits(&sql.read_locked, &name),
+        ])
+        .await;
+    let decided = start.and_then(|done| {
+        let mut done = done.into_iter().skip(1).map(Done::into_permits);
+        let (header, rows) = (
+            done.next().unwrap_or_default(),
+            done.next().unwrap_or_default(),
+        );
+        if header.is_empty() {
+            return Ok(None);
+        }
+        viewed(Some(Done::Permits(rows))).map(Some)
+    });
+    let view = match decided {
+        Ok(Some(view)) => view,
+        Ok(None) => return c.batch("ROLLBACK").await.map(|()| Outcome::NoHeader),
+        Err(e) => return rolled_back(c, e).await,
     };
-    match (c.batch(end).await, done) {
-        (Ok(()), done) => done,
-        (Err(e), Ok(_)) => Err(e),
-        (Err(_), Err(e)) => Err(e),
+    let (writes, outcome) = match plan(&view, sql, semaphore, me, permits, lease, claim_ms) {
+        Ok(planned) => planned,
+        Err(e) => return rolled_back(c, e).await,
+    };
+    let mut steps: Vec<Step<'_>> = writes
+        .iter()
+        .map(|(sql, args)| Step::Exec(sql, args))
+        .collect();
+    steps.push(Step::Batch("COMMIT"));
+    match c.pipeline(&steps).await {
+        Ok(_) => Ok(outcome),
+        // A failed write aborted the transaction (its COMMIT, where it was sent, rolled
+        // back); elsewhere the transaction is still open.
+        Err(e) => rolled_back(c, e).await,
     }
 }
 
-pub(super) async fn acquire_in_tx<C: SqlConn>(
-    c: &mut C,
-    sql: &PermitSql,
-    semaphore: &str,
-    me: &str,
+/// Rolls the transaction on `c` back and returns `e` (the first failure).
+async fn rolled_back<C: SqlConn, T>(c: &mut C, e: diesel::result::Error) -> QueryResult<T> {
+    let _ = c.batch("ROLLBACK").await;
+    Err(e)
+}
+
+/// A statement and its arguments.
+type Write<'a> = (&'a str, Vec<Arg<'a>>);
+
+/// The writes of an acquisition that read `view` (inside its transaction, the semaphore's
+/// row locked) and what it returns once they commit.
+fn plan<'a>(
+    view: &'a View,
+    sql: &'a PermitSql,
+    semaphore: &'a str,
+    me: &'a str,
     permits: u32,
     lease: Lease,
     claim_ms: i64,
-) -> QueryResult<Outcome> {
-    if c.load_permits(&sql.lock, &[Arg::Text(semaphore)])
-        .await?
-        .is_empty()
-    {
-        return Ok(Outcome::NoHeader);
-    }
-    let rows = c
-        .load_permits(&sql.read_locked, &[Arg::Text(semaphore)])
-        .await?;
-    let view =
-        View::new(rows).map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
+) -> QueryResult<(Vec<Write<'a>>, Outcome)> {
     let now = view.now;
-    let admission = decide(&view, me, permits, lease, claim_ms)
+    let admission = decide(view, me, permits, lease, claim_ms)
         .map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
+    let mut writes: Vec<Write<'a>> = Vec::new();
     for &(i, claim_by) in &admission.claims {
         // Only waiters within their kept time are owed: their index is the view's.
         let waiter = view
             .waiters
             .get(i)
             .ok_or_else(|| misread(format!("owed waiter {i} of {}", view.waiters.len())))?;
-        c.exec(
+        writes.push((
             &sql.set_claim,
-            &[
+            vec![
                 Arg::Int(claim_by),
                 Arg::Text(semaphore),
                 Arg::Text(&waiter.contender),
             ],
-        )
-        .await?;
+        ));
     }
     if !admission.expired_holders.is_empty() || !admission.stale_waiters.is_empty() {
         // The rule's drops are exactly the rows past their time (`transition_at <= now`).
-        c.exec(&sql.prune, &[Arg::Text(semaphore), Arg::Int(now)])
-            .await?;
+        writes.push((&sql.prune, vec![Arg::Text(semaphore), Arg::Int(now)]));
     }
     let header = view.header.unwrap_or_default();
     let owner = match admission.decision {
@@ -96,16 +132,15 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
             // One row per contender: a holder has no waiter's row.
             queued: _,
         } => {
-            c.exec(
+            writes.push((
                 &sql.set_times,
-                &[
+                vec![
                     Arg::Int(ttl_at),
                     Arg::Int(transition_at),
                     Arg::Text(semaphore),
                     Arg::Text(me),
                 ],
-            )
-            .await?;
+            ));
             let mut slot = view
                 .holders
                 .get(holder)
@@ -115,7 +150,9 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
             slot.transition_at = transition_at;
             slot
         }
-        PermitDecision::Mismatch { existing } => return Ok(Outcome::Mismatch(existing)),
+        PermitDecision::Mismatch { existing } => {
+            return Ok((writes, Outcome::Mismatch(existing)));
+        }
         PermitDecision::Take {
             fence,
             ttl_at,
@@ -125,18 +162,16 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
         } => {
             let fence =
                 i64::try_from(fence).map_err(|_| misread(format!("a fence past i64: {fence}")))?;
-            c.exec(
+            writes.push((
                 &sql.set_header,
-                &[
+                vec![
                     Arg::Int(i64::from(permits)),
                     Arg::Int(header.ticket),
                     Arg::Int(fence),
                     Arg::Text(semaphore),
                 ],
-            )
-            .await?;
-            c.exec(&sql.delete, &[Arg::Text(semaphore), Arg::Text(me)])
-                .await?;
+            ));
+            writes.push((&sql.delete, vec![Arg::Text(semaphore), Arg::Text(me)]));
             let slot = Slot {
                 contender: me.to_owned(),
                 ticket: 0,
@@ -145,7 +180,7 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
                 transition_at,
                 fence,
             };
-            insert(c, sql, semaphore, &slot, permits).await?;
+            writes.push(insert(sql, semaphore, me, &slot, permits));
             slot
         }
         PermitDecision::Wait {
@@ -167,28 +202,26 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
             } else {
                 header.permits
             };
-            c.exec(
+            writes.push((
                 &sql.set_header,
-                &[
+                vec![
                     Arg::Int(i64::from(count)),
                     Arg::Int(header.ticket.max(ticket)),
                     Arg::Int(header.fence),
                     Arg::Text(semaphore),
                 ],
-            )
-            .await?;
+            ));
             if queued.is_some() {
                 // Its place kept, its claim (if any) cleared: it called.
-                c.exec(
+                writes.push((
                     &sql.keep_place,
-                    &[
+                    vec![
                         Arg::Int(keep_until),
                         Arg::Int(keep_until),
                         Arg::Text(semaphore),
                         Arg::Text(me),
                     ],
-                )
-                .await?;
+                ));
             } else {
                 let slot = Slot {
                     contender: me.to_owned(),
@@ -198,29 +231,31 @@ pub(super) async fn acquire_in_tx<C: SqlConn>(
                     transition_at: keep_until,
                     fence: 0,
                 };
-                insert(c, sql, semaphore, &slot, 0).await?;
+                writes.push(insert(sql, semaphore, me, &slot, 0));
             }
-            return Ok(Outcome::Reply(LeaseReply::look_again_at(look_at, now)));
+            let reply = LeaseReply::look_again_at(look_at, now);
+            return Ok((writes, Outcome::Reply(reply)));
         }
     };
     let owner = owner
         .owner()
         .map_err(|e| diesel::result::Error::DeserializationError(Box::new(e)))?;
-    Ok(Outcome::Reply(LeaseReply { owner, now }))
+    Ok((writes, Outcome::Reply(LeaseReply { owner, now })))
 }
 
-pub(super) async fn insert<C: SqlConn>(
-    c: &mut C,
-    sql: &PermitSql,
-    semaphore: &str,
+/// The insert of `me`'s row of `semaphore` as `slot` says.
+fn insert<'a>(
+    sql: &'a PermitSql,
+    semaphore: &'a str,
+    me: &'a str,
     slot: &Slot,
     permits: u32,
-) -> QueryResult<usize> {
-    c.exec(
+) -> Write<'a> {
+    (
         &sql.insert,
-        &[
+        vec![
             Arg::Text(semaphore),
-            Arg::Text(&slot.contender),
+            Arg::Text(me),
             Arg::Int(i64::from(permits)),
             Arg::Int(slot.ticket),
             Arg::Int(slot.acquired_at),
@@ -229,7 +264,6 @@ pub(super) async fn insert<C: SqlConn>(
             Arg::Int(slot.fence),
         ],
     )
-    .await
 }
 
 /// The waiters of one semaphore in a store: (contender, sender).
