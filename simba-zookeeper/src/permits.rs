@@ -123,6 +123,13 @@ struct Inner {
     /// The server time each owed waiter's node (path, version) was first seen owed (see
     /// the module docs, *Claim window*).
     owed: StdMutex<HashMap<(String, i32), i64>>,
+    /// Each contender's own node (semaphore, contender id) as this store last made or
+    /// wrote it: its path, data and the stat the server returned. Every write of it is
+    /// version-checked and only its contender writes it (others only delete it), so a
+    /// take, renewal or release sends that write straight away instead of listing and
+    /// reading the node first; a write that finds the node gone or at another version
+    /// forgets the entry and the call reads the node as before.
+    mine: StdMutex<HashMap<(String, String), Node>>,
 }
 
 /// What the claims of the owed waiters ahead came to.
@@ -148,7 +155,7 @@ enum Mark {
     Fence(u64),
 }
 
-/// One permit node, read.
+/// One permit node, read (or as this store last wrote it, see [`Inner::mine`]).
 #[derive(Debug)]
 struct Node {
     path: String,
@@ -157,6 +164,49 @@ struct Node {
     total_ms: i64,
     mark: Mark,
     stat: Stat,
+}
+
+impl Node {
+    /// `contender_id`'s node at `path` as a write of `mark` with `lease` left it (`stat`:
+    /// what the server returned).
+    fn written(path: String, contender_id: &str, lease: Lease, mark: Mark, stat: Stat) -> Node {
+        Node {
+            path,
+            owner: contender_id.to_owned(),
+            ttl_ms: lease.ttl_ms(),
+            total_ms: lease.ttl_ms().saturating_add(lease.transition_ms()),
+            mark,
+            stat,
+        }
+    }
+
+    /// A copy (the client's `Stat` is not `Clone`).
+    fn copy(&self) -> Node {
+        let s = &self.stat;
+        Node {
+            path: self.path.clone(),
+            owner: self.owner.clone(),
+            stat: Stat {
+                czxid: s.czxid,
+                mzxid: s.mzxid,
+                ctime: s.ctime,
+                mtime: s.mtime,
+                version: s.version,
+                cversion: s.cversion,
+                aversion: s.aversion,
+                ephemeral_owner: s.ephemeral_owner,
+                data_length: s.data_length,
+                num_children: s.num_children,
+                pzxid: s.pzxid,
+            },
+            ..*self
+        }
+    }
+
+    /// The path of the semaphore node the node is a child of.
+    fn parent(&self) -> &str {
+        self.path.rsplit_once('/').map_or("", |(parent, _)| parent)
+    }
 }
 
 /// The fence of a holder's node marked `mark` (see the module docs).
@@ -362,6 +412,7 @@ impl ZkPermitStore {
                 subscribers: StdMutex::default(),
                 following: AtomicBool::new(false),
                 owed: StdMutex::default(),
+                mine: StdMutex::default(),
             }),
             claim_ms: None,
         }
@@ -563,6 +614,28 @@ impl Inner {
         self.owed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn mine(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Node>> {
+        self.mine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `contender_id`'s node of `parent` as this store last wrote it (see [`Inner::mine`]).
+    fn cached(&self, parent: &str, contender_id: &str) -> Option<Node> {
+        self.mine()
+            .get(&(parent.to_owned(), contender_id.to_owned()))
+            .map(Node::copy)
+    }
+
+    /// Remembers `node` (of `parent`) as its contender's own, just written.
+    fn remember(&self, parent: &str, node: Node) {
+        self.mine()
+            .insert((parent.to_owned(), node.owner.clone()), node);
+    }
+
+    fn forget(&self, parent: &str, contender_id: &str) {
+        self.mine()
+            .remove(&(parent.to_owned(), contender_id.to_owned()));
+    }
+
     fn notify(&self, key: &(String, String), event: StoreEvent) {
         if let Some(tx) = self.subscribers().get(key) {
             // A full channel already holds an event that makes the contender look again.
@@ -635,13 +708,16 @@ impl Inner {
                 }
                 continue;
             };
-            let mine = match Self::find_mine(&children, &prefix) {
-                Some(m) => m.to_owned(),
+            // The list just read serves the place when the node was in it: the nodes
+            // ahead of a node only ever go, so its place there is its place now or a
+            // later one (never nearer the back).
+            let (mine, known) = match Self::find_mine(&children, &prefix) {
+                Some(m) => (m.to_owned(), Some(children)),
                 None => match self
                     .join(semaphore, &parent, &children, contender_id, permits, lease)
                     .await?
                 {
-                    Round::Done(name) => name,
+                    Round::Done(name) => (name, None),
                     Round::Again => continue,
                 },
             };
@@ -649,7 +725,7 @@ impl Inner {
                 .place(
                     semaphore,
                     &parent,
-                    &mine,
+                    (&mine, known),
                     contender_id,
                     permits,
                     lease,
@@ -725,8 +801,8 @@ impl Inner {
                 CreateMode::EphemeralSequential,
             ))
             .await;
-        let made = match created {
-            Ok((made, _)) => made,
+        let (made, stat) = match created {
+            Ok(made) => made,
             Err(Fail::Zk(ZkError::NoNode)) => return Ok(Round::Again),
             Err(e) => return Err(e.into_error(&format!("creating a permit node under {parent}"))),
         };
@@ -745,25 +821,34 @@ impl Inner {
             return Ok(Round::Again);
         }
         let name = made.rsplit('/').next().unwrap_or_default().to_owned();
+        self.remember(
+            parent,
+            Node::written(made, contender_id, lease, Mark::Plain, stat),
+        );
         Ok(Round::Done(name))
     }
 
     /// Decides what `contender_id`'s node `mine` is: a holder (renewed now) or a waiter
-    /// (watching what can free its turn).
+    /// (watching what can free its turn). `mine` comes with the children of `parent` when
+    /// they were just read with it among them.
     #[allow(clippy::too_many_arguments)]
     async fn place(
         self: &Arc<Self>,
         semaphore: &str,
         parent: &str,
-        mine: &str,
+        (mine, known): (&str, Option<Vec<String>>),
         contender_id: &str,
         permits: u32,
         lease: Lease,
         claim_ms: Option<i64>,
     ) -> Result<Round<LeaseReply>> {
         let core = self.core();
-        let Some(children) = self.children(parent).await? else {
-            return Ok(Round::Again);
+        let children = match known {
+            Some(children) => children,
+            None => match self.children(parent).await? {
+                Some(children) => children,
+                None => return Ok(Round::Again),
+            },
         };
         let sorted = sort_nodes(&children);
         let Some(at) = sorted.iter().position(|c| *c == mine) else {
@@ -926,8 +1011,17 @@ impl Inner {
             ))
             .await
         {
-            Ok(stat) => Ok(Some(stat)),
-            Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => Ok(None),
+            Ok(stat) => {
+                let written =
+                    Node::written(node.path.clone(), contender_id, lease, Mark::Waiting, stat);
+                let stat = written.copy().stat;
+                self.remember(node.parent(), written);
+                Ok(Some(stat))
+            }
+            Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => {
+                self.forget(node.parent(), contender_id);
+                Ok(None)
+            }
             Err(e) => Err(e.into_error(&format!("keeping the place of {}", node.path))),
         }
     }
@@ -940,6 +1034,12 @@ impl Inner {
         contender_id: &str,
         lease: Lease,
     ) -> Result<Round<LeaseReply>> {
+        if let Some(node) = self.cached(parent, contender_id)
+            && node.path.ends_with(&format!("/{mine}"))
+            && let Round::Done(reply) = self.renew(&node, contender_id, lease).await?
+        {
+            return Ok(Round::Done(reply));
+        }
         match self.read_nodes(parent, &[mine]).await?.pop() {
             Some(node) => self.renew(&node, contender_id, lease).await,
             None => Ok(Round::Again),
@@ -973,8 +1073,19 @@ impl Inner {
             ))
             .await
         {
-            Ok(stat) => Ok(Round::Done(holder_reply(contender_id, &stat, lease, mark))),
-            Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => Ok(Round::Again),
+            Ok(stat) => {
+                let reply = holder_reply(contender_id, &stat, lease, mark);
+                let path = node.path.clone();
+                self.remember(
+                    node.parent(),
+                    Node::written(path, contender_id, lease, mark, stat),
+                );
+                Ok(Round::Done(reply))
+            }
+            Err(Fail::Zk(ZkError::NoNode | ZkError::BadVersion)) => {
+                self.forget(node.parent(), contender_id);
+                Ok(Round::Again)
+            }
             Err(e) => Err(e.into_error(&format!("renewing {}", node.path))),
         }
     }
@@ -997,6 +1108,13 @@ impl Inner {
             let now = wall_now();
             LeaseReply::look_again_at(now, now)
         };
+        let parent = self.parent(semaphore);
+        if let Some(node) = self.cached(&parent, contender_id)
+            && node.renewed()
+            && let Round::Done(reply) = self.renew(&node, contender_id, lease).await?
+        {
+            return Ok(reply);
+        }
         match self.read_mine(semaphore, contender_id).await? {
             // Only a node that has held is renewed: a guard never takes a permit.
             Some(node) if node.renewed() => match self.renew(&node, contender_id, lease).await? {
@@ -1009,6 +1127,23 @@ impl Inner {
 
     /// Removes `contender_id`'s node: always (`release`), or only while it waits.
     async fn remove(&self, semaphore: &str, contender_id: &str, release: bool) -> Result<bool> {
+        let parent = self.parent(semaphore);
+        let core = self.core();
+        let cached = self.cached(&parent, contender_id);
+        self.forget(&parent, contender_id);
+        if release && let Some(node) = cached.filter(Node::renewed) {
+            // Deleted at the version this store wrote it as a holder: it held until now.
+            match core
+                .write(core.zk().delete(&node.path, Some(node.stat.version)))
+                .await
+            {
+                Ok(()) => return Ok(true),
+                Err(Fail::Zk(ZkError::NoNode)) => return Ok(false),
+                // Written since (not by this store): read it.
+                Err(Fail::Zk(ZkError::BadVersion)) => {}
+                Err(e) => return Err(e.into_error(&format!("removing {}", node.path))),
+            }
+        }
         let Some(node) = self.read_mine(semaphore, contender_id).await? else {
             return Ok(false);
         };
@@ -1016,7 +1151,6 @@ impl Inner {
             // A permit held stays held until its lease (or session) ends.
             return Ok(false);
         }
-        let core = self.core();
         match core.write(core.zk().delete(&node.path, None)).await {
             Ok(()) => Ok(node.renewed()),
             Err(Fail::Zk(ZkError::NoNode)) => Ok(false),
