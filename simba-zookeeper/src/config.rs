@@ -585,7 +585,7 @@ mod tests {
     #[test]
     fn permit_claim_defaults_to_the_core_claim_and_is_checked() {
         let c = ZkConfig::new("h:1");
-        assert_eq!(c.permit_claim, Some(Duration::from_millis(50)));
+        assert_eq!(c.permit_claim, Some(Duration::from_millis(25)));
         assert!(c.clone().with_permit_claim(None).validate().is_ok());
         for bad in [Duration::ZERO, Duration::from_micros(1500)] {
             let e = c.clone().with_permit_claim(Some(bad)).validate();
