@@ -34,8 +34,10 @@
 //! ownership is held (5–40 ms at random otherwise). The fault `pause-waiter` (not among
 //! the defaults) stops a waiting contender for `--waiter-pause` (500 ms) every 2 s, and
 //! a `waiter_pauses=` line gives the share of the paused time during which the others
-//! held every permit, and none; runs whose faults are all `pause-waiter` have no crashes
-//! either.
+//! held every permit, and none; the `while_paused_others_queued_s=` line the same shares
+//! counted only while another contender waited (the paused one is always queued, so the
+//! first line also counts moments when nobody else wanted a permit: the others' pauses
+//! between ownerships). Runs whose faults are all `pause-waiter` have no crashes either.
 //!
 //! `zookeeper-ensemble` (feature `containers`) starts a three-node ensemble in containers
 //! and has its own faults: `leader-kill,follower-partition,contender-partition,kill,pause`;

@@ -470,6 +470,22 @@ fn merge(
     out
 }
 
+/// The parts of `span` during which a contender other than `who` was waiting (`waits`; a
+/// wait not ended lasts to `now`): the time `who`'s absence could keep somebody waiting.
+pub fn others_queued(
+    waits: &[Wait],
+    who: &str,
+    span: (Instant, Instant),
+    now: Instant,
+) -> Vec<(Instant, Instant)> {
+    let others = waits
+        .iter()
+        .filter(|w| w.contender != who)
+        .map(|w| (w.start, w.end.unwrap_or(now)))
+        .collect();
+    merge(others, span.0, span.1)
+}
+
 /// The time within `spans` (which may overlap; counted once) during which `k` holders
 /// believed, for `k` in `0..=permits` (more than `permits` counts as `permits`).
 ///
@@ -1035,5 +1051,24 @@ mod tests {
         let t = holder_time(&[open, mk("e", 5, 0, 10)], 1, &[at(0, 20)], base + ms(15));
         assert_eq!(t, [ms(5), ms(15)]);
         assert_eq!(holder_time(&intervals, 2, &[], base), [Duration::ZERO; 3]);
+    }
+
+    #[test]
+    fn others_queued_leaves_out_the_paused_one_and_the_time_nobody_else_waits() {
+        let base = Instant::now();
+        let ms = Duration::from_millis;
+        let at = |a: u64, b: u64| (base + ms(a), base + ms(b));
+        let waits = [
+            // The paused one waits through the whole pause: not counted.
+            wait(base, "p", 0, None, false),
+            wait(base, "a", 10, Some(40), true),
+            wait(base, "b", 30, Some(60), true),
+            // Still waiting at `now` (90), and one outside the pause.
+            wait(base, "c", 80, None, false),
+            wait(base, "d", 200, Some(300), true),
+        ];
+        let spans = others_queued(&waits, "p", at(20, 100), base + ms(90));
+        assert_eq!(spans, [at(20, 60), at(80, 90)]);
+        assert!(others_queued(&waits[..1], "p", at(0, 100), base + ms(90)).is_empty());
     }
 }

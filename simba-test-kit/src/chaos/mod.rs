@@ -451,6 +451,10 @@ pub struct ChaosSummary {
     /// Waiter pauses ([`FaultKind::PauseWaiter`]) made, and the time during them with `k`
     /// holders, for `k` in `0..=permits` ([`history::holder_time`]).
     pub waiter_pauses: (usize, Vec<Duration>),
+    /// The same, counted only while another contender than the paused one was waiting
+    /// ([`history::others_queued`]): when nobody else waits, a permit left free keeps
+    /// nobody from working.
+    pub waiter_pauses_others_queued: Vec<Duration>,
     /// A read-write lock run.
     pub rwlock: bool,
 }
@@ -523,6 +527,20 @@ impl fmt::Display for ChaosSummary {
                 pct(held.len().saturating_sub(1)),
                 pct(0)
             )?;
+            let others = &self.waiter_pauses_others_queued;
+            let queued: Duration = others.iter().sum();
+            let share = |d: Option<&Duration>| {
+                d.map_or(0.0, |d| {
+                    100.0 * d.as_secs_f64() / queued.as_secs_f64().max(f64::MIN_POSITIVE)
+                })
+            };
+            writeln!(
+                f,
+                "while_paused_others_queued_s={:.1} all_permits_held={:.1}% none_held={:.1}%",
+                queued.as_secs_f64(),
+                share(others.last()),
+                share(others.first())
+            )?;
         }
         if self.rwlock {
             let reads = self.report.read_ownerships;
@@ -594,7 +612,8 @@ struct Run<'a> {
     #[cfg(feature = "containers")]
     member_faults: [usize; 2],
     /// The spans during which a waiter was stopped ([`FaultKind::PauseWaiter`]).
-    waiter_pauses: Vec<(Instant, Instant)>,
+    /// (from, to, the contender paused).
+    waiter_pauses: Vec<(Instant, Instant, String)>,
 }
 
 impl Run<'_> {
@@ -728,7 +747,8 @@ impl Run<'_> {
         info!(waiter = %self.contenders[i].name, "pause a waiter");
         let from = Instant::now();
         sleep(self.cfg.waiter_pause).await;
-        self.waiter_pauses.push((from, Instant::now()));
+        let name = self.contenders[i].name.clone();
+        self.waiter_pauses.push((from, Instant::now(), name));
         self.signal(i, "CONT").await?;
         Ok(true)
     }
@@ -1444,22 +1464,27 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         .map(|i| i.start)
         .min()
         .unwrap_or_else(|| ended.into_std());
-    let load = history::load(
-        &intervals,
-        &run.resource.waits(),
-        permits,
-        load_from,
-        ended.into_std(),
-    );
+    let waits = run.resource.waits();
+    let load = history::load(&intervals, &waits, permits, load_from, ended.into_std());
     let spans: Vec<(std::time::Instant, std::time::Instant)> = run
         .waiter_pauses
         .iter()
-        .map(|(a, b)| (a.into_std(), b.into_std()))
+        .map(|(a, b, _)| (a.into_std(), b.into_std()))
         .collect();
     let waiter_pauses = (
         spans.len(),
         history::holder_time(&intervals, permits, &spans, ended.into_std()),
     );
+    let others_queued: Vec<(std::time::Instant, std::time::Instant)> = run
+        .waiter_pauses
+        .iter()
+        .flat_map(|(a, b, who)| {
+            let span = (a.into_std(), b.into_std());
+            history::others_queued(&waits, who, span, ended.into_std())
+        })
+        .collect();
+    let waiter_pauses_others_queued =
+        history::holder_time(&intervals, permits, &others_queued, ended.into_std());
     let mut log_tails = Vec::new();
     if !violations.is_empty()
         || report.handoffs < cfg.min_handoffs
@@ -1484,6 +1509,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<ChaosSummary, ChaosError> {
         permits: cfg.permits,
         load,
         waiter_pauses,
+        waiter_pauses_others_queued,
         rwlock: cfg.rwlock,
     })
 }
