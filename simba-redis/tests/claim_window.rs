@@ -43,7 +43,7 @@ async fn woken(rx: &mut EventReceiver, who: &str) {
 /// Calls as a live waiter does until `who` takes a permit, each time at the time it was
 /// told to look again (time is the subject here: the claim of the waiter ahead has to
 /// end); returns the taking reply and the replies it waited on. Panics after 3 s: the
-/// claim is 50 ms, the silent waiter's place 27 s.
+/// claim is `PERMIT_CLAIM_MS` (25 ms), the silent waiter's place 27 s.
 async fn take_as_a_live_waiter(
     store: &RedisStore,
     s: &str,
