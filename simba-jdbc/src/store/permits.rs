@@ -415,7 +415,7 @@ impl Ops<'_> {
         self.check(semaphore, None)?;
         let inner = &**self.inner;
         let sql = &inner.permits.sql;
-        let view: View = run_own!(
+        let view: View = run_read!(
             inner,
             format!("read the holders of semaphore {semaphore:?}"),
             |c| read(c, sql, semaphore)
