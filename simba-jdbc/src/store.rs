@@ -182,9 +182,7 @@ macro_rules! run_own {
 
 /// [`run_own!`] for a call that only reads: on SQLite it does not take the store's turn
 /// ([`Inner::turns`]). A read in WAL mode never waits for the write lock, so it need not
-/// queue behind the store's calls that wait for it (a semaphore's holders read every
-/// 15 ms while its contenders acquired on the same store timed out after 1.5 s in 2 of 12
-/// runs on a loaded machine, 0 of 12 without the turn).
+/// queue behind the store's calls that wait for it in SQLite's busy handler.
 macro_rules! run_read {
     ($inner:expr, $what:expr, |$c:ident| $body:expr) => {{
         let inner: &Inner = $inner;

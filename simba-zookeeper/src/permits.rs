@@ -123,12 +123,12 @@ struct Inner {
     /// The server time each owed waiter's node (path, version) was first seen owed (see
     /// the module docs, *Claim window*).
     owed: StdMutex<HashMap<(String, i32), i64>>,
-    /// Each contender's own node (semaphore, contender id) as this store last made or
-    /// wrote it: its path, data and the stat the server returned. Every write of it is
-    /// version-checked and only its contender writes it (others only delete it), so a
-    /// take, renewal or release sends that write straight away instead of listing and
-    /// reading the node first; a write that finds the node gone or at another version
-    /// forgets the entry and the call reads the node as before.
+    /// Each contender's own node (key: the semaphore node's path, the contender id) as
+    /// this store last made or wrote it: its path, data and the stat the server returned.
+    /// Every write of it is version-checked and only its contender writes it (others only
+    /// delete it), so a take, renewal or release sends that write without listing and
+    /// reading the node; a write that finds the node gone or at another version forgets
+    /// the entry, and the call reads the node.
     mine: StdMutex<HashMap<(String, String), Node>>,
 }
 
